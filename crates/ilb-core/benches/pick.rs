@@ -1,0 +1,81 @@
+//! Pick latency at 10 / 1,000 / 5,000 candidates, and slot-table rebuild time.
+//! Run: `cargo bench -p ilb-core --bench pick`.
+
+use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
+use ilb_core::slots::{mix, SlotTable};
+use ilb_core::table::{ClassTable, RoutingTable};
+use ilb_core::snapshot::{ClassRoutes, EngineEntry, EngineWeight, ModelRoutes, Snapshot, FORMAT};
+use ilb_core::{ClassId, ClusterId, EngineId, ModelName, SnapshotVersion};
+
+fn snapshot(n: usize, skew: f64) -> Snapshot {
+    let engines: Vec<EngineEntry> = (0..n)
+        .map(|i| EngineEntry {
+            id: EngineId::new(format!("e{i}")),
+            url: format!("http://10.0.{}.{}:8000", i / 250, i % 250),
+            region: format!("r{}", i % 7),
+            capabilities: vec![],
+            residency: vec![],
+            max_in_flight: 0,
+        })
+        .collect();
+    let weights = (0..n)
+        .map(|i| EngineWeight {
+            engine: EngineId::new(format!("e{i}")),
+            weight: 1.0 + skew * ((i * 7919) % 13) as f64,
+            expected_latency_ms: None,
+            network_ms: None,
+        })
+        .collect();
+    Snapshot {
+        format: FORMAT,
+        version: SnapshotVersion(1),
+        created_unix_ms: 0,
+        cluster: ClusterId::new("c"),
+        utilisation: 0.5,
+        engines,
+        models: vec![ModelRoutes {
+            model: ModelName::new("m"),
+            classes: vec![ClassRoutes { id: ClassId::new("default"), require: vec![], residency: None, weights, shed_fraction: 0.0 }],
+        }],
+    }
+}
+
+fn class(t: &RoutingTable) -> &ClassTable {
+    &t.model("m").unwrap().classes[0]
+}
+
+fn bench_pick(c: &mut Criterion) {
+    let mut group = c.benchmark_group("pick");
+    for n in [10usize, 1_000, 5_000] {
+        let table = RoutingTable::compile(&snapshot(n, 0.3), None).unwrap();
+        let in_flight = vec![0u32; n];
+        let mut key = 0u64;
+        group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
+            b.iter(|| {
+                key = key.wrapping_add(1);
+                let model = table.model(black_box("m")).unwrap();
+                let class = &model.classes[model.default_class];
+                class.pick(mix(key), |c| in_flight[c] < 100)
+            })
+        });
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("rebuild");
+    for n in [10usize, 1_000, 5_000] {
+        let old = RoutingTable::compile(&snapshot(n, 0.3), None).unwrap();
+        let new = snapshot(n, 0.35);
+        group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
+            b.iter(|| RoutingTable::compile(black_box(&new), Some(&old)).unwrap())
+        });
+        let ids: Vec<EngineId> = class(&old).candidate_ids().to_vec();
+        let w: Vec<f64> = (0..n).map(|i| 1.0 + (i % 3) as f64).collect();
+        group.bench_with_input(BenchmarkId::new("slots-only", n), &n, |b, _| {
+            b.iter(|| SlotTable::build(black_box(&w), &ids, Some((&class(&old).slots, &ids))))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_pick);
+criterion_main!(benches);

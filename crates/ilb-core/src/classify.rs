@@ -1,0 +1,231 @@
+//! Classification: what a request is (model, stream, affinity material) and what it asks for
+//! (constraints, priority), read from its body and headers without copying the body.
+//!
+//! The body is parsed once with borrowing serde types: unknown fields are skipped, message
+//! contents are kept as raw JSON slices of the original body. Malformed input is an error,
+//! never a panic (a fuzz target exercises this).
+
+use serde::de::{Deserializer, IgnoredAny, SeqAccess, Visitor};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use std::borrow::Cow;
+use std::fmt;
+
+/// Bytes of a completion prompt that make up its affinity prefix.
+pub const PROMPT_PREFIX_BYTES: usize = 1024;
+/// Most constraint tags one request may name.
+pub const MAX_REQUIRE_TAGS: usize = 16;
+
+/// The OpenAI endpoints the data plane routes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Endpoint {
+    ChatCompletions,
+    Completions,
+    Embeddings,
+}
+
+impl Endpoint {
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::ChatCompletions => "/v1/chat/completions",
+            Endpoint::Completions => "/v1/completions",
+            Endpoint::Embeddings => "/v1/embeddings",
+        }
+    }
+
+    pub fn from_path(path: &str) -> Option<Endpoint> {
+        match path {
+            "/v1/chat/completions" => Some(Endpoint::ChatCompletions),
+            "/v1/completions" => Some(Endpoint::Completions),
+            "/v1/embeddings" => Some(Endpoint::Embeddings),
+            _ => None,
+        }
+    }
+}
+
+/// Scheduling priority, from the `x-ilb-priority` header. Lower priorities are shed first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum Priority {
+    Low,
+    #[default]
+    Normal,
+    High,
+    Critical,
+}
+
+impl Priority {
+    pub fn parse(s: &str) -> Result<Priority, ClassifyError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "low" | "batch" => Ok(Priority::Low),
+            "normal" | "" => Ok(Priority::Normal),
+            "high" => Ok(Priority::High),
+            "critical" => Ok(Priority::Critical),
+            _ => Err(ClassifyError::BadHeader(format!(
+                "x-ilb-priority must be one of low, normal, high, critical (got {s:?})"
+            ))),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Low => "low",
+            Priority::Normal => "normal",
+            Priority::High => "high",
+            Priority::Critical => "critical",
+        }
+    }
+}
+
+/// Why a request could not be classified; each maps to a 400.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ClassifyError {
+    #[error("request body is not valid JSON: {0}")]
+    Json(String),
+    #[error("request body does not have the expected shape: {0}")]
+    Shape(String),
+    #[error("request body must be a JSON object with a string 'model' field")]
+    MissingModel,
+    #[error("{0}")]
+    BadHeader(String),
+}
+
+/// What the body says, borrowing from it.
+#[derive(Debug, Default)]
+pub struct BodyInfo<'a> {
+    pub model: Cow<'a, str>,
+    pub stream: bool,
+    pub user: Option<Cow<'a, str>>,
+    /// Hash of the conversation's leading part (system prompt and first user message, or the
+    /// start of the prompt); `None` when there is nothing to hash.
+    pub prefix_hash: Option<u64>,
+}
+
+/// Parses the fields routing needs out of an OpenAI request body.
+pub fn parse_body(endpoint: Endpoint, body: &[u8]) -> Result<BodyInfo<'_>, ClassifyError> {
+    // serde would also accept a struct spelled as an array; OpenAI bodies are objects.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+        return Err(ClassifyError::MissingModel);
+    }
+    let raw: RawBody<'_> = serde_json::from_slice(body).map_err(|e| {
+        if e.is_data() {
+            ClassifyError::Shape(e.to_string())
+        } else {
+            ClassifyError::Json(e.to_string())
+        }
+    })?;
+    let model = raw.model.ok_or(ClassifyError::MissingModel)?;
+    if model.is_empty() {
+        return Err(ClassifyError::MissingModel);
+    }
+    let prefix_hash = match endpoint {
+        Endpoint::ChatCompletions => raw.messages.and_then(|m| m.0),
+        Endpoint::Completions => raw.prompt.map(|p| prefix_of(p.get())),
+        Endpoint::Embeddings => raw.input.map(|p| prefix_of(p.get())),
+    };
+    Ok(BodyInfo { model, stream: raw.stream.unwrap_or(false), user: raw.user, prefix_hash })
+}
+
+fn prefix_of(raw_json: &str) -> u64 {
+    let bytes = raw_json.as_bytes();
+    crate::stable_hash(&bytes[..bytes.len().min(PROMPT_PREFIX_BYTES)])
+}
+
+/// Splits a comma-separated `x-ilb-require` header into sorted, deduplicated tags.
+pub fn parse_require(header: &str) -> Result<Vec<&str>, ClassifyError> {
+    let mut tags: Vec<&str> = header.split(',').map(str::trim).filter(|t| !t.is_empty()).collect();
+    tags.sort_unstable();
+    tags.dedup();
+    if tags.len() > MAX_REQUIRE_TAGS {
+        return Err(ClassifyError::BadHeader(format!("x-ilb-require names more than {MAX_REQUIRE_TAGS} tags")));
+    }
+    Ok(tags)
+}
+
+/// The affinity key's hash: an explicit session key, else the `user` field, else the prompt
+/// prefix, else `fallback` (the caller passes something per-request, e.g. a counter).
+pub fn affinity_hash(session_header: Option<&str>, body: &BodyInfo<'_>, fallback: u64) -> u64 {
+    if let Some(key) = session_header.filter(|k| !k.is_empty()) {
+        return crate::stable_hash(key.as_bytes());
+    }
+    if let Some(user) = body.user.as_deref().filter(|u| !u.is_empty()) {
+        return crate::stable_hash(user.as_bytes());
+    }
+    body.prefix_hash.unwrap_or(fallback)
+}
+
+#[derive(Deserialize)]
+struct RawBody<'a> {
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(borrow, default)]
+    user: Option<Cow<'a, str>>,
+    #[serde(default)]
+    messages: Option<ConversationPrefix>,
+    #[serde(borrow, default)]
+    prompt: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    input: Option<&'a RawValue>,
+}
+
+/// Hash of the chat messages up to and including the first user message. The remaining
+/// messages are skipped without allocation.
+struct ConversationPrefix(Option<u64>);
+
+impl<'de> Deserialize<'de> for ConversationPrefix {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_seq(PrefixVisitor)
+    }
+}
+
+struct PrefixVisitor;
+
+#[derive(Deserialize)]
+struct Message<'a> {
+    #[serde(borrow, default)]
+    role: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+}
+
+impl<'de> Visitor<'de> for PrefixVisitor {
+    type Value = ConversationPrefix;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an array of messages")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ConversationPrefix, A::Error> {
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        let mut hashed_any = false;
+        let mut done = false;
+        while !done {
+            let Some(msg) = seq.next_element::<Message<'de>>()? else {
+                break;
+            };
+            let role = msg.role.as_deref().unwrap_or("");
+            hasher.update(role.as_bytes());
+            hasher.update(b"\0");
+            if let Some(content) = msg.content {
+                let bytes = content.get().as_bytes();
+                hasher.update(&bytes[..bytes.len().min(PROMPT_PREFIX_BYTES * 4)]);
+            }
+            hasher.update(b"\0");
+            hashed_any = true;
+            done = role == "user";
+        }
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(ConversationPrefix(hashed_any.then(|| hasher.digest())))
+    }
+}
+
+impl fmt::Debug for ConversationPrefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ConversationPrefix({:?})", self.0)
+    }
+}
+
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,80 @@
+use super::*;
+use proptest::prelude::*;
+
+fn chat(body: &str) -> Result<BodyInfo<'_>, ClassifyError> {
+    parse_body(Endpoint::ChatCompletions, body.as_bytes())
+}
+
+#[test]
+fn reads_model_stream_and_user() {
+    let b = chat(r#"{"model":"m","stream":true,"user":"u1","messages":[],"extra":{"x":[1,2]}}"#).unwrap();
+    assert_eq!(b.model, "m");
+    assert!(b.stream);
+    assert_eq!(b.user.as_deref(), Some("u1"));
+    assert_eq!(b.prefix_hash, None);
+}
+
+#[test]
+fn escaped_model_names_are_decoded() {
+    let b = chat(r#"{"model":"a\/b","messages":[]}"#).unwrap();
+    assert_eq!(b.model, "a/b");
+}
+
+#[test]
+fn errors() {
+    assert!(matches!(chat("{"), Err(ClassifyError::Json(_))));
+    assert_eq!(chat(r#"["m"]"#).unwrap_err(), ClassifyError::MissingModel);
+    assert!(matches!(chat("7"), Err(ClassifyError::Shape(_))));
+    assert!(matches!(chat(r#"{"model":42}"#), Err(ClassifyError::Shape(_))));
+    assert_eq!(chat(r#"{"messages":[]}"#).unwrap_err(), ClassifyError::MissingModel);
+    assert_eq!(chat(r#"{"model":""}"#).unwrap_err(), ClassifyError::MissingModel);
+    assert!(matches!(chat(r#"{"model":"m"} trailing"#), Err(ClassifyError::Json(_))));
+}
+
+#[test]
+fn follow_up_turns_share_the_prefix_hash() {
+    let turn1 = r#"{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]}"#;
+    let turn2 = r#"{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"},
+        {"role":"assistant","content":"hello"},{"role":"user","content":"more"}]}"#;
+    let other = r#"{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"bye"}]}"#;
+    let (h1, h2, h3) = (chat(turn1).unwrap().prefix_hash, chat(turn2).unwrap().prefix_hash, chat(other).unwrap().prefix_hash);
+    assert!(h1.is_some());
+    assert_eq!(h1, h2);
+    assert_ne!(h1, h3);
+}
+
+#[test]
+fn completion_prompts_hash_their_start() {
+    let a = parse_body(Endpoint::Completions, br#"{"model":"m","prompt":"once upon a time"}"#).unwrap();
+    let b = parse_body(Endpoint::Completions, br#"{"model":"m","prompt":"once upon a time"}"#).unwrap();
+    assert_eq!(a.prefix_hash, b.prefix_hash);
+    assert!(a.prefix_hash.is_some());
+}
+
+#[test]
+fn affinity_prefers_session_then_user_then_prefix() {
+    let body = chat(r#"{"model":"m","user":"u","messages":[{"role":"user","content":"x"}]}"#).unwrap();
+    assert_eq!(affinity_hash(Some("s"), &body, 0), crate::stable_hash(b"s"));
+    assert_eq!(affinity_hash(None, &body, 0), crate::stable_hash(b"u"));
+    let anon = chat(r#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#).unwrap();
+    assert_eq!(affinity_hash(None, &anon, 0), anon.prefix_hash.unwrap());
+    let empty = chat(r#"{"model":"m"}"#).unwrap();
+    assert_eq!(affinity_hash(None, &empty, 99), 99);
+}
+
+#[test]
+fn headers() {
+    assert_eq!(parse_require(" b, a ,,a").unwrap(), vec!["a", "b"]);
+    assert_eq!(Priority::parse("Critical").unwrap(), Priority::Critical);
+    assert!(Priority::parse("urgent").is_err());
+    assert!(Priority::Low < Priority::Critical);
+}
+
+proptest! {
+    #[test]
+    fn never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+        for e in [Endpoint::ChatCompletions, Endpoint::Completions, Endpoint::Embeddings] {
+            let _ = parse_body(e, &bytes);
+        }
+    }
+}

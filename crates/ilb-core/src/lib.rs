@@ -1,0 +1,26 @@
+//! The vocabulary every other ilb crate speaks, and the pure parts of the request path.
+//!
+//! - [`ids`]: newtypes for engine, cluster, model, class and snapshot identifiers.
+//! - [`snapshot`]: the versioned routing-snapshot wire format and its validation.
+//! - [`slots`]: the weighted consistent-hashing slot table (minimal movement on weight change).
+//! - [`table`]: a validated snapshot compiled into an immutable routing table, and `pick`.
+//! - [`classify`]: reading model, constraints, priority and affinity key out of a request.
+//!
+//! **Invariant:** nothing here does IO, reads the clock or spawns tasks; time and randomness
+//! come in as arguments. This is what lets the fleet simulator run this exact code.
+
+pub mod classify;
+pub mod ids;
+pub mod report;
+pub mod slots;
+pub mod snapshot;
+pub mod table;
+
+pub use ids::{ClassId, ClusterId, EngineId, ModelName, SnapshotVersion};
+
+/// Stable 64-bit hash used for affinity keys and slot probing. Stable across versions and
+/// processes, so every data plane of a cluster maps a key to the same slot.
+#[inline]
+pub fn stable_hash(bytes: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(bytes)
+}

@@ -1,0 +1,56 @@
+//! The data-plane report: what each data plane tells the control plane every period.
+//! JSON on the wire (`POST /v1/reports` on the control plane).
+
+use crate::ids::{ClassId, ClusterId, EngineId, ModelName};
+use serde::{Deserialize, Serialize};
+
+/// One data plane's observations over one reporting period.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Report {
+    pub cluster: ClusterId,
+    /// Identifies the data-plane instance (several may serve one cluster).
+    pub instance: String,
+    /// Increases with every report of this instance; duplicates and reorderings are dropped.
+    pub sequence: u64,
+    /// Length of the period the counts cover, in milliseconds.
+    pub period_ms: u64,
+    /// The snapshot version the data plane was routing on.
+    pub snapshot_version: u64,
+    pub demand: Vec<ClassDemand>,
+    pub engines: Vec<EngineObservation>,
+}
+
+/// Demand of one traffic class as seen by this data plane.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassDemand {
+    pub model: ModelName,
+    pub class: ClassId,
+    /// Requests that arrived in the period (admitted or shed).
+    pub requests: u64,
+    /// Requests shed by the data plane in the period.
+    pub shed: u64,
+    /// Smoothed arrival rate, requests per second.
+    pub rps: f64,
+}
+
+/// One engine as seen through this data plane's proxy.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineObservation {
+    pub engine: EngineId,
+    pub requests: u64,
+    /// Failed attempts: connect errors, 5xx, timeouts, broken streams.
+    pub errors: u64,
+    /// Mean time to first response byte over the period, milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttfb_ms: Option<f64>,
+    /// Mean total request duration over the period, milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<f64>,
+    /// Smoothed network round-trip time (TCP connect), milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rtt_ms: Option<f64>,
+    pub in_flight: u64,
+}

@@ -1,0 +1,217 @@
+//! A validated snapshot compiled into an immutable routing table, and the pick itself.
+//!
+//! Compilation happens off the request path (when a snapshot arrives); the result is shared
+//! read-only by every request. Each class gets a [`SlotTable`] built from the previous table's
+//! class of the same id, so a weight change moves the least traffic possible.
+
+use crate::ids::{ClassId, ClusterId, EngineId, ModelName, SnapshotVersion};
+use crate::slots::SlotTable;
+use crate::snapshot::{EngineEntry, Snapshot, SnapshotError};
+use std::collections::HashMap;
+
+/// Probes of the slot table before falling back to a scan of all candidates.
+pub const MAX_PROBES: u32 = 24;
+
+/// The immutable routing table for one cluster.
+#[derive(Debug)]
+pub struct RoutingTable {
+    pub version: SnapshotVersion,
+    pub cluster: ClusterId,
+    pub created_unix_ms: u64,
+    pub utilisation: f64,
+    pub engines: Vec<EngineEntry>,
+    models: HashMap<Box<str>, ModelTable>,
+    model_names: Vec<ModelName>,
+}
+
+#[derive(Debug)]
+pub struct ModelTable {
+    pub name: ModelName,
+    pub classes: Vec<ClassTable>,
+    /// The class for requests without constraints, or that no class matches exactly.
+    pub default_class: usize,
+}
+
+#[derive(Debug)]
+pub struct ClassTable {
+    pub id: ClassId,
+    /// Sorted, deduplicated.
+    pub require: Vec<String>,
+    pub residency: Option<String>,
+    pub candidates: Vec<Candidate>,
+    pub shed_fraction: f64,
+    pub slots: SlotTable,
+    candidate_ids: Vec<EngineId>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Candidate {
+    /// Index into [`RoutingTable::engines`].
+    pub engine_idx: usize,
+    /// Normalised: the weights of a class sum to one.
+    pub weight: f64,
+    pub expected_latency_ms: Option<f64>,
+    pub network_ms: Option<f64>,
+}
+
+/// What a request asks of the engine that serves it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Constraints<'a> {
+    /// Required capabilities, sorted and deduplicated.
+    pub require: &'a [&'a str],
+    pub residency: Option<&'a str>,
+}
+
+impl Constraints<'_> {
+    pub fn is_empty(&self) -> bool {
+        self.require.is_empty() && self.residency.is_none()
+    }
+
+    /// Whether `engine` can serve a request with these constraints.
+    pub fn allow(&self, engine: &EngineEntry) -> bool {
+        self.require.iter().all(|cap| engine.capabilities.iter().any(|c| c == cap))
+            && self.residency.is_none_or(|zone| engine.residency.iter().any(|z| z == zone))
+    }
+}
+
+/// Where a pick landed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Picked {
+    /// Index into the class's candidates.
+    pub candidate: usize,
+    /// Slot-table probes made (1 when the key's own slot was usable).
+    pub probes: u32,
+    /// True when no probe succeeded and a scan over all candidates found it.
+    pub fallback: bool,
+}
+
+impl RoutingTable {
+    /// Validates `snapshot` and compiles it, carrying slot layouts over from `previous`.
+    pub fn compile(snapshot: &Snapshot, previous: Option<&RoutingTable>) -> Result<RoutingTable, SnapshotError> {
+        snapshot.validate()?;
+        let engine_index: HashMap<&str, usize> =
+            snapshot.engines.iter().enumerate().map(|(i, e)| (e.id.as_str(), i)).collect();
+        let mut models = HashMap::with_capacity(snapshot.models.len());
+        for routes in &snapshot.models {
+            let prev_model = previous.and_then(|p| p.model(routes.model.as_str()));
+            let classes: Vec<ClassTable> = routes
+                .classes
+                .iter()
+                .map(|class| {
+                    let total: f64 = class.weights.iter().map(|w| w.weight).sum();
+                    let candidates: Vec<Candidate> = class
+                        .weights
+                        .iter()
+                        .map(|w| Candidate {
+                            engine_idx: engine_index[w.engine.as_str()],
+                            weight: w.weight / total,
+                            expected_latency_ms: w.expected_latency_ms,
+                            network_ms: w.network_ms,
+                        })
+                        .collect();
+                    let candidate_ids: Vec<EngineId> = class.weights.iter().map(|w| w.engine.clone()).collect();
+                    let weights: Vec<f64> = candidates.iter().map(|c| c.weight).collect();
+                    let prev_class = prev_model.and_then(|m| m.classes.iter().find(|c| c.id == class.id));
+                    let slots = SlotTable::build(
+                        &weights,
+                        &candidate_ids,
+                        prev_class.map(|c| (&c.slots, c.candidate_ids.as_slice())),
+                    );
+                    let mut require = class.require.clone();
+                    require.sort();
+                    require.dedup();
+                    ClassTable {
+                        id: class.id.clone(),
+                        require,
+                        residency: class.residency.clone(),
+                        candidates,
+                        shed_fraction: class.shed_fraction,
+                        slots,
+                        candidate_ids,
+                    }
+                })
+                .collect();
+            let default_class = classes
+                .iter()
+                .position(|c| c.require.is_empty() && c.residency.is_none())
+                .unwrap_or(0);
+            models.insert(
+                routes.model.0.clone().into_boxed_str(),
+                ModelTable { name: routes.model.clone(), classes, default_class },
+            );
+        }
+        let mut model_names: Vec<ModelName> = snapshot.models.iter().map(|m| m.model.clone()).collect();
+        model_names.sort();
+        Ok(RoutingTable {
+            version: snapshot.version,
+            cluster: snapshot.cluster.clone(),
+            created_unix_ms: snapshot.created_unix_ms,
+            utilisation: snapshot.utilisation,
+            engines: snapshot.engines.clone(),
+            models,
+            model_names,
+        })
+    }
+
+    /// Hot path: one hash-map lookup.
+    #[inline]
+    pub fn model(&self, name: &str) -> Option<&ModelTable> {
+        self.models.get(name)
+    }
+
+    /// Served models, sorted by name.
+    pub fn model_names(&self) -> &[ModelName] {
+        &self.model_names
+    }
+}
+
+impl ModelTable {
+    /// The class a request with `constraints` belongs to: the class with exactly these
+    /// constraints, else the default class (whose candidates the caller then filters).
+    pub fn class_for(&self, constraints: &Constraints<'_>) -> &ClassTable {
+        if !constraints.is_empty() {
+            let exact = self.classes.iter().find(|c| {
+                c.residency.as_deref() == constraints.residency
+                    && c.require.len() == constraints.require.len()
+                    && c.require.iter().zip(constraints.require).all(|(a, b)| a == b)
+            });
+            if let Some(class) = exact {
+                return class;
+            }
+        }
+        &self.classes[self.default_class]
+    }
+}
+
+impl ClassTable {
+    /// Picks a candidate for `key_hash` by weighted consistent hashing. `admit` says whether a
+    /// candidate may take the request (constraints, guard, bounded load); refused candidates
+    /// are walked past deterministically, so among the admitted the split still follows the
+    /// weights. Zero-weight candidates are reached only by the final scan. Hot path.
+    pub fn pick(&self, key_hash: u64, mut admit: impl FnMut(usize) -> bool) -> Option<Picked> {
+        let n = self.candidates.len();
+        let mut last_refused = usize::MAX;
+        for attempt in 0..MAX_PROBES {
+            let candidate = self.slots.probe(key_hash, attempt);
+            if candidate >= n || candidate == last_refused {
+                continue;
+            }
+            if admit(candidate) {
+                return Some(Picked { candidate, probes: attempt + 1, fallback: false });
+            }
+            last_refused = candidate;
+        }
+        let start = (key_hash % n as u64) as usize;
+        (0..n)
+            .map(|i| (start + i) % n)
+            .find(|&candidate| admit(candidate))
+            .map(|candidate| Picked { candidate, probes: MAX_PROBES, fallback: true })
+    }
+
+    pub fn candidate_ids(&self) -> &[EngineId] {
+        &self.candidate_ids
+    }
+}
+
+#[cfg(test)]
+mod tests;

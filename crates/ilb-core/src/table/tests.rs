@@ -1,0 +1,62 @@
+use super::*;
+use crate::snapshot::tests::example_json;
+
+fn table() -> RoutingTable {
+    RoutingTable::compile(&Snapshot::from_json(example_json().as_bytes()).unwrap(), None).unwrap()
+}
+
+#[test]
+fn weights_are_normalised_and_models_listed() {
+    let t = table();
+    let m = t.model("m").unwrap();
+    let c = &m.classes[m.default_class];
+    assert_eq!(c.id.as_str(), "default");
+    let w: Vec<f64> = c.candidates.iter().map(|c| c.weight).collect();
+    assert_eq!(w, vec![0.75, 0.25]);
+    assert_eq!(t.model_names(), &[ModelName::new("m")]);
+    assert!(t.model("other").is_none());
+}
+
+#[test]
+fn constraints_choose_the_exact_class_or_filter_the_default() {
+    let t = table();
+    let m = t.model("m").unwrap();
+    let eu = Constraints { require: &[], residency: Some("eu") };
+    assert_eq!(m.class_for(&eu).id.as_str(), "eu");
+    let long = Constraints { require: &["long-context"], residency: None };
+    let class = m.class_for(&long);
+    assert_eq!(class.id.as_str(), "default");
+    // Only e2 offers long-context: every key lands there.
+    for key in 0..1000u64 {
+        let p = class.pick(crate::slots::mix(key), |c| long.allow(&t.engines[class.candidates[c].engine_idx])).unwrap();
+        assert_eq!(class.candidates[p.candidate].engine_idx, 1);
+    }
+    let impossible = Constraints { require: &["tools"], residency: None };
+    assert!(class.pick(1, |c| impossible.allow(&t.engines[class.candidates[c].engine_idx])).is_none());
+}
+
+#[test]
+fn refused_candidates_are_walked_past_deterministically() {
+    let t = table();
+    let m = t.model("m").unwrap();
+    let class = &m.classes[m.default_class];
+    for key in 0..1000u64 {
+        let h = crate::slots::mix(key);
+        let first = class.pick(h, |_| true).unwrap();
+        let other = class.pick(h, |c| c != first.candidate).unwrap();
+        assert_ne!(other.candidate, first.candidate);
+        assert_eq!(class.pick(h, |c| c != first.candidate), Some(other));
+    }
+}
+
+#[test]
+fn recompiling_carries_the_layout_over() {
+    let mut s = Snapshot::from_json(example_json().as_bytes()).unwrap();
+    let a = RoutingTable::compile(&s, None).unwrap();
+    s.models[0].classes[0].weights[0].weight = 2.0; // 0.75 → 0.667
+    let b = RoutingTable::compile(&s, Some(&a)).unwrap();
+    let (ca, cb) = (&a.model("m").unwrap().classes[0], &b.model("m").unwrap().classes[0]);
+    let moved = SlotTable::moved_fraction((&ca.slots, ca.candidate_ids()), (&cb.slots, cb.candidate_ids()));
+    let tv = 0.75 - 2.0 / 3.0;
+    assert!(moved <= 1.2 * tv, "moved {moved}, minimum {tv}");
+}

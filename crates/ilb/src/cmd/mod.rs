@@ -1,0 +1,6 @@
+//! One module per subcommand: its clap arguments, config loading and validation, and `run`.
+
+pub mod data_plane;
+pub mod demo;
+pub mod engine_sim;
+pub mod optimize;

@@ -1,0 +1,56 @@
+//! `ilb`: the inference load balancer's one binary. Parses argv, reads files and env, validates
+//! configuration, and hands typed configs to the library crates. See ARCHITECTURE.md.
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "ilb", version, about = "ilb, the inference load balancer for LLM fleets")]
+struct Cli {
+    /// Log level filter (tracing `EnvFilter` syntax, e.g. `info`, `ilb_dataplane=debug`).
+    #[arg(long, global = true, default_value = "info", env = "ILB_LOG")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run engines, data planes and a traffic generator in one process on loopback.
+    Demo(cmd::demo::DemoArgs),
+    /// Run the data plane: an OpenAI-compatible proxy for one front-end cluster.
+    DataPlane(cmd::data_plane::DataPlaneArgs),
+    /// Run one or more simulated OpenAI-compatible inference engines.
+    EngineSim(cmd::engine_sim::EngineSimArgs),
+    /// Solve one routing problem offline and print the solution as JSON.
+    Optimize(cmd::optimize::OptimizeArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    if let Err(e) = init_logging(&cli.log) {
+        eprintln!("error: {e:#}");
+        return std::process::ExitCode::from(2);
+    }
+    let result = match cli.command {
+        Command::Demo(args) => cmd::demo::run(args),
+        Command::DataPlane(args) => cmd::data_plane::run(args),
+        Command::EngineSim(args) => cmd::engine_sim::run(args),
+        Command::Optimize(args) => cmd::optimize::run(args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(filter: &str) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .map_err(|e| anyhow::anyhow!("invalid --log filter {filter:?}: {e}"))?;
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    Ok(())
+}
