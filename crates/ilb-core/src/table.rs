@@ -22,6 +22,7 @@ pub struct RoutingTable {
     pub engines: Vec<EngineEntry>,
     models: HashMap<Box<str>, ModelTable>,
     model_names: Vec<ModelName>,
+    n_classes: usize,
 }
 
 #[derive(Debug)]
@@ -35,6 +36,9 @@ pub struct ModelTable {
 #[derive(Debug)]
 pub struct ClassTable {
     pub id: ClassId,
+    /// Dense index of this class across all models of the table (0..n_classes), so callers
+    /// can keep per-class state in a plain vector.
+    pub seq: usize,
     /// Sorted, deduplicated.
     pub require: Vec<String>,
     pub residency: Option<String>,
@@ -92,6 +96,7 @@ impl RoutingTable {
         let engine_index: HashMap<&str, usize> =
             snapshot.engines.iter().enumerate().map(|(i, e)| (e.id.as_str(), i)).collect();
         let mut models = HashMap::with_capacity(snapshot.models.len());
+        let mut n_classes = 0usize;
         for routes in &snapshot.models {
             let prev_model = previous.and_then(|p| p.model(routes.model.as_str()));
             let classes: Vec<ClassTable> = routes
@@ -120,8 +125,10 @@ impl RoutingTable {
                     let mut require = class.require.clone();
                     require.sort();
                     require.dedup();
+                    n_classes += 1;
                     ClassTable {
                         id: class.id.clone(),
+                        seq: n_classes - 1,
                         require,
                         residency: class.residency.clone(),
                         candidates,
@@ -150,6 +157,7 @@ impl RoutingTable {
             engines: snapshot.engines.clone(),
             models,
             model_names,
+            n_classes,
         })
     }
 
@@ -157,6 +165,16 @@ impl RoutingTable {
     #[inline]
     pub fn model(&self, name: &str) -> Option<&ModelTable> {
         self.models.get(name)
+    }
+
+    /// Number of classes over all models; [`ClassTable::seq`] is below it.
+    pub fn n_classes(&self) -> usize {
+        self.n_classes
+    }
+
+    /// Every model's table, sorted by model name.
+    pub fn models(&self) -> impl Iterator<Item = &ModelTable> {
+        self.model_names.iter().filter_map(|n| self.models.get(n.as_str()))
     }
 
     /// Served models, sorted by name.

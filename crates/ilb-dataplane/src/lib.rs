@@ -1,1 +1,108 @@
-//! placeholder
+//! The ilb data plane: an OpenAI-compatible proxy for one front-end cluster.
+//!
+//! For every request it classifies (model, constraints, priority, affinity key), picks an engine
+//! by weighted consistent hashing on the installed routing snapshot, skips engines its local
+//! guard has ejected, forwards the request and streams the response back as it arrives.
+//! Snapshots arrive in the background (polled from a control plane, discovered in quick mode,
+//! or installed by the embedding program); the request path never waits for them.
+//!
+//! **Invariant:** the data plane never talks to the control plane on the request path, never
+//! scrapes engine metrics, and never forwards to an address that is not in its snapshot.
+
+mod body;
+mod clock;
+pub mod config;
+mod debug;
+pub mod engines;
+pub mod error;
+pub mod proxy;
+mod server;
+pub mod sources;
+pub mod state;
+
+pub use config::{DataPlaneConfig, Timeouts};
+pub use sources::SnapshotSource;
+
+use ilb_core::snapshot::Snapshot;
+use server::Shared;
+use state::InstallError;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+impl Shared {
+    /// Installs a snapshot, logging the outcome (not on the request path).
+    pub fn install(&self, snapshot: &Snapshot) -> Result<(), InstallError> {
+        let expected = self.config.cluster.as_ref().map(|c| c.as_str());
+        let installed = self.routing.install(snapshot, expected, clock::unix_ms())?;
+        tracing::info!(
+            version = %installed.table.version,
+            engines = installed.table.engines.len(),
+            models = installed.table.model_names().len(),
+            "snapshot installed"
+        );
+        Ok(())
+    }
+}
+
+/// A running data plane.
+pub struct DataPlane {
+    shared: Arc<Shared>,
+    local_addr: SocketAddr,
+    shutdown: watch::Sender<bool>,
+    tasks: JoinSet<()>,
+}
+
+impl DataPlane {
+    /// Binds the listener and starts serving and the background tasks of `source`.
+    pub async fn start(config: DataPlaneConfig, source: SnapshotSource) -> std::io::Result<DataPlane> {
+        let listener = TcpListener::bind(config.listen).await?;
+        let local_addr = listener.local_addr()?;
+        let shared = Arc::new(Shared::new(config));
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let mut tasks = JoinSet::new();
+        tasks.spawn(server::serve(listener, Arc::clone(&shared), shutdown_rx.clone()));
+        tasks.spawn(sources::probe_ejected(Arc::clone(&shared), shutdown_rx.clone()));
+        match source {
+            SnapshotSource::Manual => {}
+            SnapshotSource::Poll { url, interval, long_poll } => {
+                tasks.spawn(sources::poll(Arc::clone(&shared), url, interval, long_poll, shutdown_rx));
+            }
+            SnapshotSource::Discover { engines, interval } => {
+                tasks.spawn(sources::discover(Arc::clone(&shared), engines, interval, shutdown_rx));
+            }
+        }
+        Ok(DataPlane { shared, local_addr, shutdown, tasks })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.local_addr)
+    }
+
+    /// Installs a snapshot now; an invalid or older one is rejected and the current one stays.
+    pub fn install(&self, snapshot: &Snapshot) -> Result<(), InstallError> {
+        self.shared.install(snapshot)
+    }
+
+    /// The installed snapshot version, if any.
+    pub fn snapshot_version(&self) -> Option<ilb_core::SnapshotVersion> {
+        self.shared.routing.load().map(|i| i.table.version)
+    }
+
+    /// The installed state (for tests, reports and the demo's console).
+    pub fn installed(&self) -> Option<Arc<state::Installed>> {
+        self.shared.routing.load()
+    }
+
+    /// Stops accepting, lets open connections finish their current response, stops tasks.
+    pub async fn shutdown(mut self) {
+        let _ = self.shutdown.send(true);
+        while self.tasks.join_next().await.is_some() {}
+    }
+}

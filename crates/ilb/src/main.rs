@@ -2,6 +2,7 @@
 //! configuration, and hands typed configs to the library crates. See ARCHITECTURE.md.
 
 mod cmd;
+mod config;
 
 use clap::{Parser, Subcommand};
 

@@ -1,8 +1,175 @@
-//! `ilb data-plane` (placeholder until its issue lands).
+//! `ilb data-plane`: run the proxy for one front-end cluster.
+//!
+//! Snapshots come from exactly one source: a control plane (`--control-plane URL --cluster C`),
+//! a file (`--snapshot FILE`, reloaded when it changes), or quick mode (`--engine URL ...`,
+//! equal weights, models discovered from each engine's `/v1/models`).
 
-#[derive(clap::Args)]
-pub struct DataPlaneArgs {}
+use crate::config::{self, DataPlaneSection};
+use anyhow::{bail, Context};
+use ilb_core::snapshot::Snapshot;
+use ilb_dataplane::{DataPlane, DataPlaneConfig, SnapshotSource};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-pub fn run(_args: DataPlaneArgs) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+#[derive(clap::Args, Debug)]
+pub struct DataPlaneArgs {
+    /// Address to serve the OpenAI-compatible API on.
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Quick mode: an engine base URL (repeatable); equal weights, models from its /v1/models.
+    #[arg(long = "engine", value_name = "URL")]
+    engines: Vec<String>,
+    /// Install routing snapshots from this JSON file, reloading it when it changes.
+    #[arg(long, value_name = "FILE")]
+    snapshot: Option<PathBuf>,
+    /// Pull snapshots from this control plane (needs --cluster).
+    #[arg(long, value_name = "URL")]
+    control_plane: Option<String>,
+    /// The front-end cluster this data plane serves.
+    #[arg(long)]
+    cluster: Option<String>,
+    /// TOML config file; its [data_plane] table sets everything the flags set, and more.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+pub fn run(args: DataPlaneArgs) -> anyhow::Result<()> {
+    let mut section = match &args.config {
+        Some(path) => config::load(path)?.data_plane.unwrap_or_default(),
+        None => DataPlaneSection::default(),
+    };
+    // Flags override the file.
+    if let Some(listen) = args.listen {
+        section.listen = Some(listen.to_string());
+    }
+    if !args.engines.is_empty() {
+        section.engines = args.engines.clone();
+    }
+    if let Some(path) = &args.snapshot {
+        section.snapshot_file = Some(path.clone());
+    }
+    if let Some(url) = &args.control_plane {
+        section.control_plane = Some(url.clone());
+    }
+    if let Some(cluster) = &args.cluster {
+        section.cluster = Some(cluster.clone());
+    }
+    let (config, source, file) = section.validate()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(serve(config, source, file))
+}
+
+async fn serve(config: DataPlaneConfig, source: SnapshotSource, file: Option<PathBuf>) -> anyhow::Result<()> {
+    let listen = config.listen;
+    let data_plane =
+        DataPlane::start(config, source).await.with_context(|| format!("cannot listen on {listen}"))?;
+    println!("data-plane: {}", data_plane.url());
+    let watcher = file.map(|path| {
+        let first = load_snapshot(&path).and_then(|s| data_plane.install(&s).map_err(anyhow::Error::from));
+        if let Err(e) = first {
+            tracing::warn!(file = %path.display(), error = %format!("{e:#}"), "snapshot file not installed");
+        }
+        path
+    });
+    match watcher {
+        Some(path) => {
+            let mut last = modified(&path);
+            loop {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => break,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+                let now = modified(&path);
+                if now != last {
+                    last = now;
+                    match load_snapshot(&path).and_then(|s| data_plane.install(&s).map_err(anyhow::Error::from)) {
+                        Ok(()) => {}
+                        Err(e) => tracing::warn!(file = %path.display(), error = %format!("{e:#}"), "snapshot rejected, keeping the last good one"),
+                    }
+                }
+            }
+        }
+        None => {
+            tokio::signal::ctrl_c().await?;
+        }
+    }
+    data_plane.shutdown().await;
+    Ok(())
+}
+
+fn modified(path: &Path) -> Option<std::time::SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+pub fn load_snapshot(path: &Path) -> anyhow::Result<Snapshot> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    Snapshot::from_json(&bytes).with_context(|| format!("invalid snapshot in {}", path.display()))
+}
+
+impl DataPlaneSection {
+    /// Checks the section and turns it into the library's typed config.
+    pub fn validate(self) -> anyhow::Result<(DataPlaneConfig, SnapshotSource, Option<PathBuf>)> {
+        let listen: SocketAddr = self
+            .listen
+            .as_deref()
+            .unwrap_or("127.0.0.1:8080")
+            .parse()
+            .context("data_plane.listen: expected host:port, e.g. 127.0.0.1:8080")?;
+        let mut config = DataPlaneConfig::new(listen);
+        config.cluster = self.cluster.clone().map(ilb_core::ClusterId::new);
+        if let Some(b) = self.max_body_bytes {
+            if b == 0 {
+                bail!("data_plane.max_body_bytes: must be positive");
+            }
+            config.max_body_bytes = b;
+        }
+        if let Some(a) = self.max_attempts {
+            if a == 0 {
+                bail!("data_plane.max_attempts: must be at least 1");
+            }
+            config.max_attempts = a;
+        }
+        if let Some(c) = self.max_connections {
+            config.max_connections = c.max(1);
+        }
+        let t = &mut config.timeouts;
+        for (name, value, slot) in [
+            ("connect_ms", self.timeouts.connect_ms, &mut t.connect),
+            ("first_byte_ms", self.timeouts.first_byte_ms, &mut t.first_byte),
+            ("idle_ms", self.timeouts.idle_ms, &mut t.idle),
+            ("client_body_ms", self.timeouts.client_body_ms, &mut t.client_body),
+            ("header_read_ms", self.timeouts.header_read_ms, &mut t.header_read),
+        ] {
+            if let Some(ms) = value {
+                if ms == 0 {
+                    bail!("data_plane.timeouts.{name}: must be positive");
+                }
+                *slot = Duration::from_millis(ms);
+            }
+        }
+        let sources = [!self.engines.is_empty(), self.snapshot_file.is_some(), self.control_plane.is_some()];
+        let source = match sources {
+            [true, false, false] => {
+                for url in &self.engines {
+                    ilb_core::snapshot::check_engine_url(url)
+                        .map_err(|why| anyhow::anyhow!("engine url '{url}' {why}"))?;
+                }
+                SnapshotSource::Discover { engines: self.engines, interval: Duration::from_secs(30) }
+            }
+            [false, true, false] => SnapshotSource::Manual,
+            [false, false, true] => {
+                let cluster = self.cluster.as_deref().context("--control-plane needs --cluster (data_plane.cluster)")?;
+                let base = self.control_plane.unwrap_or_default();
+                SnapshotSource::Poll {
+                    url: format!("{}/v1/snapshots/{cluster}", base.trim_end_matches('/')),
+                    interval: Duration::from_secs(1),
+                    long_poll: true,
+                }
+            }
+            [false, false, false] => bail!("no snapshot source: give --engine URL, --snapshot FILE or --control-plane URL"),
+            _ => bail!("give only one snapshot source: --engine, --snapshot or --control-plane"),
+        };
+        Ok((config, source, self.snapshot_file))
+    }
 }

@@ -1,0 +1,65 @@
+//! The data plane's typed configuration. The binary builds it from flags and the TOML file and
+//! validates it; this crate never reads files or the environment.
+
+use crate::engines::GuardConfig;
+use ilb_core::ClusterId;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+#[derive(Clone, Debug)]
+pub struct DataPlaneConfig {
+    pub listen: SocketAddr,
+    /// When set, snapshots for any other cluster are rejected.
+    pub cluster: Option<ClusterId>,
+    /// Largest request body accepted, in bytes (default 16 MiB); larger ones get 413.
+    pub max_body_bytes: usize,
+    /// Most client connections open at once; further connections wait in the accept backlog.
+    pub max_connections: usize,
+    /// Most engines one request is sent to (first try plus retries).
+    pub max_attempts: u32,
+    pub timeouts: Timeouts,
+    pub guard: GuardConfig,
+    /// How often ejected engines are checked for a due health probe.
+    pub probe_interval: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct Timeouts {
+    /// TCP connect to an engine.
+    pub connect: Duration,
+    /// From sending a request to an engine until its response headers arrive.
+    pub first_byte: Duration,
+    /// Longest silence between two chunks of an engine's response body.
+    pub idle: Duration,
+    /// Time a client has to send its whole request body.
+    pub client_body: Duration,
+    /// Time a client has to send its request head (slowloris guard).
+    pub header_read: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect: Duration::from_secs(2),
+            first_byte: Duration::from_secs(60),
+            idle: Duration::from_secs(60),
+            client_body: Duration::from_secs(30),
+            header_read: Duration::from_secs(10),
+        }
+    }
+}
+
+impl DataPlaneConfig {
+    pub fn new(listen: SocketAddr) -> DataPlaneConfig {
+        DataPlaneConfig {
+            listen,
+            cluster: None,
+            max_body_bytes: 16 << 20,
+            max_connections: 10_000,
+            max_attempts: 3,
+            timeouts: Timeouts::default(),
+            guard: GuardConfig::default(),
+            probe_interval: Duration::from_millis(250),
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! Per-engine runtime state that outlives snapshots: in-flight count, the local guard and the
+//! counters reported to the control plane. One `EngineState` per engine id lives in the
+//! registry; every compiled routing table points at the same `Arc`s, so a snapshot swap never
+//! resets a count and a request finishing after its engine left the snapshot still decrements
+//! the right counter.
+
+use ilb_core::EngineId;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// When and for how long the local guard ejects an engine.
+#[derive(Clone, Debug)]
+pub struct GuardConfig {
+    /// Consecutive failures (connect errors, 5xx, timeouts) that eject an engine.
+    pub consecutive_failures: u32,
+    /// First ejection; doubles with every ejection in a row, up to `max_ejection`.
+    pub base_ejection: Duration,
+    pub max_ejection: Duration,
+}
+
+impl Default for GuardConfig {
+    fn default() -> Self {
+        GuardConfig {
+            consecutive_failures: 3,
+            base_ejection: Duration::from_millis(500),
+            max_ejection: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The runtime state of one engine as this data plane sees it.
+#[derive(Debug)]
+pub struct EngineState {
+    pub id: EngineId,
+    /// `http://host:port` with any path prefix, without a trailing slash.
+    pub base_url: String,
+    /// Requests sent and not yet finished (streamed responses count until their last byte).
+    pub in_flight: AtomicU32,
+    consecutive_failures: AtomicU32,
+    ejected: AtomicBool,
+    /// Ejections in a row without a success in between; sets the back-off.
+    ejections: AtomicU32,
+    /// Milliseconds since the data plane started when the next health probe is due.
+    probe_at_ms: AtomicU64,
+    pub counters: EngineCounters,
+}
+
+/// Cumulative counters; the reporter turns them into per-period figures.
+#[derive(Debug, Default)]
+pub struct EngineCounters {
+    pub attempts: AtomicU64,
+    pub failures: AtomicU64,
+    pub ejections_total: AtomicU64,
+    pub ttfb_us_sum: AtomicU64,
+    pub ttfb_count: AtomicU64,
+    pub duration_us_sum: AtomicU64,
+    pub duration_count: AtomicU64,
+}
+
+impl EngineState {
+    pub fn new(id: EngineId, url: &str) -> EngineState {
+        EngineState {
+            id,
+            base_url: url.trim_end_matches('/').to_owned(),
+            in_flight: AtomicU32::new(0),
+            consecutive_failures: AtomicU32::new(0),
+            ejected: AtomicBool::new(false),
+            ejections: AtomicU32::new(0),
+            probe_at_ms: AtomicU64::new(0),
+            counters: EngineCounters::default(),
+        }
+    }
+
+    /// Hot path: one relaxed load.
+    #[inline]
+    pub fn is_ejected(&self) -> bool {
+        self.ejected.load(Relaxed)
+    }
+
+    pub fn record_success(&self) {
+        if self.consecutive_failures.load(Relaxed) != 0 {
+            self.consecutive_failures.store(0, Relaxed);
+        }
+        if self.ejections.load(Relaxed) != 0 && !self.is_ejected() {
+            self.ejections.store(0, Relaxed);
+        }
+    }
+
+    /// Counts a failure; returns true when this failure ejected the engine.
+    pub fn record_failure(&self, now_ms: u64, config: &GuardConfig) -> bool {
+        self.counters.failures.fetch_add(1, Relaxed);
+        let failures = self.consecutive_failures.fetch_add(1, Relaxed) + 1;
+        if failures < config.consecutive_failures {
+            return false;
+        }
+        self.eject(now_ms, config)
+    }
+
+    /// Ejects at once (e.g. after a failed probe); returns false if it already was.
+    pub fn eject(&self, now_ms: u64, config: &GuardConfig) -> bool {
+        if self.ejected.swap(true, Relaxed) {
+            return false;
+        }
+        self.consecutive_failures.store(0, Relaxed);
+        self.counters.ejections_total.fetch_add(1, Relaxed);
+        self.schedule_probe(now_ms, config);
+        true
+    }
+
+    /// A probe failed: keep the engine out and back off further.
+    pub fn probe_failed(&self, now_ms: u64, config: &GuardConfig) {
+        self.schedule_probe(now_ms, config);
+    }
+
+    pub fn readmit(&self) {
+        self.consecutive_failures.store(0, Relaxed);
+        self.ejected.store(false, Relaxed);
+    }
+
+    /// Whether an ejected engine's next probe is due.
+    pub fn probe_due(&self, now_ms: u64) -> bool {
+        self.is_ejected() && self.probe_at_ms.load(Relaxed) <= now_ms
+    }
+
+    fn schedule_probe(&self, now_ms: u64, config: &GuardConfig) {
+        let n = self.ejections.fetch_add(1, Relaxed).min(16);
+        let backoff = config.base_ejection.saturating_mul(1 << n).min(config.max_ejection);
+        self.probe_at_ms.store(now_ms + backoff.as_millis() as u64, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ejects_after_consecutive_failures_and_backs_off() {
+        let config = GuardConfig::default();
+        let e = EngineState::new(EngineId::new("e"), "http://127.0.0.1:1/");
+        assert_eq!(e.base_url, "http://127.0.0.1:1");
+        assert!(!e.record_failure(0, &config));
+        e.record_success();
+        assert!(!e.record_failure(0, &config));
+        assert!(!e.record_failure(0, &config));
+        assert!(e.record_failure(0, &config), "third failure in a row ejects");
+        assert!(e.is_ejected());
+        assert!(!e.probe_due(499));
+        assert!(e.probe_due(500));
+        e.probe_failed(500, &config);
+        assert!(!e.probe_due(1499), "second back-off doubles");
+        assert!(e.probe_due(1500));
+        e.readmit();
+        assert!(!e.is_ejected());
+        e.record_success();
+        for _ in 0..3 {
+            e.record_failure(2000, &config);
+        }
+        assert!(e.probe_due(2500), "a success resets the back-off");
+    }
+}

@@ -1,0 +1,332 @@
+//! The request path: read and classify the request, pick an engine on the installed table,
+//! forward, retry on another engine while nothing has reached the client, and stream back.
+
+use crate::body::{ProxyBody, UpstreamBody};
+use crate::error::ProxyError;
+use crate::server::Shared;
+use crate::state::Installed;
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use ilb_core::classify::{self, Endpoint, Priority};
+use ilb_core::table::{ClassTable, Constraints, ModelTable};
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::Arc;
+use tokio::time::Instant;
+
+pub const ROUTE_HEADER: &str = "x-ilb-route";
+pub const SESSION_HEADERS: [&str; 2] = ["x-session-id", "x-ilb-affinity-key"];
+pub const REQUIRE_HEADER: &str = "x-ilb-require";
+pub const RESIDENCY_HEADER: &str = "x-ilb-residency";
+pub const PRIORITY_HEADER: &str = "x-ilb-priority";
+
+/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1), plus those ilb rewrites.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// What the request asked for, read from body and headers.
+pub struct Classified<'a> {
+    pub endpoint: Endpoint,
+    pub model: std::borrow::Cow<'a, str>,
+    pub require: Vec<&'a str>,
+    pub residency: Option<&'a str>,
+    pub priority: Priority,
+    pub key_hash: u64,
+}
+
+/// Counts one request against its engine and class from send until the response body ends.
+pub struct InFlight {
+    shared: Arc<Shared>,
+    engine: Arc<crate::engines::EngineState>,
+    class: Arc<AtomicU32>,
+    started: Instant,
+    finished: bool,
+}
+
+impl InFlight {
+    fn start(shared: &Arc<Shared>, installed: &Installed, engine_idx: usize, class_seq: usize) -> InFlight {
+        let engine = Arc::clone(&installed.engines[engine_idx]);
+        let class = Arc::clone(&installed.class_in_flight[class_seq]);
+        engine.in_flight.fetch_add(1, Relaxed);
+        engine.counters.attempts.fetch_add(1, Relaxed);
+        class.fetch_add(1, Relaxed);
+        InFlight { shared: Arc::clone(shared), engine, class, started: Instant::now(), finished: false }
+    }
+
+    pub fn engine_id(&self) -> &str {
+        self.engine.id.as_str()
+    }
+
+    /// Records how the attempt ended (once); a client that went away records nothing.
+    pub fn finish(&mut self, ok: bool) {
+        if std::mem::replace(&mut self.finished, true) {
+            return;
+        }
+        let c = &self.engine.counters;
+        c.duration_us_sum.fetch_add(self.started.elapsed().as_micros() as u64, Relaxed);
+        c.duration_count.fetch_add(1, Relaxed);
+        if ok {
+            self.engine.record_success();
+        } else {
+            self.shared.engine_failed(&self.engine);
+        }
+    }
+
+    fn first_byte(&self) {
+        let c = &self.engine.counters;
+        c.ttfb_us_sum.fetch_add(self.started.elapsed().as_micros() as u64, Relaxed);
+        c.ttfb_count.fetch_add(1, Relaxed);
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.engine.in_flight.fetch_sub(1, Relaxed);
+        self.class.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Handles one OpenAI request end to end. Hot path.
+pub async fn proxy(shared: Arc<Shared>, endpoint: Endpoint, req: Request<Incoming>) -> Response<ProxyBody> {
+    match forward(&shared, endpoint, req).await {
+        Ok(response) => response,
+        Err(error) => error.into_response(),
+    }
+}
+
+async fn forward(
+    shared: &Arc<Shared>,
+    endpoint: Endpoint,
+    req: Request<Incoming>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let (parts, body) = req.into_parts();
+    let body = read_body(shared, &parts.headers, body).await?;
+    let request = classify_request(endpoint, &parts.headers, &body, shared.next_request_id())?;
+    let installed = shared.routing.load().ok_or(ProxyError::NoSnapshot)?;
+    let model = installed.table.model(&request.model).ok_or_else(|| ProxyError::UnknownModel(request.model.to_string()))?;
+    let constraints = Constraints { require: &request.require, residency: request.residency };
+    let class = model.class_for(&constraints);
+
+    let max_attempts = shared.config.max_attempts.max(1) as usize;
+    let mut tried: Vec<usize> = Vec::new();
+    let mut last_error: Option<ProxyError> = None;
+    // The last engine error response, passed on as is when no retry is left.
+    let mut last_response: Option<(Response<Incoming>, InFlight)> = None;
+    while tried.len() < max_attempts {
+        let Some(candidate) = choose(&installed, class, &constraints, request.key_hash, &tried) else {
+            break;
+        };
+        tried.push(candidate);
+        let engine_idx = class.candidates[candidate].engine_idx;
+        let mut in_flight = InFlight::start(shared, &installed, engine_idx, class.seq);
+        let upstream = build_upstream(&installed, engine_idx, &parts.uri, &parts.headers, body.clone())?;
+        let engine = installed.table.engines[engine_idx].id.to_string();
+        match tokio::time::timeout(shared.config.timeouts.first_byte, shared.client.request(upstream)).await {
+            Ok(Ok(response)) => {
+                in_flight.first_byte();
+                let status = response.status();
+                if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
+                    // 429 means busy, not broken: retry elsewhere but do not count it against the engine.
+                    in_flight.finish(status == StatusCode::TOO_MANY_REQUESTS);
+                    last_error = Some(ProxyError::EngineFailed { engine, detail: format!("status {status}") });
+                    last_response = Some((response, in_flight));
+                    continue;
+                }
+                let route = route_header(&installed, model, class, candidate, tried.len());
+                return Ok(stream_back(shared, response, in_flight, route));
+            }
+            Ok(Err(e)) => {
+                in_flight.finish(false);
+                last_error = Some(ProxyError::EngineFailed { engine, detail: error_chain(&e) });
+            }
+            Err(_elapsed) => {
+                in_flight.finish(false);
+                let timeout_ms = shared.config.timeouts.first_byte.as_millis() as u64;
+                last_error = Some(ProxyError::EngineTimeout { engine, timeout_ms });
+            }
+        }
+        last_response = None;
+    }
+    if let Some((response, in_flight)) = last_response {
+        let candidate = tried.last().copied().unwrap_or_default();
+        let route = route_header(&installed, model, class, candidate, tried.len());
+        return Ok(stream_back(shared, response, in_flight, route));
+    }
+    Err(last_error.unwrap_or_else(|| ProxyError::NoHealthyEngine {
+        model: request.model.to_string(),
+        detail: if constraints.is_empty() { String::new() } else { " satisfying the request's constraints".into() },
+    }))
+}
+
+/// Picks a candidate: weighted consistent hashing on the key, skipping engines that fail the
+/// request's constraints, are ejected, were already tried, or are full; first with the load
+/// bound, then without it. Hot path.
+pub(crate) fn choose(
+    installed: &Installed,
+    class: &ClassTable,
+    constraints: &Constraints<'_>,
+    key_hash: u64,
+    tried: &[usize],
+) -> Option<usize> {
+    let class_load = installed.class_in_flight[class.seq].load(Relaxed) as f64;
+    let usable = |candidate: usize| {
+        let c = &class.candidates[candidate];
+        let entry = &installed.table.engines[c.engine_idx];
+        let state = &installed.engines[c.engine_idx];
+        !tried.contains(&candidate)
+            && !state.is_ejected()
+            && (entry.max_in_flight == 0 || state.in_flight.load(Relaxed) < entry.max_in_flight)
+            && (constraints.is_empty() || constraints.allow(entry))
+    };
+    let bounded = |candidate: usize| {
+        let c = &class.candidates[candidate];
+        let in_flight = installed.engines[c.engine_idx].in_flight.load(Relaxed) as f64;
+        let bound = (LOAD_BOUND * c.weight * (class_load + 1.0)).ceil();
+        in_flight < bound && usable(candidate)
+    };
+    class.pick(key_hash, bounded).or_else(|| class.pick(key_hash, usable)).map(|p| p.candidate)
+}
+
+/// An engine may hold up to (1 + ε) times its weighted share of the class's in-flight requests
+/// before keys walk on to the next candidate (consistent hashing with bounded loads).
+pub const LOAD_BOUND: f64 = 1.25;
+
+async fn read_body(shared: &Shared, headers: &HeaderMap, body: Incoming) -> Result<Bytes, ProxyError> {
+    let limit = shared.config.max_body_bytes;
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(ProxyError::BodyTooLarge { limit });
+    }
+    let collect = Limited::new(body, limit).collect();
+    match tokio::time::timeout(shared.config.timeouts.client_body, collect).await {
+        Err(_) => Err(ProxyError::BodyTimeout),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(ProxyError::BodyTooLarge { limit }),
+        Ok(Err(e)) => Err(ProxyError::BadRequest(format!("could not read the request body: {e}"))),
+    }
+}
+
+/// Reads model, constraints, priority and affinity key. `request_id` seeds the affinity of
+/// requests that carry nothing to hash.
+pub fn classify_request<'a>(
+    endpoint: Endpoint,
+    headers: &'a HeaderMap,
+    body: &'a [u8],
+    request_id: u64,
+) -> Result<Classified<'a>, ProxyError> {
+    let info = classify::parse_body(endpoint, body).map_err(|e| ProxyError::BadRequest(e.to_string()))?;
+    let header_str = |name: &str| -> Result<Option<&'a str>, ProxyError> {
+        match headers.get(name) {
+            None => Ok(None),
+            Some(v) => v
+                .to_str()
+                .map(Some)
+                .map_err(|_| ProxyError::BadRequest(format!("header {name} is not visible ascii"))),
+        }
+    };
+    let require = match header_str(REQUIRE_HEADER)? {
+        Some(h) => classify::parse_require(h).map_err(|e| ProxyError::BadRequest(e.to_string()))?,
+        None => Vec::new(),
+    };
+    let residency = header_str(RESIDENCY_HEADER)?.map(str::trim).filter(|r| !r.is_empty());
+    let priority = match header_str(PRIORITY_HEADER)? {
+        Some(p) => Priority::parse(p).map_err(|e| ProxyError::BadRequest(e.to_string()))?,
+        None => Priority::Normal,
+    };
+    let mut session = None;
+    for name in SESSION_HEADERS {
+        if let Some(v) = header_str(name)? {
+            session = Some(v);
+            break;
+        }
+    }
+    let key_hash = classify::affinity_hash(session, &info, ilb_core::slots::mix(request_id));
+    Ok(Classified { endpoint, model: info.model, require, residency, priority, key_hash })
+}
+
+fn build_upstream(
+    installed: &Installed,
+    engine_idx: usize,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Request<Full<Bytes>>, ProxyError> {
+    let base = &installed.engines[engine_idx].base_url;
+    let path = uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let target: Uri = format!("{base}{path}")
+        .parse()
+        .map_err(|e| ProxyError::BadRequest(format!("request path cannot be forwarded: {e}")))?;
+    let mut request = Request::new(Full::new(body));
+    *request.method_mut() = Method::POST;
+    *request.uri_mut() = target;
+    let out = request.headers_mut();
+    out.reserve(headers.len());
+    for (name, value) in headers {
+        if !is_hop_by_hop(name) && name != header::HOST && name != header::CONTENT_LENGTH {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    Ok(request)
+}
+
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(name)
+}
+
+fn route_header(
+    installed: &Installed,
+    model: &ModelTable,
+    class: &ClassTable,
+    candidate: usize,
+    attempts: usize,
+) -> HeaderValue {
+    let c = &class.candidates[candidate];
+    let engine = &installed.table.engines[c.engine_idx].id;
+    let value = format!(
+        "engine={engine}; class={}; weight={:.4}; snapshot={}; model={}; attempts={attempts}",
+        class.id, c.weight, installed.table.version, model.name
+    );
+    HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("engine=?"))
+}
+
+fn stream_back(
+    shared: &Shared,
+    response: Response<Incoming>,
+    in_flight: InFlight,
+    route: HeaderValue,
+) -> Response<ProxyBody> {
+    let (mut parts, body) = response.into_parts();
+    let sse = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("text/event-stream"));
+    for name in HOP_BY_HOP.iter() {
+        parts.headers.remove(name);
+    }
+    parts.headers.insert(HeaderName::from_static(ROUTE_HEADER), route);
+    let body = UpstreamBody::new(body, shared.config.timeouts.idle, sse, in_flight);
+    Response::from_parts(parts, ProxyBody::Upstream(Box::new(body)))
+}
+
+/// The error and its causes on one line (hyper's top-level errors are terse).
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}

@@ -1,0 +1,167 @@
+//! The HTTP front: the accept loop, per-connection limits, and the dispatch of paths to the
+//! proxy, `/v1/models`, `/health` and `/debug/route`.
+
+use crate::body::ProxyBody;
+use crate::config::DataPlaneConfig;
+use crate::engines::EngineState;
+use crate::error::ProxyError;
+use crate::state::RoutingState;
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use ilb_core::classify::Endpoint;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+use tokio::time::Instant;
+
+pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// State shared by every connection and background task of one data plane.
+pub struct Shared {
+    pub config: DataPlaneConfig,
+    pub routing: RoutingState,
+    pub client: HttpClient,
+    epoch: Instant,
+    requests: AtomicU64,
+}
+
+impl Shared {
+    pub fn new(config: DataPlaneConfig) -> Shared {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(config.timeouts.connect));
+        connector.enforce_http(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(std::time::Duration::from_secs(90))
+            .pool_max_idle_per_host(1024)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .build(connector);
+        Shared { config, routing: RoutingState::default(), client, epoch: Instant::now(), requests: AtomicU64::new(0) }
+    }
+
+    /// Milliseconds since this data plane started (monotonic).
+    pub fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    pub fn next_request_id(&self) -> u64 {
+        self.requests.fetch_add(1, Relaxed)
+    }
+
+    pub fn requests_total(&self) -> u64 {
+        self.requests.load(Relaxed)
+    }
+
+    /// A failed attempt: the local guard may eject the engine.
+    pub fn engine_failed(&self, engine: &EngineState) {
+        if engine.record_failure(self.now_ms(), &self.config.guard) {
+            tracing::warn!(engine = %engine.id, "engine ejected after consecutive failures");
+        }
+    }
+}
+
+/// Accepts connections until `shutdown` flips, then lets open connections finish.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+    let connections = Arc::new(Semaphore::new(shared.config.max_connections));
+    loop {
+        let permit = tokio::select! {
+            permit = Arc::clone(&connections).acquire_owned() => match permit {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+            _ = shutdown.changed() => return,
+        };
+        let (stream, _peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off briefly instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.changed() => return,
+        };
+        let _ = stream.set_nodelay(true);
+        let shared = Arc::clone(&shared);
+        let mut shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let header_read = shared.config.timeouts.header_read;
+            let service = hyper::service::service_fn(move |req| {
+                let shared = Arc::clone(&shared);
+                async move { Ok::<_, Infallible>(dispatch(shared, req).await) }
+            });
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder.timer(TokioTimer::new()).header_read_timeout(header_read);
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = shutdown.changed() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+        });
+    }
+}
+
+async fn dispatch(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyBody> {
+    let path = req.uri().path();
+    match (req.method(), Endpoint::from_path(path)) {
+        (&Method::POST, Some(endpoint)) => crate::proxy::proxy(shared, endpoint, req).await,
+        (&Method::GET, None) if path == "/v1/models" => models(&shared),
+        (&Method::GET, None) if path == "/health" => health(&shared),
+        (&Method::GET, None) if path == "/debug/route" => crate::debug::route(&shared, req.uri().query()),
+        _ => ProxyError::NotFound { method: req.method().to_string(), path: path.to_owned() }.into_response(),
+    }
+}
+
+pub fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<ProxyBody> {
+    let mut response = Response::new(ProxyBody::from(Bytes::from(value.to_string())));
+    *response.status_mut() = status;
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+fn models(shared: &Shared) -> Response<ProxyBody> {
+    let data: Vec<serde_json::Value> = shared
+        .routing
+        .load()
+        .map(|installed| {
+            installed
+                .table
+                .model_names()
+                .iter()
+                .map(|m| serde_json::json!({"id": m, "object": "model", "created": 0, "owned_by": "ilb"}))
+                .collect()
+        })
+        .unwrap_or_default();
+    json_response(StatusCode::OK, &serde_json::json!({"object": "list", "data": data}))
+}
+
+fn health(shared: &Shared) -> Response<ProxyBody> {
+    match shared.routing.load() {
+        Some(installed) => {
+            let age_ms = crate::clock::unix_ms().saturating_sub(installed.table.created_unix_ms);
+            json_response(
+                StatusCode::OK,
+                &serde_json::json!({
+                    "status": "ok",
+                    "snapshot_version": installed.table.version,
+                    "snapshot_age_ms": age_ms,
+                }),
+            )
+        }
+        None => ProxyError::NoSnapshot.into_response(),
+    }
+}

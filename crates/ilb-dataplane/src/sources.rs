@@ -1,0 +1,219 @@
+//! Background tasks that keep the routing state current without touching the request path:
+//! the snapshot poller (HTTP with ETag and long-poll), quick-mode discovery (build a snapshot
+//! from engines' `/v1/models`), and the prober that readmits ejected engines.
+
+use crate::server::Shared;
+use bytes::Bytes;
+use http::{header, Request, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use ilb_core::snapshot::{
+    ClassRoutes, EngineEntry, EngineWeight, ModelRoutes, Snapshot, FORMAT, MAX_SNAPSHOT_BYTES,
+};
+use ilb_core::{ClassId, ClusterId, EngineId, ModelName, SnapshotVersion};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Where snapshots come from.
+#[derive(Clone, Debug)]
+pub enum SnapshotSource {
+    /// Only what the embedding program installs through the handle (files are the binary's job).
+    Manual,
+    /// Poll a control plane's `GET /v1/snapshots/{cluster}`; `long_poll` waits server-side for a
+    /// newer version instead of polling on a fixed period.
+    Poll { url: String, interval: Duration, long_poll: bool },
+    /// Quick mode: route to these engines with equal weights, models from their `/v1/models`.
+    Discover { engines: Vec<String>, interval: Duration },
+}
+
+/// Polls `url` until shutdown, installing every new snapshot.
+pub async fn poll(shared: Arc<Shared>, url: String, interval: Duration, long_poll: bool, mut shutdown: watch::Receiver<bool>) {
+    let mut etag: Option<String> = None;
+    let wait = Duration::from_secs(25);
+    loop {
+        let target = if long_poll {
+            format!("{url}{}wait={}s", if url.contains('?') { '&' } else { '?' }, wait.as_secs())
+        } else {
+            url.clone()
+        };
+        let timeout = if long_poll { wait + Duration::from_secs(10) } else { Duration::from_secs(10) };
+        let fetched = tokio::select! {
+            r = tokio::time::timeout(timeout, fetch(&shared, &target, etag.as_deref())) => r,
+            _ = shutdown.changed() => return,
+        };
+        let mut failed = true;
+        match fetched {
+            Err(_) => tracing::warn!(%url, "snapshot poll timed out"),
+            Ok(Err(e)) => tracing::warn!(%url, error = %e, "snapshot poll failed"),
+            Ok(Ok(None)) => failed = false,
+            Ok(Ok(Some((bytes, new_etag)))) => {
+                failed = false;
+                match Snapshot::from_json(&bytes) {
+                    Ok(snapshot) => match shared.install(&snapshot) {
+                        Ok(()) => etag = new_etag,
+                        Err(e) => tracing::warn!(%url, error = %e, "snapshot rejected"),
+                    },
+                    Err(e) => tracing::warn!(%url, error = %e, "snapshot rejected"),
+                }
+            }
+        }
+        // A long poll returns as soon as there is news; otherwise (or after an error) pace.
+        if failed || !long_poll {
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}
+
+/// GET with `If-None-Match`; `Ok(None)` on 304.
+async fn fetch(shared: &Shared, url: &str, etag: Option<&str>) -> Result<Option<(Bytes, Option<String>)>, String> {
+    let mut request = Request::get(url).body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
+    if let Some(tag) = etag.and_then(|t| header::HeaderValue::from_str(t).ok()) {
+        request.headers_mut().insert(header::IF_NONE_MATCH, tag);
+    }
+    let response = shared.client.request(request).await.map_err(|e| e.to_string())?;
+    let status = response.status();
+    if status == StatusCode::NOT_MODIFIED {
+        return Ok(None);
+    }
+    if !status.is_success() {
+        return Err(format!("status {status}"));
+    }
+    let new_etag = response.headers().get(header::ETAG).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let body = Limited::new(response.into_body(), MAX_SNAPSHOT_BYTES)
+        .collect()
+        .await
+        .map_err(|e| format!("reading body: {e}"))?
+        .to_bytes();
+    Ok(Some((body, new_etag)))
+}
+
+/// Quick mode: asks every engine for its models and installs an equal-weight snapshot; asks
+/// again every `interval` (sooner while some engine has not answered).
+pub async fn discover(shared: Arc<Shared>, engines: Vec<String>, interval: Duration, mut shutdown: watch::Receiver<bool>) {
+    let mut known: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut installed: Option<BTreeMap<String, Vec<String>>> = None;
+    let mut version = 0u64;
+    loop {
+        let mut all_answered = true;
+        for url in &engines {
+            match fetch(&shared, &format!("{}/v1/models", url.trim_end_matches('/')), None).await {
+                Ok(Some((body, _))) => match parse_model_list(&body) {
+                    Some(models) => {
+                        known.insert(url.clone(), models);
+                    }
+                    None => {
+                        all_answered = false;
+                        tracing::warn!(engine = %url, "engine's /v1/models is not an OpenAI model list");
+                    }
+                },
+                _ => {
+                    all_answered = false;
+                    tracing::debug!(engine = %url, "engine did not answer /v1/models yet");
+                }
+            }
+        }
+        if !known.is_empty() && installed.as_ref() != Some(&known) {
+            version += 1;
+            match shared.install(&equal_weight_snapshot(&known, version)) {
+                Ok(()) => installed = Some(known.clone()),
+                Err(e) => tracing::warn!(error = %e, "discovered snapshot rejected"),
+            }
+        }
+        let pause = if all_answered { interval } else { Duration::from_millis(500) };
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+fn parse_model_list(body: &[u8]) -> Option<Vec<String>> {
+    #[derive(serde::Deserialize)]
+    struct List {
+        data: Vec<Model>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Model {
+        id: String,
+    }
+    let list: List = serde_json::from_slice(body).ok()?;
+    Some(list.data.into_iter().map(|m| m.id).collect())
+}
+
+/// One class per model, every engine that serves it at weight 1.
+pub fn equal_weight_snapshot(engines: &BTreeMap<String, Vec<String>>, version: u64) -> Snapshot {
+    let mut by_model: BTreeMap<&str, Vec<EngineWeight>> = BTreeMap::new();
+    let mut entries = Vec::new();
+    for (url, models) in engines {
+        let id = EngineId::new(url.trim_start_matches("http://").trim_end_matches('/'));
+        for model in models {
+            by_model.entry(model).or_default().push(EngineWeight {
+                engine: id.clone(),
+                weight: 1.0,
+                expected_latency_ms: None,
+                network_ms: None,
+            });
+        }
+        entries.push(EngineEntry {
+            id,
+            url: url.clone(),
+            region: String::new(),
+            capabilities: Vec::new(),
+            residency: Vec::new(),
+            max_in_flight: 0,
+        });
+    }
+    Snapshot {
+        format: FORMAT,
+        version: SnapshotVersion(version),
+        created_unix_ms: crate::clock::unix_ms(),
+        cluster: ClusterId::new("local"),
+        utilisation: 0.0,
+        engines: entries,
+        models: by_model
+            .into_iter()
+            .map(|(model, weights)| ModelRoutes {
+                model: ModelName::new(model),
+                classes: vec![ClassRoutes {
+                    id: ClassId::new("default"),
+                    require: Vec::new(),
+                    residency: None,
+                    weights,
+                    shed_fraction: 0.0,
+                }],
+            })
+            .collect(),
+    }
+}
+
+/// Readmits ejected engines whose `/health` answers 200 once their back-off has passed.
+pub async fn probe_ejected(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(shared.config.probe_interval) => {}
+            _ = shutdown.changed() => return,
+        }
+        let Some(installed) = shared.routing.load() else { continue };
+        let now = shared.now_ms();
+        for engine in installed.engines.iter().filter(|e| e.probe_due(now)) {
+            // Push the next probe out first so a slow probe is not started twice.
+            engine.probe_failed(now, &shared.config.guard);
+            let (shared, engine) = (Arc::clone(&shared), Arc::clone(engine));
+            tokio::spawn(async move {
+                let url = format!("{}/health", engine.base_url);
+                let healthy = matches!(
+                    tokio::time::timeout(Duration::from_secs(1), fetch(&shared, &url, None)).await,
+                    Ok(Ok(Some(_)))
+                );
+                if healthy {
+                    tracing::info!(engine = %engine.id, "engine readmitted after a healthy probe");
+                    engine.readmit();
+                }
+            });
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! The installed routing state and how a snapshot becomes it.
+//!
+//! A snapshot is validated and compiled into an [`Installed`] off the request path, then
+//! published with one `ArcSwap` store; a request does one `load()` and finds the table, the
+//! engines' runtime state and the per-class counters in that one `Arc`. The first install takes
+//! the same path as every later one. An invalid snapshot, or one older than the installed
+//! version, is rejected and the last good one stays.
+
+use crate::engines::EngineState;
+use arc_swap::ArcSwapOption;
+use ilb_core::snapshot::{Snapshot, SnapshotError};
+use ilb_core::table::RoutingTable;
+use ilb_core::{ClassId, EngineId, ModelName, SnapshotVersion};
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU32;
+use std::sync::{Arc, Mutex};
+
+/// Everything a request needs, swapped atomically as one unit.
+#[derive(Debug)]
+pub struct Installed {
+    pub table: RoutingTable,
+    /// Runtime state per engine, indexed like `table.engines`.
+    pub engines: Vec<Arc<EngineState>>,
+    /// In-flight requests per class, indexed by `ClassTable::seq`.
+    pub class_in_flight: Vec<Arc<AtomicU32>>,
+    /// Unix milliseconds when this data plane installed it.
+    pub installed_unix_ms: u64,
+}
+
+/// Why an install did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error(transparent)]
+    Invalid(#[from] SnapshotError),
+    #[error("snapshot version {offered} is older than the installed version {installed}")]
+    Stale { offered: SnapshotVersion, installed: SnapshotVersion },
+    #[error("snapshot is for cluster '{offered}', this data plane serves '{expected}'")]
+    WrongCluster { offered: String, expected: String },
+}
+
+/// Holds the current [`Installed`] and the registries that persist across installs.
+#[derive(Default)]
+pub struct RoutingState {
+    current: ArcSwapOption<Installed>,
+    /// Serialises installs and keeps runtime state alive across them. Never touched by requests.
+    registry: Mutex<Registry>,
+}
+
+#[derive(Default)]
+struct Registry {
+    engines: HashMap<EngineId, Arc<EngineState>>,
+    classes: HashMap<(ModelName, ClassId), Arc<AtomicU32>>,
+}
+
+impl RoutingState {
+    /// Hot path: one atomic load.
+    #[inline]
+    pub fn load(&self) -> Option<Arc<Installed>> {
+        self.current.load_full()
+    }
+
+    /// Validates, compiles and installs `snapshot`. `expected_cluster` (if any) must match.
+    pub fn install(
+        &self,
+        snapshot: &Snapshot,
+        expected_cluster: Option<&str>,
+        now_unix_ms: u64,
+    ) -> Result<Arc<Installed>, InstallError> {
+        let mut registry = self.registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(expected) = expected_cluster {
+            if snapshot.cluster.as_str() != expected {
+                return Err(InstallError::WrongCluster {
+                    offered: snapshot.cluster.to_string(),
+                    expected: expected.to_owned(),
+                });
+            }
+        }
+        let previous = self.current.load_full();
+        if let Some(prev) = &previous {
+            if snapshot.version < prev.table.version {
+                return Err(InstallError::Stale { offered: snapshot.version, installed: prev.table.version });
+            }
+        }
+        let table = RoutingTable::compile(snapshot, previous.as_deref().map(|p| &p.table))?;
+
+        let mut engines = Vec::with_capacity(table.engines.len());
+        for entry in &table.engines {
+            let state = registry
+                .engines
+                .entry(entry.id.clone())
+                .and_modify(|s| {
+                    if s.base_url != entry.url.trim_end_matches('/') {
+                        // Same id, new address: fresh state (the old one drains on its own).
+                        *s = Arc::new(EngineState::new(entry.id.clone(), &entry.url));
+                    }
+                })
+                .or_insert_with(|| Arc::new(EngineState::new(entry.id.clone(), &entry.url)));
+            engines.push(Arc::clone(state));
+        }
+        let mut class_in_flight = vec![Arc::new(AtomicU32::new(0)); table.n_classes()];
+        for model in table.models() {
+            for class in &model.classes {
+                let counter = registry
+                    .classes
+                    .entry((model.name.clone(), class.id.clone()))
+                    .or_insert_with(|| Arc::new(AtomicU32::new(0)));
+                class_in_flight[class.seq] = Arc::clone(counter);
+            }
+        }
+        // Forget engines and classes that left and have nothing in flight.
+        let live: std::collections::HashSet<&EngineId> = table.engines.iter().map(|e| &e.id).collect();
+        registry.engines.retain(|id, s| live.contains(id) || Arc::strong_count(s) > 1);
+        registry.classes.retain(|_, c| Arc::strong_count(c) > 1);
+
+        let installed = Arc::new(Installed { table, engines, class_in_flight, installed_unix_ms: now_unix_ms });
+        self.current.store(Some(Arc::clone(&installed)));
+        Ok(installed)
+    }
+}

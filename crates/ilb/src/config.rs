@@ -1,0 +1,60 @@
+//! The one TOML config file: raw, serde-parsed sections with `deny_unknown_fields`. Each
+//! subcommand validates its section into the typed config of its library crate before any port
+//! is bound, with errors that name the field. Doc comments here are the user documentation.
+
+use anyhow::Context;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    pub data_plane: Option<DataPlaneSection>,
+}
+
+/// `[data_plane]`: one front-end cluster's proxy.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataPlaneSection {
+    /// Address for the OpenAI-compatible API, e.g. `"0.0.0.0:8080"`. Default `127.0.0.1:8080`.
+    pub listen: Option<String>,
+    /// The front-end cluster served, e.g. `"eu-west"`; snapshots for other clusters are refused.
+    pub cluster: Option<String>,
+    /// Control plane base URL, e.g. `"http://cp:7000"`; snapshots come from
+    /// `GET {control_plane}/v1/snapshots/{cluster}` (long-polled).
+    pub control_plane: Option<String>,
+    /// A snapshot JSON file to route on, reloaded when it changes.
+    pub snapshot_file: Option<PathBuf>,
+    /// Quick mode: engine base URLs routed with equal weights.
+    #[serde(default)]
+    pub engines: Vec<String>,
+    /// Largest request body in bytes; default 16777216 (16 MiB).
+    pub max_body_bytes: Option<usize>,
+    /// Most engines tried per request (first attempt plus retries); default 3.
+    pub max_attempts: Option<u32>,
+    /// Most open client connections; default 10000.
+    pub max_connections: Option<usize>,
+    #[serde(default)]
+    pub timeouts: TimeoutsSection,
+}
+
+/// `[data_plane.timeouts]`, all in milliseconds.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimeoutsSection {
+    /// TCP connect to an engine; default 2000.
+    pub connect_ms: Option<u64>,
+    /// Request sent → engine's response headers; default 60000.
+    pub first_byte_ms: Option<u64>,
+    /// Longest gap between two chunks of an engine's response; default 60000.
+    pub idle_ms: Option<u64>,
+    /// Time for a client to send its body; default 30000.
+    pub client_body_ms: Option<u64>,
+    /// Time for a client to send its request head; default 10000.
+    pub header_read_ms: Option<u64>,
+}
+
+pub fn load(path: &Path) -> anyhow::Result<ConfigFile> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("invalid config {}", path.display()))
+}
