@@ -1,1 +1,20 @@
-//! placeholder
+//! The ilb control plane: collect engine signals, smooth them, and model each engine's
+//! latency as a function of load, for the optimizer.
+//!
+//! - [`prom`]: a bounded, zero-copy Prometheus text-format (0.0.4 / OpenMetrics) parser.
+//! - [`signals`]: vLLM and SGLang metric names → one [`signals::EngineSample`] per model,
+//!   and windowed figures (rates, latency means and quantiles) between two samples.
+//! - [`scrape`]: fetch and parse one engine's `/metrics` with a timeout and a body limit.
+//! - [`smoothing`]: EWMA with an explicit time constant, staleness, counter rates.
+//! - [`profile`]: latency profiles L(y), their fit from observations, and the projection
+//!   onto convex non-decreasing curves the optimizer requires.
+//! - [`clock`]: the only place that reads the clock.
+//!
+//! **Invariant:** the control plane never depends on the data plane crate.
+
+pub mod clock;
+pub mod profile;
+pub mod prom;
+pub mod scrape;
+pub mod signals;
+pub mod smoothing;

@@ -1,0 +1,150 @@
+//! Refining latency profiles from observed (load, latency) pairs.
+//!
+//! Queueing shape: L(y) = t0 + b·x with x = y/(c − y) is linear in (t0, b), so the fit is a
+//! weighted least squares on the transformed variable x, solved in closed form (2 × 2 normal
+//! equations). The offline profile acts as a prior: it enters as pseudo-observations of the
+//! prior curve at idle (x = 0) and at half load (x = 1), each with half the prior weight. With
+//! few or clustered observations the prior dominates (a cluster of points at one load pins the
+//! curve's level there but not its shape); with many spread observations the data do. Both
+//! coefficients are kept non-negative.
+//!
+//! Piecewise shape: observations are binned to the nearest knot, averaged, and projected onto
+//! convex non-decreasing curves, weighted by the bins' observation weights.
+
+use super::{project_convex_increasing_weighted, LatencyProfile};
+
+/// One observed operating point of an engine.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Observation {
+    /// Load over the observation window, requests per second.
+    pub load_rps: f64,
+    /// Latency observed over the window (e.g. mean TTFT), milliseconds.
+    pub latency_ms: f64,
+    /// How much to trust it, typically the number of requests in the window.
+    pub weight: f64,
+}
+
+/// The offline queueing profile used as a prior, and how much it counts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QueueingPrior {
+    pub t0_ms: f64,
+    pub b_ms: f64,
+    /// Weight of the prior in the same units as [`Observation::weight`]: the prior counts as
+    /// this much observation weight, split between idle and half load. 0 = data only.
+    pub weight: f64,
+}
+
+/// Loads at or above this fraction of capacity are ignored: x = y/(c − y) explodes there and
+/// a single overloaded window would dominate the fit.
+const MAX_FIT_UTILISATION: f64 = 0.99;
+
+/// Fits `L(y) = t0 + b·y/(c − y)` for capacity `capacity_rps` to `observations`, regularised
+/// towards `prior`. Returns a `Queueing` profile; returns the prior unchanged when the
+/// capacity is not positive or nothing usable was observed. Never panics; non-finite or
+/// non-positive-weight observations are skipped.
+pub fn fit_queueing(prior: QueueingPrior, capacity_rps: f64, observations: &[Observation]) -> LatencyProfile {
+    let prior_profile = LatencyProfile::Queueing { t0_ms: prior.t0_ms, b_ms: prior.b_ms };
+    if !(capacity_rps.is_finite() && capacity_rps > 0.0) {
+        return prior_profile;
+    }
+    let mut sums = Sums::default();
+    for observation in observations {
+        let Observation { load_rps, latency_ms, weight } = *observation;
+        let usable = load_rps.is_finite()
+            && latency_ms.is_finite()
+            && weight.is_finite()
+            && weight > 0.0
+            && load_rps >= 0.0
+            && load_rps < MAX_FIT_UTILISATION * capacity_rps;
+        if usable {
+            sums.add(load_rps / (capacity_rps - load_rps), latency_ms, weight);
+        }
+    }
+    if sums.weight <= 0.0 {
+        return prior_profile;
+    }
+    let prior_usable =
+        prior.weight.is_finite() && prior.weight > 0.0 && prior.t0_ms.is_finite() && prior.b_ms.is_finite();
+    if prior_usable {
+        sums.add(0.0, prior.t0_ms, prior.weight / 2.0);
+        sums.add(1.0, prior.t0_ms + prior.b_ms, prior.weight / 2.0);
+    }
+    let (t0_ms, b_ms) = sums.solve(prior.b_ms.max(0.0));
+    LatencyProfile::Queueing { t0_ms, b_ms }
+}
+
+/// Weighted sums of the 2 × 2 normal equations for latency = t0 + b·x.
+#[derive(Default)]
+struct Sums {
+    weight: f64,
+    x: f64,
+    xx: f64,
+    y: f64,
+    xy: f64,
+}
+
+impl Sums {
+    fn add(&mut self, x: f64, y: f64, weight: f64) {
+        self.weight += weight;
+        self.x += weight * x;
+        self.xx += weight * x * x;
+        self.y += weight * y;
+        self.xy += weight * x * y;
+    }
+
+    /// (t0, b) minimising the weighted squared error with t0, b ≥ 0. When all x are equal the
+    /// slope is not identified: keep `fallback_b` and fit the level only.
+    fn solve(&self, fallback_b: f64) -> (f64, f64) {
+        let determinant = self.weight * self.xx - self.x * self.x;
+        let (t0, b) = if determinant > 1e-12 * self.weight * self.xx.max(f64::MIN_POSITIVE) {
+            let b = (self.weight * self.xy - self.x * self.y) / determinant;
+            ((self.y - b * self.x) / self.weight, b)
+        } else {
+            ((self.y - fallback_b * self.x) / self.weight, fallback_b)
+        };
+        if b < 0.0 {
+            // Latency falling with load is noise; the best flat curve is the weighted mean.
+            return ((self.y / self.weight).max(0.0), 0.0);
+        }
+        if t0 < 0.0 {
+            let b = if self.xx > 0.0 { (self.xy / self.xx).max(0.0) } else { fallback_b };
+            return (0.0, b);
+        }
+        (t0, b)
+    }
+}
+
+/// Fits a convex non-decreasing piecewise-linear profile with knots at `knot_loads` (req/s):
+/// each observation counts towards its nearest knot; knots without observations are left
+/// out. Returns `None` when fewer than two knots have data.
+pub fn fit_piecewise(observations: &[Observation], knot_loads: &[f64]) -> Option<LatencyProfile> {
+    let mut knots: Vec<f64> = knot_loads.iter().copied().filter(|x| x.is_finite()).collect();
+    knots.sort_by(f64::total_cmp);
+    knots.dedup();
+    let mut bins = vec![(0.0_f64, 0.0_f64); knots.len()];
+    for observation in observations {
+        let Observation { load_rps, latency_ms, weight } = *observation;
+        if !(load_rps.is_finite() && latency_ms.is_finite() && weight.is_finite() && weight > 0.0) {
+            continue;
+        }
+        let upper = knots.partition_point(|&knot| knot < load_rps);
+        let nearest = match (upper.checked_sub(1), knots.get(upper)) {
+            (Some(lower), Some(&upper_load)) if load_rps - knots[lower] <= upper_load - load_rps => lower,
+            (_, Some(_)) => upper,
+            (Some(lower), None) => lower,
+            (None, None) => continue,
+        };
+        bins[nearest].0 += latency_ms * weight;
+        bins[nearest].1 += weight;
+    }
+    let points: Vec<(f64, f64, f64)> = knots
+        .iter()
+        .zip(&bins)
+        .filter(|(_, (_, weight))| *weight > 0.0)
+        .map(|(&load, &(weighted_latency, weight))| (load, weighted_latency / weight, weight))
+        .collect();
+    if points.len() < 2 {
+        return None;
+    }
+    Some(LatencyProfile::Piecewise(project_convex_increasing_weighted(&points)))
+}

@@ -1,0 +1,182 @@
+//! Latency profiles: an engine's expected latency L(y), in milliseconds, as a function of its
+//! load y in requests per second, in the two shapes the optimizer accepts.
+//!
+//! - `Queueing { t0_ms, b_ms }`: L(y) = t0 + b·y/(c − y) for capacity c (given separately,
+//!   since it changes with ready replicas and health while the shape does not). The default,
+//!   from offline profiling in the config.
+//! - `Piecewise([(load_rps, latency_ms), …])`: a fitted curve, linear between knots, flat
+//!   below the first knot and extended with the last slope beyond the last one.
+//!
+//! The optimizer needs L convex and non-decreasing (its marginal cost must increase), so a
+//! fitted curve goes through [`project_convex_increasing`] before it is published. JSON is
+//! externally tagged and snake_case, exactly what the optimizer reads:
+//! `{"queueing": {"t0_ms": 60.0, "b_ms": 15.0}}` or `{"piecewise": [[0.0, 60.0], [50.0, 75.0]]}`.
+//!
+//! Which latency counts is a config choice ([`Objective`]); [`combine`] turns a TTFT and a
+//! TBOT profile into the one curve the optimizer minimises.
+
+mod convex;
+mod fit;
+
+pub use convex::{project_convex_increasing, project_convex_increasing_weighted};
+pub use fit::{fit_piecewise, fit_queueing, Observation, QueueingPrior};
+
+use serde::{Deserialize, Serialize};
+
+/// An engine's latency as a function of load. See the module documentation for the shapes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum LatencyProfile {
+    /// L(y) = t0 + b·y/(c − y), milliseconds.
+    Queueing { t0_ms: f64, b_ms: f64 },
+    /// Knots (load_rps, latency_ms), loads strictly increasing.
+    Piecewise(Vec<(f64, f64)>),
+}
+
+/// Which latency the optimizer minimises.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Objective {
+    /// Time to first token only (interactive chat: what the user waits for).
+    Ttft,
+    /// TTFT plus the decode time of a typical response: TTFT(y) + tokens × TBOT(y).
+    TtftPlusDecode {
+        /// Expected output tokens per request, e.g. 250.
+        expected_output_tokens: f64,
+    },
+}
+
+/// A profile that cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProfileError {
+    #[error("queueing profile needs finite t0_ms and b_ms >= 0")]
+    InvalidQueueing,
+    #[error("piecewise profile has no knots")]
+    EmptyPiecewise,
+    #[error("piecewise knot {index} is not finite and non-negative")]
+    InvalidKnot { index: usize },
+    #[error("piecewise loads must be strictly increasing (knot {index})")]
+    UnsortedKnots { index: usize },
+}
+
+/// Sampling points used when a curve has to be tabulated ([`combine`] of non-queueing shapes).
+const GRID_POINTS: usize = 32;
+/// A queueing curve is tabulated up to this fraction of capacity, where it is finite.
+const GRID_MAX_UTILISATION: f64 = 0.98;
+
+impl LatencyProfile {
+    /// Checks the invariants the optimizer relies on (it still wants [`Self::convexified`]).
+    pub fn validate(&self) -> Result<(), ProfileError> {
+        match self {
+            Self::Queueing { t0_ms, b_ms } => {
+                let ok = t0_ms.is_finite() && b_ms.is_finite() && *t0_ms >= 0.0 && *b_ms >= 0.0;
+                ok.then_some(()).ok_or(ProfileError::InvalidQueueing)
+            }
+            Self::Piecewise(knots) => {
+                if knots.is_empty() {
+                    return Err(ProfileError::EmptyPiecewise);
+                }
+                for (index, &(load, latency)) in knots.iter().enumerate() {
+                    if !(load.is_finite() && latency.is_finite() && load >= 0.0 && latency >= 0.0) {
+                        return Err(ProfileError::InvalidKnot { index });
+                    }
+                    if index > 0 && load <= knots[index - 1].0 {
+                        return Err(ProfileError::UnsortedKnots { index });
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Expected latency (ms) at `load_rps` on an engine of capacity `capacity_rps`.
+    /// A queueing profile is infinite at or beyond capacity. Negative loads read as zero.
+    pub fn latency_ms(&self, load_rps: f64, capacity_rps: f64) -> f64 {
+        let load = load_rps.max(0.0);
+        match self {
+            Self::Queueing { t0_ms, b_ms } => {
+                if load >= capacity_rps {
+                    f64::INFINITY
+                } else {
+                    t0_ms + b_ms * load / (capacity_rps - load)
+                }
+            }
+            Self::Piecewise(knots) => piecewise_at(knots, load),
+        }
+    }
+
+    /// The same profile, made safe for the optimizer: a piecewise curve is sorted, cleaned of
+    /// non-finite knots and projected onto convex non-decreasing shapes. Queueing profiles
+    /// are convex already and come back unchanged.
+    pub fn convexified(&self) -> Self {
+        match self {
+            Self::Queueing { .. } => self.clone(),
+            Self::Piecewise(knots) => Self::Piecewise(project_convex_increasing(knots)),
+        }
+    }
+}
+
+/// Linear interpolation between knots; flat before the first, last slope after the last.
+fn piecewise_at(knots: &[(f64, f64)], load: f64) -> f64 {
+    let Some(&(first_load, first_latency)) = knots.first() else {
+        return f64::NAN;
+    };
+    if load <= first_load || knots.len() == 1 {
+        return first_latency;
+    }
+    let upper = knots.partition_point(|&(x, _)| x < load).min(knots.len() - 1);
+    let (x0, y0) = knots[upper - 1];
+    let (x1, y1) = knots[upper];
+    let slope = if x1 > x0 { (y1 - y0) / (x1 - x0) } else { 0.0 };
+    y0 + slope * (load - x0)
+}
+
+/// Combines a TTFT and a TBOT (ms per token) profile into the curve the optimizer minimises,
+/// for an engine of capacity `capacity_rps`.
+///
+/// Two queueing profiles combine exactly (the sum of queueing shapes with one capacity is a
+/// queueing shape). Otherwise both are tabulated on a grid over [0, 0.98·c] that is denser
+/// near capacity, plus every piecewise knot, and the sum is projected onto convex
+/// non-decreasing shapes. If `capacity_rps` is not positive and finite, only the knots are used.
+pub fn combine(
+    ttft: &LatencyProfile,
+    tbot: &LatencyProfile,
+    objective: Objective,
+    capacity_rps: f64,
+) -> LatencyProfile {
+    let tokens = match objective {
+        Objective::Ttft => return ttft.clone(),
+        Objective::TtftPlusDecode { expected_output_tokens } => expected_output_tokens.max(0.0),
+    };
+    if let (
+        LatencyProfile::Queueing { t0_ms: t0_first, b_ms: b_first },
+        LatencyProfile::Queueing { t0_ms: t0_token, b_ms: b_token },
+    ) = (ttft, tbot)
+    {
+        return LatencyProfile::Queueing {
+            t0_ms: t0_first + tokens * t0_token,
+            b_ms: b_first + tokens * b_token,
+        };
+    }
+    let mut loads = Vec::with_capacity(GRID_POINTS + 1);
+    if capacity_rps.is_finite() && capacity_rps > 0.0 {
+        let top = GRID_MAX_UTILISATION * capacity_rps;
+        loads.extend((0..=GRID_POINTS).map(|i| {
+            let remaining = 1.0 - i as f64 / GRID_POINTS as f64;
+            top * (1.0 - remaining * remaining)
+        }));
+    }
+    for profile in [ttft, tbot] {
+        if let LatencyProfile::Piecewise(knots) = profile {
+            loads.extend(knots.iter().map(|&(load, _)| load));
+        }
+    }
+    let knots: Vec<(f64, f64)> = loads
+        .into_iter()
+        .map(|load| {
+            (load, ttft.latency_ms(load, capacity_rps) + tokens * tbot.latency_ms(load, capacity_rps))
+        })
+        .filter(|(load, latency)| load.is_finite() && *load >= 0.0 && latency.is_finite())
+        .collect();
+    LatencyProfile::Piecewise(project_convex_increasing(&knots))
+}
