@@ -3,8 +3,8 @@
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
 use ilb_core::slots::{mix, SlotTable};
-use ilb_core::table::{ClassTable, RoutingTable};
 use ilb_core::snapshot::{ClassRoutes, EngineEntry, EngineWeight, ModelRoutes, Snapshot, FORMAT};
+use ilb_core::table::{ClassTable, RoutingTable};
 use ilb_core::{ClassId, ClusterId, EngineId, ModelName, SnapshotVersion};
 
 fn snapshot(n: usize, skew: f64) -> Snapshot {
@@ -35,7 +35,13 @@ fn snapshot(n: usize, skew: f64) -> Snapshot {
         engines,
         models: vec![ModelRoutes {
             model: ModelName::new("m"),
-            classes: vec![ClassRoutes { id: ClassId::new("default"), require: vec![], residency: None, weights, shed_fraction: 0.0 }],
+            classes: vec![ClassRoutes {
+                id: ClassId::new("default"),
+                require: vec![],
+                residency: None,
+                weights,
+                shed_fraction: 0.0,
+            }],
         }],
     }
 }

@@ -136,7 +136,9 @@ pub fn parse_require(header: &str) -> Result<Vec<&str>, ClassifyError> {
     tags.sort_unstable();
     tags.dedup();
     if tags.len() > MAX_REQUIRE_TAGS {
-        return Err(ClassifyError::BadHeader(format!("x-ilb-require names more than {MAX_REQUIRE_TAGS} tags")));
+        return Err(ClassifyError::BadHeader(format!(
+            "x-ilb-require names more than {MAX_REQUIRE_TAGS} tags"
+        )));
     }
     Ok(tags)
 }
@@ -225,7 +227,6 @@ impl fmt::Debug for ConversationPrefix {
         write!(f, "ConversationPrefix({:?})", self.0)
     }
 }
-
 
 #[cfg(test)]
 mod tests;

@@ -53,9 +53,7 @@ string_id!(
 
 /// Monotonically increasing snapshot version. A data plane never installs a version lower
 /// than the one it holds.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default)]
 #[serde(transparent)]
 pub struct SnapshotVersion(pub u64);
 

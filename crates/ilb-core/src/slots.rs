@@ -41,7 +41,11 @@ impl SlotTable {
     ///
     /// Weights must be finite and non-negative with a positive sum (the snapshot validator
     /// guarantees it); candidates with weight zero own no slots.
-    pub fn build(weights: &[f64], ids: &[EngineId], previous: Option<(&SlotTable, &[EngineId])>) -> SlotTable {
+    pub fn build(
+        weights: &[f64],
+        ids: &[EngineId],
+        previous: Option<(&SlotTable, &[EngineId])>,
+    ) -> SlotTable {
         debug_assert_eq!(weights.len(), ids.len());
         let n_weighted = weights.iter().filter(|w| **w > 0.0).count().max(1);
         let log2 = (n_weighted * SLOTS_PER_CANDIDATE)
@@ -102,7 +106,11 @@ impl SlotTable {
     /// so the walk past an unusable candidate visits others in proportion to their weights.
     #[inline]
     pub fn probe(&self, key_hash: u64, attempt: u32) -> usize {
-        let h = if attempt == 0 { key_hash } else { mix(key_hash ^ (attempt as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)) };
+        let h = if attempt == 0 {
+            key_hash
+        } else {
+            mix(key_hash ^ (attempt as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        };
         self.owner(h)
     }
 

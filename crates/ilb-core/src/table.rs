@@ -91,7 +91,10 @@ pub struct Picked {
 
 impl RoutingTable {
     /// Validates `snapshot` and compiles it, carrying slot layouts over from `previous`.
-    pub fn compile(snapshot: &Snapshot, previous: Option<&RoutingTable>) -> Result<RoutingTable, SnapshotError> {
+    pub fn compile(
+        snapshot: &Snapshot,
+        previous: Option<&RoutingTable>,
+    ) -> Result<RoutingTable, SnapshotError> {
         snapshot.validate()?;
         let engine_index: HashMap<&str, usize> =
             snapshot.engines.iter().enumerate().map(|(i, e)| (e.id.as_str(), i)).collect();
@@ -114,7 +117,8 @@ impl RoutingTable {
                             network_ms: w.network_ms,
                         })
                         .collect();
-                    let candidate_ids: Vec<EngineId> = class.weights.iter().map(|w| w.engine.clone()).collect();
+                    let candidate_ids: Vec<EngineId> =
+                        class.weights.iter().map(|w| w.engine.clone()).collect();
                     let weights: Vec<f64> = candidates.iter().map(|c| c.weight).collect();
                     let prev_class = prev_model.and_then(|m| m.classes.iter().find(|c| c.id == class.id));
                     let slots = SlotTable::build(
@@ -138,10 +142,8 @@ impl RoutingTable {
                     }
                 })
                 .collect();
-            let default_class = classes
-                .iter()
-                .position(|c| c.require.is_empty() && c.residency.is_none())
-                .unwrap_or(0);
+            let default_class =
+                classes.iter().position(|c| c.require.is_empty() && c.residency.is_none()).unwrap_or(0);
             models.insert(
                 routes.model.0.clone().into_boxed_str(),
                 ModelTable { name: routes.model.clone(), classes, default_class },
@@ -220,10 +222,11 @@ impl ClassTable {
             last_refused = candidate;
         }
         let start = (key_hash % n as u64) as usize;
-        (0..n)
-            .map(|i| (start + i) % n)
-            .find(|&candidate| admit(candidate))
-            .map(|candidate| Picked { candidate, probes: MAX_PROBES, fallback: true })
+        (0..n).map(|i| (start + i) % n).find(|&candidate| admit(candidate)).map(|candidate| Picked {
+            candidate,
+            probes: MAX_PROBES,
+            fallback: true,
+        })
     }
 
     pub fn candidate_ids(&self) -> &[EngineId] {

@@ -30,13 +30,16 @@ fn explain(shared: &Shared, query: &str) -> Result<serde_json::Value, ProxyError
         })
         .collect();
     let get = |name: &str| params.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
-    let model_name = get("model").ok_or_else(|| ProxyError::BadRequest("query parameter 'model' is required".into()))?;
+    let model_name =
+        get("model").ok_or_else(|| ProxyError::BadRequest("query parameter 'model' is required".into()))?;
     let key = get("key").ok_or_else(|| ProxyError::BadRequest("query parameter 'key' is required".into()))?;
-    let require = parse_require(get("require").unwrap_or("")).map_err(|e| ProxyError::BadRequest(e.to_string()))?;
+    let require =
+        parse_require(get("require").unwrap_or("")).map_err(|e| ProxyError::BadRequest(e.to_string()))?;
     let residency = get("residency").filter(|r| !r.is_empty());
 
     let installed = shared.routing.load().ok_or(ProxyError::NoSnapshot)?;
-    let model = installed.table.model(model_name).ok_or_else(|| ProxyError::UnknownModel(model_name.into()))?;
+    let model =
+        installed.table.model(model_name).ok_or_else(|| ProxyError::UnknownModel(model_name.into()))?;
     let constraints = Constraints { require: &require, residency };
     let class = model.class_for(&constraints);
     let key_hash = ilb_core::stable_hash(key.as_bytes());

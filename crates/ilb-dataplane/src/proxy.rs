@@ -113,7 +113,10 @@ async fn forward(
     let body = read_body(shared, &parts.headers, body).await?;
     let request = classify_request(endpoint, &parts.headers, &body, shared.next_request_id())?;
     let installed = shared.routing.load().ok_or(ProxyError::NoSnapshot)?;
-    let model = installed.table.model(&request.model).ok_or_else(|| ProxyError::UnknownModel(request.model.to_string()))?;
+    let model = installed
+        .table
+        .model(&request.model)
+        .ok_or_else(|| ProxyError::UnknownModel(request.model.to_string()))?;
     let constraints = Constraints { require: &request.require, residency: request.residency };
     let class = model.class_for(&constraints);
 
@@ -138,7 +141,8 @@ async fn forward(
                 if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
                     // 429 means busy, not broken: retry elsewhere but do not count it against the engine.
                     in_flight.finish(status == StatusCode::TOO_MANY_REQUESTS);
-                    last_error = Some(ProxyError::EngineFailed { engine, detail: format!("status {status}") });
+                    last_error =
+                        Some(ProxyError::EngineFailed { engine, detail: format!("status {status}") });
                     last_response = Some((response, in_flight));
                     continue;
                 }
@@ -164,7 +168,11 @@ async fn forward(
     }
     Err(last_error.unwrap_or_else(|| ProxyError::NoHealthyEngine {
         model: request.model.to_string(),
-        detail: if constraints.is_empty() { String::new() } else { " satisfying the request's constraints".into() },
+        detail: if constraints.is_empty() {
+            String::new()
+        } else {
+            " satisfying the request's constraints".into()
+        },
     }))
 }
 

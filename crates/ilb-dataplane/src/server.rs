@@ -43,7 +43,13 @@ impl Shared {
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
             .build(connector);
-        Shared { config, routing: RoutingState::default(), client, epoch: Instant::now(), requests: AtomicU64::new(0) }
+        Shared {
+            config,
+            routing: RoutingState::default(),
+            client,
+            epoch: Instant::now(),
+            requests: AtomicU64::new(0),
+        }
     }
 
     /// Milliseconds since this data plane started (monotonic).

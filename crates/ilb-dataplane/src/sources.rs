@@ -28,7 +28,13 @@ pub enum SnapshotSource {
 }
 
 /// Polls `url` until shutdown, installing every new snapshot.
-pub async fn poll(shared: Arc<Shared>, url: String, interval: Duration, long_poll: bool, mut shutdown: watch::Receiver<bool>) {
+pub async fn poll(
+    shared: Arc<Shared>,
+    url: String,
+    interval: Duration,
+    long_poll: bool,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let mut etag: Option<String> = None;
     let wait = Duration::from_secs(25);
     loop {
@@ -69,7 +75,11 @@ pub async fn poll(shared: Arc<Shared>, url: String, interval: Duration, long_pol
 }
 
 /// GET with `If-None-Match`; `Ok(None)` on 304.
-async fn fetch(shared: &Shared, url: &str, etag: Option<&str>) -> Result<Option<(Bytes, Option<String>)>, String> {
+async fn fetch(
+    shared: &Shared,
+    url: &str,
+    etag: Option<&str>,
+) -> Result<Option<(Bytes, Option<String>)>, String> {
     let mut request = Request::get(url).body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
     if let Some(tag) = etag.and_then(|t| header::HeaderValue::from_str(t).ok()) {
         request.headers_mut().insert(header::IF_NONE_MATCH, tag);
@@ -93,7 +103,12 @@ async fn fetch(shared: &Shared, url: &str, etag: Option<&str>) -> Result<Option<
 
 /// Quick mode: asks every engine for its models and installs an equal-weight snapshot; asks
 /// again every `interval` (sooner while some engine has not answered).
-pub async fn discover(shared: Arc<Shared>, engines: Vec<String>, interval: Duration, mut shutdown: watch::Receiver<bool>) {
+pub async fn discover(
+    shared: Arc<Shared>,
+    engines: Vec<String>,
+    interval: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let mut known: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut installed: Option<BTreeMap<String, Vec<String>>> = None;
     let mut version = 0u64;

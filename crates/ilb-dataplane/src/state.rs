@@ -97,22 +97,26 @@ impl RoutingState {
                 .or_insert_with(|| Arc::new(EngineState::new(entry.id.clone(), &entry.url)));
             engines.push(Arc::clone(state));
         }
-        let mut class_in_flight = vec![Arc::new(AtomicU32::new(0)); table.n_classes()];
+        let mut class_in_flight: Vec<Option<Arc<AtomicU32>>> = vec![None; table.n_classes()];
         for model in table.models() {
             for class in &model.classes {
                 let counter = registry
                     .classes
                     .entry((model.name.clone(), class.id.clone()))
                     .or_insert_with(|| Arc::new(AtomicU32::new(0)));
-                class_in_flight[class.seq] = Arc::clone(counter);
+                class_in_flight[class.seq] = Some(Arc::clone(counter));
             }
         }
+        // Every seq below n_classes belongs to exactly one class, so none is left empty.
+        let class_in_flight: Vec<Arc<AtomicU32>> = class_in_flight.into_iter().flatten().collect();
+        debug_assert_eq!(class_in_flight.len(), table.n_classes());
         // Forget engines and classes that left and have nothing in flight.
         let live: std::collections::HashSet<&EngineId> = table.engines.iter().map(|e| &e.id).collect();
         registry.engines.retain(|id, s| live.contains(id) || Arc::strong_count(s) > 1);
         registry.classes.retain(|_, c| Arc::strong_count(c) > 1);
 
-        let installed = Arc::new(Installed { table, engines, class_in_flight, installed_unix_ms: now_unix_ms });
+        let installed =
+            Arc::new(Installed { table, engines, class_in_flight, installed_unix_ms: now_unix_ms });
         self.current.store(Some(Arc::clone(&installed)));
         Ok(installed)
     }

@@ -55,6 +55,7 @@ pub struct TimeoutsSection {
 }
 
 pub fn load(path: &Path) -> anyhow::Result<ConfigFile> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read config {}", path.display()))?;
     toml::from_str(&text).with_context(|| format!("invalid config {}", path.display()))
 }

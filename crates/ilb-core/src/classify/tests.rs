@@ -33,11 +33,16 @@ fn errors() {
 
 #[test]
 fn follow_up_turns_share_the_prefix_hash() {
-    let turn1 = r#"{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]}"#;
+    let turn1 =
+        r#"{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]}"#;
     let turn2 = r#"{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"},
         {"role":"assistant","content":"hello"},{"role":"user","content":"more"}]}"#;
     let other = r#"{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"bye"}]}"#;
-    let (h1, h2, h3) = (chat(turn1).unwrap().prefix_hash, chat(turn2).unwrap().prefix_hash, chat(other).unwrap().prefix_hash);
+    let (h1, h2, h3) = (
+        chat(turn1).unwrap().prefix_hash,
+        chat(turn2).unwrap().prefix_hash,
+        chat(other).unwrap().prefix_hash,
+    );
     assert!(h1.is_some());
     assert_eq!(h1, h2);
     assert_ne!(h1, h3);

@@ -43,8 +43,14 @@ fn rejects_bad_snapshots_with_a_reason() {
     check(|v| v["engines"][0]["url"] = json!("http://x:0"), "invalid port");
     check(|v| v["engines"][0]["url"] = json!("http://x:1/?q"), "query");
     check(|v| v["engines"][0]["url"] = json!("http://"), "no host");
-    check(|v| v["models"][0]["classes"][0]["weights"][0]["weight"] = json!(-1.0), "not a finite non-negative");
-    check(|v| v["models"][0]["classes"][0]["weights"][0]["engine"] = json!("ghost"), "unknown engine 'ghost'");
+    check(
+        |v| v["models"][0]["classes"][0]["weights"][0]["weight"] = json!(-1.0),
+        "not a finite non-negative",
+    );
+    check(
+        |v| v["models"][0]["classes"][0]["weights"][0]["engine"] = json!("ghost"),
+        "unknown engine 'ghost'",
+    );
     check(|v| v["models"][0]["classes"][0]["weights"] = json!([]), "no candidate engines");
     check(|v| v["models"][0]["classes"][1]["id"] = json!("default"), "duplicate class id");
     check(

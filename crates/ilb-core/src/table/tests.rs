@@ -28,7 +28,9 @@ fn constraints_choose_the_exact_class_or_filter_the_default() {
     assert_eq!(class.id.as_str(), "default");
     // Only e2 offers long-context: every key lands there.
     for key in 0..1000u64 {
-        let p = class.pick(crate::slots::mix(key), |c| long.allow(&t.engines[class.candidates[c].engine_idx])).unwrap();
+        let p = class
+            .pick(crate::slots::mix(key), |c| long.allow(&t.engines[class.candidates[c].engine_idx]))
+            .unwrap();
         assert_eq!(class.candidates[p.candidate].engine_idx, 1);
     }
     let impossible = Constraints { require: &["tools"], residency: None };

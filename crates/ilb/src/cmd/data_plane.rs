@@ -65,33 +65,22 @@ async fn serve(config: DataPlaneConfig, source: SnapshotSource, file: Option<Pat
     let data_plane =
         DataPlane::start(config, source).await.with_context(|| format!("cannot listen on {listen}"))?;
     println!("data-plane: {}", data_plane.url());
-    let watcher = file.map(|path| {
-        let first = load_snapshot(&path).and_then(|s| data_plane.install(&s).map_err(anyhow::Error::from));
-        if let Err(e) = first {
-            tracing::warn!(file = %path.display(), error = %format!("{e:#}"), "snapshot file not installed");
-        }
-        path
-    });
-    match watcher {
-        Some(path) => {
-            let mut last = modified(&path);
-            loop {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => break,
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                }
-                let now = modified(&path);
-                if now != last {
-                    last = now;
-                    match load_snapshot(&path).and_then(|s| data_plane.install(&s).map_err(anyhow::Error::from)) {
-                        Ok(()) => {}
-                        Err(e) => tracing::warn!(file = %path.display(), error = %format!("{e:#}"), "snapshot rejected, keeping the last good one"),
-                    }
+    // The snapshot file is polled once a second and reinstalled when its mtime changes.
+    let mut last_modified = None;
+    loop {
+        if let Some(path) = &file {
+            let modified = modified(path);
+            if modified != last_modified || last_modified.is_none() {
+                last_modified = modified;
+                let installed = load_snapshot(path).and_then(|s| Ok(data_plane.install(&s)?));
+                if let Err(e) = installed {
+                    tracing::warn!(file = %path.display(), error = %format!("{e:#}"), "snapshot not installed, keeping the last good one");
                 }
             }
         }
-        None => {
-            tokio::signal::ctrl_c().await?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
     }
     data_plane.shutdown().await;
@@ -159,7 +148,10 @@ impl DataPlaneSection {
             }
             [false, true, false] => SnapshotSource::Manual,
             [false, false, true] => {
-                let cluster = self.cluster.as_deref().context("--control-plane needs --cluster (data_plane.cluster)")?;
+                let cluster = self
+                    .cluster
+                    .as_deref()
+                    .context("--control-plane needs --cluster (data_plane.cluster)")?;
                 let base = self.control_plane.unwrap_or_default();
                 SnapshotSource::Poll {
                     url: format!("{}/v1/snapshots/{cluster}", base.trim_end_matches('/')),
@@ -167,7 +159,9 @@ impl DataPlaneSection {
                     long_poll: true,
                 }
             }
-            [false, false, false] => bail!("no snapshot source: give --engine URL, --snapshot FILE or --control-plane URL"),
+            [false, false, false] => {
+                bail!("no snapshot source: give --engine URL, --snapshot FILE or --control-plane URL")
+            }
             _ => bail!("give only one snapshot source: --engine, --snapshot or --control-plane"),
         };
         Ok((config, source, self.snapshot_file))

@@ -1,0 +1,304 @@
+//! Data plane end to end on loopback: routing, streaming, affinity, weights, errors, faults.
+
+mod support;
+
+use http_body_util::BodyExt;
+use std::collections::HashMap;
+use std::time::Duration;
+use support::*;
+
+#[tokio::test]
+async fn forwards_body_unchanged_and_explains_the_route() {
+    let e1 = MockEngine::start("e1").await;
+    let dp = data_plane(config(), &snapshot(3, &[("e1", e1.url(), 1.0)])).await;
+    let body =
+        r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"unknown_field":{"keep":[1,2.50,"x"]}}"#;
+    let req =
+        post(&dp.url(), "/v1/chat/completions", body, &[("connection", "keep-alive"), ("x-custom", "1")]);
+    let (status, headers, text) = send(&client(), req).await;
+    assert_eq!(status, 200);
+    assert_eq!(text, body, "engine must receive the client's bytes unchanged");
+    let route = headers["x-ilb-route"].to_str().unwrap();
+    assert!(route.starts_with("engine=e1; class=default; weight=1.0000; snapshot=3"), "{route}");
+    let seen = headers["x-seen-headers"].to_str().unwrap();
+    assert!(seen.contains("x-custom"), "{seen}");
+    assert!(!seen.contains("\"connection\""), "hop-by-hop header forwarded: {seen}");
+}
+
+#[tokio::test]
+async fn streams_chunks_as_they_arrive() {
+    let e1 = MockEngine::start("e1").await;
+    let dp = data_plane(config(), &snapshot(1, &[("e1", e1.url(), 1.0)])).await;
+    let req = post(
+        &dp.url(),
+        "/v1/chat/completions",
+        &chat_body("s"),
+        &[("x-mock-chunks", "3"), ("x-mock-gate", "1")],
+    );
+    let resp = client().request(req).await.unwrap();
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let mut body = resp.into_body();
+    // The engine holds chunk 2 until the gate opens: chunk 1 must reach us before that.
+    let first =
+        tokio::time::timeout(Duration::from_secs(5), body.frame()).await.expect("first chunk was buffered");
+    let first = first.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(&first[..], b"data: {\"chunk\":0}\n\n");
+    e1.gate.notify_one();
+    let rest = body.collect().await.unwrap().to_bytes();
+    assert!(rest.ends_with(b"data: [DONE]\n\n"));
+}
+
+#[tokio::test]
+async fn same_session_same_engine_and_shares_follow_weights() {
+    let engines = [MockEngine::start("a").await, MockEngine::start("b").await, MockEngine::start("c").await];
+    let snap = snapshot(
+        1,
+        &[("a", engines[0].url(), 0.5), ("b", engines[1].url(), 0.3), ("c", engines[2].url(), 0.2)],
+    );
+    let dp = data_plane(config(), &snap).await;
+    let client = client();
+    // Affinity: one session always lands on one engine.
+    let mut first = None;
+    for _ in 0..20 {
+        let req = post(&dp.url(), "/v1/chat/completions", &chat_body("x"), &[("x-session-id", "conv-42")]);
+        let (status, headers, _) = send(&client, req).await;
+        assert_eq!(status, 200);
+        let engine = engine_of(&headers);
+        assert_eq!(first.get_or_insert(engine.clone()), &engine);
+    }
+    // Shares: 3,000 sessions split about 50/30/20.
+    let mut hits: HashMap<String, usize> = HashMap::new();
+    let n = 3000;
+    for i in 0..n {
+        let key = format!("session-{i}");
+        let req = post(&dp.url(), "/v1/chat/completions", &chat_body(&key), &[("x-session-id", &key)]);
+        let (_, headers, _) = send(&client, req).await;
+        *hits.entry(engine_of(&headers)).or_default() += 1;
+    }
+    for (engine, weight) in [("a", 0.5), ("b", 0.3), ("c", 0.2)] {
+        let share = hits[engine] as f64 / n as f64;
+        // 3,000 keys: binomial noise is ≤ 2.2 points at 3σ.
+        assert!((share - weight).abs() < 0.03, "{engine}: {share} vs {weight}");
+    }
+}
+
+#[tokio::test]
+async fn weight_change_moves_few_keys() {
+    let (a, b, c) =
+        (MockEngine::start("a").await, MockEngine::start("b").await, MockEngine::start("c").await);
+    let old = snapshot(1, &[("a", a.url(), 0.4), ("b", b.url(), 0.4), ("c", c.url(), 0.2)]);
+    let new = snapshot(2, &[("a", a.url(), 0.3), ("b", b.url(), 0.4), ("c", c.url(), 0.3)]);
+    let dp = data_plane(config(), &old).await;
+    let client = client();
+    let route_of = |key: usize| {
+        let url = format!("{}/debug/route?model=m&key=k{key}", dp.url());
+        let client = client.clone();
+        async move {
+            let (_, body) = get(&client, &url).await;
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            v["picked"].as_str().unwrap().to_owned()
+        }
+    };
+    let mut before = Vec::new();
+    for k in 0..4000 {
+        before.push(route_of(k).await);
+    }
+    dp.install(&new).unwrap();
+    let mut moved = 0;
+    for (k, engine) in before.iter().enumerate() {
+        if &route_of(k).await != engine {
+            moved += 1;
+        }
+    }
+    let moved = moved as f64 / 4000.0;
+    // Total-variation distance between the weight vectors is 0.1: the least any scheme moves.
+    assert!(moved <= 0.12 + 0.015, "moved {moved}");
+    assert!(moved >= 0.07, "moved {moved}: weights were not applied");
+}
+
+#[tokio::test]
+async fn client_errors_get_openai_errors() {
+    let e1 = MockEngine::start("e1").await;
+    let mut cfg = config();
+    cfg.max_body_bytes = 1024;
+    let dp = data_plane(cfg, &snapshot(1, &[("e1", e1.url(), 1.0)])).await;
+    let client = client();
+    let cases: [(&str, &str, u16, &str); 5] = [
+        ("/v1/chat/completions", "{not json", 400, "invalid_request"),
+        ("/v1/chat/completions", r#"{"messages":[]}"#, 400, "invalid_request"),
+        ("/v1/chat/completions", r#"{"model":"nope","messages":[]}"#, 404, "model_not_found"),
+        (
+            "/v1/completions",
+            &format!(r#"{{"model":"m","prompt":"{}"}}"#, "x".repeat(2000)),
+            413,
+            "body_too_large",
+        ),
+        ("/v1/nothing", "{}", 404, "not_found"),
+    ];
+    for (path, body, status, code) in cases {
+        let (s, headers, text) = send(&client, post(&dp.url(), path, body, &[])).await;
+        assert_eq!(s.as_u16(), status, "{path} {body:.40}: {text}");
+        assert_eq!(headers["content-type"], "application/json");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["error"]["code"], code, "{text}");
+        assert!(v["error"]["message"].as_str().unwrap().len() > 5);
+    }
+    assert_eq!(
+        e1.requests.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "bad requests must not reach engines"
+    );
+}
+
+#[tokio::test]
+async fn no_healthy_engine_is_503_with_retry_after() {
+    // A port with nothing listening.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let mut cfg = config();
+    cfg.max_attempts = 1;
+    let dp = data_plane(cfg, &snapshot(1, &[("gone", format!("http://{closed}"), 1.0)])).await;
+    let client = client();
+    let (s, _, text) = send(&client, post(&dp.url(), "/v1/chat/completions", &chat_body("a"), &[])).await;
+    assert_eq!(s, 502, "{text}");
+    for _ in 0..2 {
+        send(&client, post(&dp.url(), "/v1/chat/completions", &chat_body("a"), &[])).await;
+    }
+    // Three connection failures in a row: ejected, so now nothing healthy is left.
+    let (s, headers, text) =
+        send(&client, post(&dp.url(), "/v1/chat/completions", &chat_body("a"), &[])).await;
+    assert_eq!(s, 503, "{text}");
+    assert_eq!(headers["retry-after"], "1");
+    assert!(text.contains("no_healthy_engine"));
+}
+
+#[tokio::test]
+async fn engine_5xx_and_dead_engines_are_retried_elsewhere_and_ejected() {
+    let good = MockEngine::start("good").await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let snap = snapshot(1, &[("dead", format!("http://{closed}"), 0.5), ("good", good.url(), 0.5)]);
+    let dp = data_plane(config(), &snap).await;
+    let client = client();
+    for i in 0..40 {
+        let key = format!("k{i}");
+        let (s, headers, _) = send(
+            &client,
+            post(&dp.url(), "/v1/chat/completions", &chat_body(&key), &[("x-session-id", &key)]),
+        )
+        .await;
+        assert_eq!(s, 200, "request {i} failed although a healthy engine exists");
+        assert_eq!(engine_of(&headers), "good");
+    }
+    let (_, body) = get(&client, &format!("{}/debug/route?model=m&key=k1", dp.url())).await;
+    assert!(body.contains("ejected by local guard"), "{body}");
+    // A 500 from the engine is retried on another; with one attempt it passes through.
+    let (s, headers, _) =
+        send(&client, post(&dp.url(), "/v1/chat/completions", &chat_body("z"), &[("x-mock-status", "500")]))
+            .await;
+    assert_eq!(s, 500);
+    assert!(headers["x-ilb-route"].to_str().unwrap().contains("engine=good"));
+}
+
+#[tokio::test]
+async fn hung_engine_trips_the_first_byte_timeout_and_fails_over() {
+    let (hung, ok) = (MockEngine::start("hung").await, MockEngine::start("ok").await);
+    let mut cfg = config();
+    cfg.timeouts.first_byte = Duration::from_millis(300);
+    let dp = data_plane(cfg.clone(), &snapshot(1, &[("hung", hung.url(), 1.0)])).await;
+    let client = client();
+    let (s, _, text) =
+        send(&client, post(&dp.url(), "/v1/chat/completions", &chat_body("a"), &[("x-mock-hang", "1")]))
+            .await;
+    assert_eq!(s, 504, "{text}");
+    assert!(text.contains("engine_timeout"));
+    // With a healthy alternative the request fails over after the timeout.
+    hung.hang.store(true, std::sync::atomic::Ordering::SeqCst);
+    let dp2 = data_plane(cfg, &snapshot(1, &[("hung", hung.url(), 0.5), ("ok", ok.url(), 0.5)])).await;
+    for i in 0..6 {
+        let key = format!("k{i}");
+        let req = post(&dp2.url(), "/v1/chat/completions", &chat_body(&key), &[("x-session-id", &key)]);
+        let (s, headers, _) = send(&client, req).await;
+        assert_eq!(s, 200);
+        assert_eq!(engine_of(&headers), "ok");
+    }
+}
+
+#[tokio::test]
+async fn engine_dying_mid_stream_gives_an_sse_error_event_and_a_clean_end() {
+    let e1 = MockEngine::start("e1").await;
+    let dp = data_plane(config(), &snapshot(1, &[("e1", e1.url(), 1.0)])).await;
+    let req = post(
+        &dp.url(),
+        "/v1/chat/completions",
+        &chat_body("s"),
+        &[("x-mock-chunks", "5"), ("x-mock-die-after", "2")],
+    );
+    let (status, _, text) = send(&client(), req).await;
+    assert_eq!(status, 200);
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(events.len(), 3, "{text}");
+    assert_eq!(events[0], "data: {\"chunk\":0}");
+    let error: serde_json::Value = serde_json::from_str(events[2].strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(error["error"]["code"], "engine_failed");
+}
+
+#[tokio::test]
+async fn client_disconnect_cancels_the_upstream_stream() {
+    let e1 = MockEngine::start("e1").await;
+    let dp = data_plane(config(), &snapshot(1, &[("e1", e1.url(), 1.0)])).await;
+    let req = post(
+        &dp.url(),
+        "/v1/chat/completions",
+        &chat_body("s"),
+        &[("x-mock-chunks", "1000"), ("x-mock-delay-ms", "5")],
+    );
+    let resp = client().request(req).await.unwrap();
+    let mut body = resp.into_body();
+    body.frame().await.unwrap().unwrap();
+    drop(body);
+    assert!(
+        eventually(Duration::from_secs(5), || e1.cancelled.load(std::sync::atomic::Ordering::SeqCst) == 1)
+            .await
+    );
+    let installed = dp.installed().unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || installed.engines[0]
+            .in_flight
+            .load(std::sync::atomic::Ordering::SeqCst)
+            == 0)
+        .await
+    );
+}
+
+#[tokio::test]
+async fn invalid_or_older_snapshots_are_rejected_and_the_last_good_one_stays() {
+    let e1 = MockEngine::start("e1").await;
+    let dp = data_plane(config(), &snapshot(5, &[("e1", e1.url(), 1.0)])).await;
+    let mut bad = snapshot(6, &[("e1", e1.url(), 1.0)]);
+    bad.models[0].classes[0].weights[0].weight = f64::NAN;
+    assert!(dp.install(&bad).is_err());
+    let older = snapshot(4, &[("e1", e1.url(), 1.0)]);
+    assert!(dp.install(&older).unwrap_err().to_string().contains("older"));
+    assert_eq!(dp.snapshot_version().unwrap().0, 5);
+    let (s, _, _) = send(&client(), post(&dp.url(), "/v1/chat/completions", &chat_body("a"), &[])).await;
+    assert_eq!(s, 200);
+}
+
+#[tokio::test]
+async fn quick_mode_discovers_models() {
+    let (a, b) = (MockEngine::start("a").await, MockEngine::start("b").await);
+    let source = ilb_dataplane::SnapshotSource::Discover {
+        engines: vec![a.url(), b.url()],
+        interval: Duration::from_secs(30),
+    };
+    let dp = ilb_dataplane::DataPlane::start(config(), source).await.unwrap();
+    assert!(eventually(Duration::from_secs(5), || dp.snapshot_version().is_some()).await);
+    let client = client();
+    let (s, body) = get(&client, &format!("{}/v1/models", dp.url())).await;
+    assert_eq!(s, 200);
+    assert!(body.contains("\"id\":\"m\""), "{body}");
+    let (s, _, _) = send(&client, post(&dp.url(), "/v1/chat/completions", &chat_body("a"), &[])).await;
+    assert_eq!(s, 200);
+}
