@@ -255,11 +255,15 @@ fn parse_sample<'a>(line: &'a str, limits: &Limits) -> Result<Sample<'a>, &'stat
         return Err("invalid metric name");
     }
     let name = cursor.take_while(is_name_char);
+    let after_name = cursor.pos;
     cursor.skip_blanks();
     let mut labels = Vec::new();
     if cursor.peek() == Some(b'{') {
         cursor.pos += 1;
         parse_labels(&mut cursor, &mut labels, limits.max_labels)?;
+    } else {
+        // No label set: the blanks just skipped are the separator before the value.
+        cursor.pos = after_name;
     }
     if cursor.skip_blanks() == 0 {
         return Err("missing value");

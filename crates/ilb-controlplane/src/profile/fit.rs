@@ -114,14 +114,17 @@ impl Sums {
     }
 }
 
-/// Fits a convex non-decreasing piecewise-linear profile with knots at `knot_loads` (req/s):
-/// each observation counts towards its nearest knot; knots without observations are left
-/// out. Returns `None` when fewer than two knots have data.
+/// Fits a convex non-decreasing piecewise-linear profile from observations binned around
+/// `knot_loads` (req/s): each observation counts towards its nearest knot, and each non-empty
+/// bin becomes one point at the weighted mean load and latency of its observations (placing it
+/// at the knot itself would bias steep parts of the curve). Returns `None` when fewer than two
+/// bins have data.
 pub fn fit_piecewise(observations: &[Observation], knot_loads: &[f64]) -> Option<LatencyProfile> {
     let mut knots: Vec<f64> = knot_loads.iter().copied().filter(|x| x.is_finite()).collect();
     knots.sort_by(f64::total_cmp);
     knots.dedup();
-    let mut bins = vec![(0.0_f64, 0.0_f64); knots.len()];
+    // Per bin: weighted sums of load and latency, and the total weight.
+    let mut bins = vec![(0.0_f64, 0.0_f64, 0.0_f64); knots.len()];
     for observation in observations {
         let Observation { load_rps, latency_ms, weight } = *observation;
         if !(load_rps.is_finite() && latency_ms.is_finite() && weight.is_finite() && weight > 0.0) {
@@ -134,14 +137,14 @@ pub fn fit_piecewise(observations: &[Observation], knot_loads: &[f64]) -> Option
             (Some(lower), None) => lower,
             (None, None) => continue,
         };
-        bins[nearest].0 += latency_ms * weight;
-        bins[nearest].1 += weight;
+        bins[nearest].0 += load_rps * weight;
+        bins[nearest].1 += latency_ms * weight;
+        bins[nearest].2 += weight;
     }
-    let points: Vec<(f64, f64, f64)> = knots
+    let points: Vec<(f64, f64, f64)> = bins
         .iter()
-        .zip(&bins)
-        .filter(|(_, (_, weight))| *weight > 0.0)
-        .map(|(&load, &(weighted_latency, weight))| (load, weighted_latency / weight, weight))
+        .filter(|(_, _, weight)| *weight > 0.0)
+        .map(|&(load, latency, weight)| (load / weight, latency / weight, weight))
         .collect();
     if points.len() < 2 {
         return None;

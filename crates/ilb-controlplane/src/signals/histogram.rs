@@ -84,7 +84,7 @@ impl Histogram {
     /// `+Inf` bucket returns the largest finite bound (an underestimate, as in PromQL).
     pub fn quantile(&self, q: f64) -> Option<f64> {
         let total = self.buckets.last()?.1;
-        if !(total > 0.0) || !(0.0..=1.0).contains(&q) {
+        if total.is_nan() || total <= 0.0 || !(0.0..=1.0).contains(&q) {
             return None;
         }
         let rank = q * total;
