@@ -18,3 +18,14 @@ pub mod prom;
 pub mod scrape;
 pub mod signals;
 pub mod smoothing;
+
+pub mod api;
+pub mod config;
+pub mod fleet;
+pub mod plan;
+pub mod publish;
+pub mod run;
+pub mod view;
+
+pub use config::FleetConfig;
+pub use run::ControlPlane;

@@ -214,7 +214,7 @@ fn check_count(what: &'static str, count: usize, limit: usize) -> Result<(), Sna
     Ok(())
 }
 
-fn check_name(what: &str, name: &str) -> Result<(), SnapshotError> {
+pub fn check_name(what: &str, name: &str) -> Result<(), SnapshotError> {
     if name.is_empty() || name.len() > MAX_NAME_LEN {
         return Err(invalid(format!("{what} '{name}' must be 1 to {MAX_NAME_LEN} bytes")));
     }

@@ -1,0 +1,209 @@
+//! The control plane's HTTP API:
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /v1/snapshots/{cluster}` | the cluster's snapshot; `ETag`, `If-None-Match` → 304, `?wait=30s` long-polls for a newer one |
+//! | `POST /v1/reports` | a data plane's report (bearer token if configured) |
+//! | `GET /v1/explain/weights?cluster=C&model=M` | every weight of the cluster and model, with the numbers behind it |
+//! | `GET /v1/state` | the whole latest plan and fleet view |
+//! | `GET /health` | liveness |
+
+use crate::publish::Publisher;
+use crate::run::Event;
+use crate::view::View;
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use ilb_core::report::Report;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+
+/// Largest report body accepted.
+const MAX_REPORT_BYTES: usize = 8 << 20;
+/// Longest long-poll wait a client may ask for.
+const MAX_WAIT: Duration = Duration::from_secs(60);
+
+pub struct ApiState {
+    pub publisher: Publisher,
+    pub events: mpsc::Sender<Event>,
+    pub view: Mutex<Arc<View>>,
+    pub token: String,
+}
+
+impl ApiState {
+    pub fn view(&self) -> Arc<View> {
+        Arc::clone(&self.view.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    pub fn set_view(&self, view: View) {
+        *self.view.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(view);
+    }
+}
+
+type Body = Full<Bytes>;
+
+pub async fn serve(listener: TcpListener, state: Arc<ApiState>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.changed() => return,
+        };
+        let _ = stream.set_nodelay(true);
+        let state = Arc::clone(&state);
+        let mut shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let state = Arc::clone(&state);
+                async move { Ok::<_, Infallible>(dispatch(state, req).await) }
+            });
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder.timer(TokioTimer::new()).header_read_timeout(Duration::from_secs(10));
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = shutdown.changed() => {}
+            }
+        });
+    }
+}
+
+async fn dispatch(state: Arc<ApiState>, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path().to_owned();
+    let query = req.uri().query().unwrap_or("").to_owned();
+    match (req.method(), path.as_str()) {
+        (&Method::GET, "/health") => json(StatusCode::OK, &serde_json::json!({"status": "ok"})),
+        (&Method::GET, "/v1/state") => json(StatusCode::OK, &*state.view()),
+        (&Method::GET, "/v1/explain/weights") => explain(&state, &query),
+        (&Method::POST, "/v1/reports") => report(&state, req).await,
+        (&Method::GET, p) if p.starts_with("/v1/snapshots/") => {
+            let cluster = p.trim_start_matches("/v1/snapshots/").to_owned();
+            let if_none_match = req.headers().get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()).map(str::to_owned);
+            snapshot(&state, &cluster, if_none_match.as_deref(), &query).await
+        }
+        _ => error(StatusCode::NOT_FOUND, "not_found", &format!("no route for {} {path}", req.method())),
+    }
+}
+
+pub fn json(status: StatusCode, value: &impl serde::Serialize) -> Response<Body> {
+    let body = serde_json::to_vec(value).unwrap_or_default();
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+fn error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
+    json(status, &serde_json::json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": code}}))
+}
+
+fn param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
+    query.split('&').filter_map(|p| p.split_once('=')).find(|(k, _)| *k == name).map(|(_, v)| v)
+}
+
+/// `30s`, `500ms` or plain seconds.
+fn parse_wait(s: &str) -> Option<Duration> {
+    let d = if let Some(ms) = s.strip_suffix("ms") {
+        Duration::from_millis(ms.parse().ok()?)
+    } else {
+        Duration::from_secs_f64(s.strip_suffix('s').unwrap_or(s).parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0)?)
+    };
+    Some(d.min(MAX_WAIT))
+}
+
+async fn snapshot(state: &ApiState, cluster: &str, if_none_match: Option<&str>, query: &str) -> Response<Body> {
+    let wait = match param(query, "wait").map(parse_wait) {
+        None => Duration::ZERO,
+        Some(Some(d)) => d,
+        Some(None) => return error(StatusCode::BAD_REQUEST, "invalid_wait", "wait must look like 30s or 500ms"),
+    };
+    let mut rounds = state.publisher.subscribe();
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let current = state.publisher.get(cluster);
+        match (&current, if_none_match) {
+            (Some(p), Some(tag)) if tag == p.etag => {}
+            (Some(p), _) => {
+                let mut r = Response::new(Full::new(p.body.clone()));
+                let h = r.headers_mut();
+                h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                if let Ok(v) = HeaderValue::from_str(&p.etag) {
+                    h.insert(header::ETAG, v);
+                }
+                return r;
+            }
+            (None, _) if wait.is_zero() => {
+                return error(StatusCode::NOT_FOUND, "unknown_cluster", &format!("no snapshot for cluster '{cluster}' (yet)"));
+            }
+            (None, _) => {}
+        }
+        // Unchanged (or not yet published): wait for the next round, up to the deadline.
+        match tokio::time::timeout_at(deadline, rounds.changed()).await {
+            Ok(Ok(())) => continue,
+            _ => {
+                if current.is_none() {
+                    return error(StatusCode::NOT_FOUND, "unknown_cluster", &format!("no snapshot for cluster '{cluster}' (yet)"));
+                }
+                let mut r = Response::new(Full::new(Bytes::new()));
+                *r.status_mut() = StatusCode::NOT_MODIFIED;
+                return r;
+            }
+        }
+    }
+}
+
+async fn report(state: &ApiState, req: Request<Incoming>) -> Response<Body> {
+    if !state.token.is_empty() {
+        let expected = format!("Bearer {}", state.token);
+        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        if given != Some(expected.as_str()) {
+            return error(StatusCode::UNAUTHORIZED, "unauthorized", "a valid bearer token is required");
+        }
+    }
+    let body = match Limited::new(req.into_body(), MAX_REPORT_BYTES).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return error(StatusCode::PAYLOAD_TOO_LARGE, "invalid_body", &format!("cannot read report: {e}")),
+    };
+    let report: Report = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_report", &format!("malformed report: {e}")),
+    };
+    match state.events.try_send(Event::Report(Box::new(report))) {
+        Ok(()) => json(StatusCode::ACCEPTED, &serde_json::json!({"status": "accepted"})),
+        Err(_) => error(StatusCode::SERVICE_UNAVAILABLE, "busy", "control loop is busy, report again next period"),
+    }
+}
+
+fn explain(state: &ApiState, query: &str) -> Response<Body> {
+    let (Some(cluster), Some(model)) = (param(query, "cluster"), param(query, "model")) else {
+        return error(StatusCode::BAD_REQUEST, "invalid_request", "query parameters 'cluster' and 'model' are required");
+    };
+    let view = state.view();
+    let Some(m) = view.models.iter().find(|m| m.model == model) else {
+        return error(StatusCode::NOT_FOUND, "model_not_found", &format!("no plan for model '{model}'"));
+    };
+    let classes: Vec<_> = m.classes.iter().filter(|c| c.cluster == cluster).collect();
+    if classes.is_empty() {
+        return error(StatusCode::NOT_FOUND, "unknown_cluster", &format!("no classes for cluster '{cluster}'"));
+    }
+    json(
+        StatusCode::OK,
+        &serde_json::json!({
+            "version": view.version, "cluster": cluster, "model": model,
+            "solve_ms": m.solve_ms, "gap": m.gap, "mean_latency_ms": m.mean_latency_ms, "traffic_moved": m.traffic_moved,
+            "classes": classes, "engines": m.engines,
+        }),
+    )
+}

@@ -1,0 +1,376 @@
+//! The control plane's configuration: the fleet (regions, front-end clusters, engines, hardware
+//! profiles), traffic-class rules, network latency, optimizer settings and periods.
+//!
+//! These types are what the `[control_plane]` and fleet tables of the TOML file deserialize into
+//! (unknown fields are errors); [`FleetConfig::validate`] then checks every cross-reference and
+//! range and names the offending field. The binary reads the file; this crate never does.
+
+use crate::profile::Objective;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashSet};
+
+/// Everything the control plane needs to know about the fleet and how to plan it.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetConfig {
+    #[serde(default)]
+    pub control_plane: ControlPlaneSettings,
+    /// Regions with coordinates; network latency between regions is derived from distance
+    /// unless `network` gives it explicitly.
+    #[serde(default)]
+    pub regions: Vec<Region>,
+    #[serde(default)]
+    pub network: NetworkSettings,
+    pub clusters: Vec<Cluster>,
+    /// Traffic classes with constraints, in addition to every model's `default` class.
+    #[serde(default)]
+    pub classes: Vec<ClassRule>,
+    /// Hardware profiles by name.
+    #[serde(default)]
+    pub profiles: BTreeMap<String, Profile>,
+    pub engines: Vec<Engine>,
+}
+
+/// `[control_plane]`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ControlPlaneSettings {
+    /// Address of the control plane's HTTP API and dashboard, e.g. `"0.0.0.0:7000"`.
+    pub listen: String,
+    /// How often each engine's `/metrics` is scraped, ms. Default 1000.
+    pub scrape_interval_ms: u64,
+    /// How often the optimizer runs and snapshots are published, ms. Default 2000.
+    pub solve_interval_ms: u64,
+    /// An engine without a successful scrape for this long counts as unhealthy, ms. Default 5000.
+    pub signal_stale_ms: u64,
+    /// A data plane that has not reported for this long no longer counts, ms. Default 10000.
+    pub report_timeout_ms: u64,
+    /// Time constant of the EWMA smoothing of demand and signals, ms. Default 5000.
+    pub smoothing_ms: u64,
+    /// Usable fraction ρ of each engine's capacity, in (0, 1]. Default 0.95.
+    pub rho: f64,
+    /// Which latency the optimizer minimises.
+    pub objective: ObjectiveSetting,
+    /// Expected output tokens per request, for `objective = "ttft_plus_decode"`. Default 128.
+    pub expected_output_tokens: f64,
+    /// Cost of shedding one request, ms, per priority (`low`, `normal`, `high`, `critical`).
+    pub shed_penalty_ms: BTreeMap<String, f64>,
+    /// Demand (req/s) assumed for a class before any data plane reports it, so weights exist
+    /// from the start. Default 0.1.
+    pub demand_floor_rps: f64,
+    /// Bearer token required by mutating endpoints (`POST /v1/reports`); none if empty.
+    pub token: String,
+}
+
+impl Default for ControlPlaneSettings {
+    fn default() -> Self {
+        ControlPlaneSettings {
+            listen: "127.0.0.1:7000".into(),
+            scrape_interval_ms: 1000,
+            solve_interval_ms: 2000,
+            signal_stale_ms: 5000,
+            report_timeout_ms: 10_000,
+            smoothing_ms: 5000,
+            rho: 0.95,
+            objective: ObjectiveSetting::Ttft,
+            expected_output_tokens: 128.0,
+            shed_penalty_ms: [("low", 2_000.0), ("normal", 10_000.0), ("high", 30_000.0), ("critical", 100_000.0)]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect(),
+            demand_floor_rps: 0.1,
+            token: String::new(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ObjectiveSetting {
+    /// Time to first token only.
+    Ttft,
+    /// TTFT plus expected output tokens × time between tokens.
+    TtftPlusDecode,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Region {
+    pub id: String,
+    /// Latitude and longitude in degrees.
+    pub lat: f64,
+    pub lon: f64,
+}
+
+/// `[network]`: how network latency between a cluster's region and an engine's region is known.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NetworkSettings {
+    /// Added to every distance-derived latency, ms (switching, the last mile). Default 2.
+    pub base_ms: f64,
+    /// Round-trip ms per 1,000 km of great-circle distance. Default 10 (light in fibre, both ways).
+    pub ms_per_1000_km: f64,
+    /// Latency within one region, ms. Default 1.
+    pub same_region_ms: f64,
+    /// Explicit region-to-region latencies that override the distance model.
+    pub latency: Vec<LinkLatency>,
+    /// Prefer latencies measured by data planes over configured ones once reported. Default true.
+    pub use_measured: bool,
+}
+
+impl Default for NetworkSettings {
+    fn default() -> Self {
+        NetworkSettings { base_ms: 2.0, ms_per_1000_km: 10.0, same_region_ms: 1.0, latency: Vec::new(), use_measured: true }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkLatency {
+    pub from: String,
+    pub to: String,
+    pub ms: f64,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cluster {
+    pub id: String,
+    pub region: String,
+}
+
+/// A constrained traffic class: requests asking for these capabilities / this residency zone
+/// may only go to engines offering them.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassRule {
+    pub id: String,
+    #[serde(default)]
+    pub require: Vec<String>,
+    #[serde(default)]
+    pub residency: Option<String>,
+}
+
+/// A hardware profile: per-replica capacity and the offline latency curve
+/// L(y) = t0 + b·y/(c − y) of TTFT (and TBOT for the decode objective).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// Sustainable requests/s of one replica.
+    pub capacity_rps: f64,
+    /// TTFT at zero load, ms.
+    pub ttft_t0_ms: f64,
+    /// TTFT queueing coefficient b, ms.
+    pub ttft_b_ms: f64,
+    /// Time between output tokens at zero load, ms. Default 15.
+    #[serde(default = "default_tbot_t0")]
+    pub tbot_t0_ms: f64,
+    /// TBOT queueing coefficient, ms. Default 2.
+    #[serde(default = "default_tbot_b")]
+    pub tbot_b_ms: f64,
+}
+
+fn default_tbot_t0() -> f64 {
+    15.0
+}
+fn default_tbot_b() -> f64 {
+    2.0
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Engine {
+    pub id: String,
+    /// Base URL, `http://host:port`.
+    pub url: String,
+    pub model: String,
+    pub region: String,
+    /// Name of a `[profiles.NAME]` table.
+    pub profile: String,
+    /// Replicas behind the URL. Default 1.
+    #[serde(default = "one")]
+    pub replicas: u32,
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+    #[serde(default)]
+    pub residency: Vec<String>,
+    /// Overrides the profile's per-replica capacity, req/s.
+    #[serde(default)]
+    pub capacity_rps: Option<f64>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A config that failed validation; the message names the field.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
+    Err(ConfigError(msg.into()))
+}
+
+impl FleetConfig {
+    /// Checks ranges and cross-references.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let cp = &self.control_plane;
+        if cp.listen.parse::<std::net::SocketAddr>().is_err() {
+            return err(format!("control_plane.listen: '{}' is not host:port", cp.listen));
+        }
+        for (name, v) in [
+            ("scrape_interval_ms", cp.scrape_interval_ms),
+            ("solve_interval_ms", cp.solve_interval_ms),
+            ("signal_stale_ms", cp.signal_stale_ms),
+            ("report_timeout_ms", cp.report_timeout_ms),
+            ("smoothing_ms", cp.smoothing_ms),
+        ] {
+            if v == 0 {
+                return err(format!("control_plane.{name}: must be positive"));
+            }
+        }
+        if !(cp.rho > 0.0 && cp.rho <= 1.0) {
+            return err(format!("control_plane.rho: {} is not in (0, 1]", cp.rho));
+        }
+        if !(cp.expected_output_tokens.is_finite() && cp.expected_output_tokens >= 0.0) {
+            return err("control_plane.expected_output_tokens: must be a non-negative number");
+        }
+        if !(cp.demand_floor_rps.is_finite() && cp.demand_floor_rps > 0.0) {
+            return err("control_plane.demand_floor_rps: must be positive");
+        }
+        for priority in ["low", "normal", "high", "critical"] {
+            match cp.shed_penalty_ms.get(priority) {
+                Some(p) if p.is_finite() && *p > 0.0 => {}
+                _ => return err(format!("control_plane.shed_penalty_ms.{priority}: must be a positive number")),
+            }
+        }
+        if let Some(extra) = cp.shed_penalty_ms.keys().find(|k| !["low", "normal", "high", "critical"].contains(&k.as_str())) {
+            return err(format!("control_plane.shed_penalty_ms.{extra}: unknown priority (low, normal, high, critical)"));
+        }
+        let mut regions = HashSet::new();
+        for r in &self.regions {
+            if !regions.insert(r.id.as_str()) {
+                return err(format!("regions: duplicate id '{}'", r.id));
+            }
+            if !(-90.0..=90.0).contains(&r.lat) || !(-180.0..=180.0).contains(&r.lon) {
+                return err(format!("regions.{}: lat/lon out of range", r.id));
+            }
+        }
+        let n = &self.network;
+        for (name, v) in [("base_ms", n.base_ms), ("ms_per_1000_km", n.ms_per_1000_km), ("same_region_ms", n.same_region_ms)] {
+            if !(v.is_finite() && v >= 0.0) {
+                return err(format!("network.{name}: must be a non-negative number"));
+            }
+        }
+        let known_region = |id: &str| regions.is_empty() || regions.contains(id);
+        for link in &n.latency {
+            if !(link.ms.is_finite() && link.ms >= 0.0) {
+                return err(format!("network.latency {}→{}: ms must be non-negative", link.from, link.to));
+            }
+            for r in [&link.from, &link.to] {
+                if !known_region(r) {
+                    return err(format!("network.latency: unknown region '{r}'"));
+                }
+            }
+        }
+        if self.clusters.is_empty() {
+            return err("clusters: at least one front-end cluster is needed");
+        }
+        let mut clusters = HashSet::new();
+        for c in &self.clusters {
+            ilb_core::snapshot::check_name("clusters.id", &c.id).map_err(|e| ConfigError(e.to_string()))?;
+            if !clusters.insert(c.id.as_str()) {
+                return err(format!("clusters: duplicate id '{}'", c.id));
+            }
+            if !known_region(&c.region) {
+                return err(format!("clusters.{}.region: unknown region '{}'", c.id, c.region));
+            }
+        }
+        let mut classes = HashSet::from(["default"]);
+        for rule in &self.classes {
+            if !classes.insert(rule.id.as_str()) {
+                return err(format!("classes: duplicate or reserved id '{}'", rule.id));
+            }
+            if rule.require.is_empty() && rule.residency.is_none() {
+                return err(format!("classes.{}: needs `require` or `residency`", rule.id));
+            }
+        }
+        for (name, p) in &self.profiles {
+            for (field, v) in [
+                ("capacity_rps", p.capacity_rps),
+                ("ttft_t0_ms", p.ttft_t0_ms),
+                ("ttft_b_ms", p.ttft_b_ms),
+                ("tbot_t0_ms", p.tbot_t0_ms),
+                ("tbot_b_ms", p.tbot_b_ms),
+            ] {
+                if !(v.is_finite() && v >= 0.0) {
+                    return err(format!("profiles.{name}.{field}: must be a non-negative number"));
+                }
+            }
+            if p.capacity_rps <= 0.0 {
+                return err(format!("profiles.{name}.capacity_rps: must be positive"));
+            }
+        }
+        if self.engines.is_empty() {
+            return err("engines: at least one engine is needed");
+        }
+        let mut engines = HashSet::new();
+        for e in &self.engines {
+            if !engines.insert(e.id.as_str()) {
+                return err(format!("engines: duplicate id '{}'", e.id));
+            }
+            if let Err(why) = ilb_core::snapshot::check_engine_url(&e.url) {
+                return err(format!("engines.{}.url: '{}' {why}", e.id, e.url));
+            }
+            if !known_region(&e.region) {
+                return err(format!("engines.{}.region: unknown region '{}'", e.id, e.region));
+            }
+            if !self.profiles.contains_key(&e.profile) {
+                return err(format!("engines.{}.profile: unknown profile '{}'", e.id, e.profile));
+            }
+            if e.model.is_empty() {
+                return err(format!("engines.{}.model: must not be empty", e.id));
+            }
+            if let Some(c) = e.capacity_rps {
+                if !(c.is_finite() && c > 0.0) {
+                    return err(format!("engines.{}.capacity_rps: must be positive", e.id));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn objective(&self) -> Objective {
+        match self.control_plane.objective {
+            ObjectiveSetting::Ttft => Objective::Ttft,
+            ObjectiveSetting::TtftPlusDecode => {
+                Objective::TtftPlusDecode { expected_output_tokens: self.control_plane.expected_output_tokens }
+            }
+        }
+    }
+
+    /// Configured network latency between two regions, ms.
+    pub fn region_latency_ms(&self, from: &str, to: &str) -> f64 {
+        let n = &self.network;
+        if let Some(link) = n.latency.iter().find(|l| (l.from == from && l.to == to) || (l.from == to && l.to == from)) {
+            return link.ms;
+        }
+        if from == to {
+            return n.same_region_ms;
+        }
+        let coords = |id: &str| self.regions.iter().find(|r| r.id == id).map(|r| (r.lat, r.lon));
+        match (coords(from), coords(to)) {
+            (Some(a), Some(b)) => n.base_ms + great_circle_km(a, b) / 1000.0 * n.ms_per_1000_km,
+            // Without coordinates, regions are only "same" or "elsewhere".
+            _ => n.base_ms + 50.0,
+        }
+    }
+}
+
+/// Great-circle distance in km between two (lat, lon) points in degrees (haversine).
+pub fn great_circle_km(a: (f64, f64), b: (f64, f64)) -> f64 {
+    let (lat1, lon1, lat2, lon2) = (a.0.to_radians(), a.1.to_radians(), b.0.to_radians(), b.1.to_radians());
+    let h = ((lat2 - lat1) / 2.0).sin().powi(2) + lat1.cos() * lat2.cos() * ((lon2 - lon1) / 2.0).sin().powi(2);
+    2.0 * 6371.0 * h.sqrt().asin()
+}

@@ -1,0 +1,274 @@
+//! The control plane's picture of the fleet: per-engine signals (scraped), per-cluster demand
+//! and network round trips (reported by data planes), and what follows from them — health,
+//! effective capacity and the latency curve of each engine, network latency of each
+//! (cluster, engine) pair, and demand of each traffic class.
+//!
+//! Pure state: every update takes `now` (time since the control plane started), so the fleet
+//! simulator can drive it in virtual time. Only the control loop owns a `Fleet`.
+
+use crate::config::FleetConfig;
+use crate::profile::{combine, fit_queueing, LatencyProfile, Observation, QueueingPrior};
+use crate::signals::{window, EngineSample, WindowStats};
+use crate::smoothing::Ewma;
+use ilb_core::report::Report;
+use ilb_core::ModelName;
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+/// Time since the control plane started.
+pub type Now = Duration;
+
+/// Observations kept per engine for the latency-profile fit.
+const MAX_OBSERVATIONS: usize = 120;
+/// How much the offline profile counts against observations (in requests).
+const PRIOR_WEIGHT: f64 = 200.0;
+
+/// Identifies a traffic class: front-end cluster × model × constraint class.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ClassKey {
+    pub cluster: String,
+    pub model: String,
+    pub class: String,
+}
+
+/// What the control plane knows about one engine.
+#[derive(Debug)]
+pub struct EngineRuntime {
+    pub last_scrape_ok: Option<Now>,
+    pub last_scrape_error: Option<String>,
+    pub consecutive_scrape_failures: u32,
+    previous: Option<(Now, EngineSample)>,
+    pub last_window: Option<WindowStats>,
+    pub running: f64,
+    pub waiting: f64,
+    pub kv_usage: f64,
+    pub ttft_ms: Ewma<Now>,
+    pub tbot_ms: Ewma<Now>,
+    pub request_rate: Ewma<Now>,
+    pub cache_hit_rate: Ewma<Now>,
+    pub error_rate: Ewma<Now>,
+    observations: VecDeque<Observation>,
+    /// Share of capacity withheld because the engine behaves as an outlier, in [0, 1).
+    pub penalty: f64,
+}
+
+impl EngineRuntime {
+    fn new(tau: Duration) -> EngineRuntime {
+        EngineRuntime {
+            last_scrape_ok: None,
+            last_scrape_error: None,
+            consecutive_scrape_failures: 0,
+            previous: None,
+            last_window: None,
+            running: 0.0,
+            waiting: 0.0,
+            kv_usage: 0.0,
+            ttft_ms: Ewma::new(tau),
+            tbot_ms: Ewma::new(tau),
+            request_rate: Ewma::new(tau),
+            cache_hit_rate: Ewma::new(tau),
+            error_rate: Ewma::new(tau),
+            observations: VecDeque::new(),
+            penalty: 0.0,
+        }
+    }
+}
+
+/// The latest report of one data-plane instance.
+#[derive(Debug)]
+struct InstanceState {
+    received: Now,
+    report: Report,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("report from unknown cluster '{0}'")]
+    UnknownCluster(String),
+    #[error("report sequence {got} is not newer than {have} for instance '{instance}'")]
+    OutOfOrder { instance: String, got: u64, have: u64 },
+}
+
+pub struct Fleet {
+    pub config: FleetConfig,
+    pub engines: Vec<EngineRuntime>,
+    instances: BTreeMap<(String, String), InstanceState>,
+    /// Smoothed measured round trip per (cluster, engine id), ms.
+    rtt: BTreeMap<(String, String), Ewma<Now>>,
+}
+
+impl Fleet {
+    /// `config` must have passed [`FleetConfig::validate`].
+    pub fn new(config: FleetConfig) -> Fleet {
+        let tau = Duration::from_millis(config.control_plane.smoothing_ms);
+        let engines = config.engines.iter().map(|_| EngineRuntime::new(tau)).collect();
+        Fleet { config, engines, instances: BTreeMap::new(), rtt: BTreeMap::new() }
+    }
+
+    fn tau(&self) -> Duration {
+        Duration::from_millis(self.config.control_plane.smoothing_ms)
+    }
+
+    /// A scrape of engine `idx` finished: its samples for the engine's model, or why it failed.
+    pub fn on_scrape(&mut self, idx: usize, now: Now, result: Result<Vec<(ModelName, EngineSample)>, String>) {
+        let model = self.config.engines[idx].model.clone();
+        let e = &mut self.engines[idx];
+        let samples = match result {
+            Ok(samples) => samples,
+            Err(error) => {
+                e.consecutive_scrape_failures += 1;
+                e.last_scrape_error = Some(error);
+                return;
+            }
+        };
+        e.last_scrape_ok = Some(now);
+        e.consecutive_scrape_failures = 0;
+        e.last_scrape_error = None;
+        // An engine exposing several models is scraped once; take the configured one, else the first.
+        let Some((_, sample)) = samples.iter().find(|(m, _)| m.as_str() == model).or(samples.first()).cloned() else {
+            return;
+        };
+        e.running = sample.running.unwrap_or(0.0);
+        e.waiting = sample.waiting.unwrap_or(0.0);
+        e.kv_usage = sample.kv_usage.unwrap_or(0.0);
+        if let Some((then, previous)) = e.previous.take() {
+            if let Some(w) = window(&previous, &sample, now.saturating_sub(then)) {
+                if let Some(rate) = w.request_rate {
+                    e.request_rate.update(now, rate);
+                }
+                if let Some(ttft) = w.ttft {
+                    e.ttft_ms.update(now, ttft.mean_ms);
+                    if let Some(rate) = w.request_rate {
+                        e.observations.push_back(Observation { load_rps: rate, latency_ms: ttft.mean_ms, weight: ttft.count });
+                        if e.observations.len() > MAX_OBSERVATIONS {
+                            e.observations.pop_front();
+                        }
+                    }
+                }
+                if let Some(tbot) = w.tbot {
+                    e.tbot_ms.update(now, tbot.mean_ms);
+                }
+                if let Some(hit) = w.prefix_cache_hit_rate {
+                    e.cache_hit_rate.update(now, hit);
+                }
+                if let Some(err) = w.error_rate {
+                    e.error_rate.update(now, err);
+                }
+                e.last_window = Some(w);
+            }
+        }
+        e.previous = Some((now, sample));
+    }
+
+    /// A data plane's report arrived.
+    pub fn on_report(&mut self, now: Now, report: Report) -> Result<(), ReportError> {
+        if !self.config.clusters.iter().any(|c| c.id == report.cluster.as_str()) {
+            return Err(ReportError::UnknownCluster(report.cluster.to_string()));
+        }
+        let key = (report.cluster.to_string(), report.instance.clone());
+        if let Some(existing) = self.instances.get(&key) {
+            if report.sequence <= existing.report.sequence && report.sequence != 0 {
+                return Err(ReportError::OutOfOrder {
+                    instance: report.instance.clone(),
+                    got: report.sequence,
+                    have: existing.report.sequence,
+                });
+            }
+        }
+        let tau = self.tau();
+        for obs in &report.engines {
+            if let Some(rtt) = obs.rtt_ms.filter(|r| r.is_finite() && *r >= 0.0) {
+                self.rtt
+                    .entry((report.cluster.to_string(), obs.engine.to_string()))
+                    .or_insert_with(|| Ewma::new(tau))
+                    .update(now, rtt);
+            }
+        }
+        self.instances.insert(key, InstanceState { received: now, report });
+        Ok(())
+    }
+
+    /// Forgets data-plane instances that stopped reporting.
+    pub fn expire(&mut self, now: Now) {
+        let timeout = Duration::from_millis(self.config.control_plane.report_timeout_ms);
+        self.instances.retain(|_, i| now.saturating_sub(i.received) <= timeout);
+    }
+
+    /// Live data-plane instances: (cluster, instance, age).
+    pub fn instances(&self, now: Now) -> Vec<(String, String, Duration)> {
+        self.instances.iter().map(|((c, i), s)| (c.clone(), i.clone(), now.saturating_sub(s.received))).collect()
+    }
+
+    /// Demand of a class: the sum over live instances of their smoothed rates, req/s.
+    pub fn demand_rps(&self, key: &ClassKey) -> f64 {
+        self.instances
+            .iter()
+            .filter(|((cluster, _), _)| *cluster == key.cluster)
+            .flat_map(|(_, i)| &i.report.demand)
+            .filter(|d| d.model.as_str() == key.model && d.class.as_str() == key.class)
+            .map(|d| if d.rps.is_finite() && d.rps > 0.0 { d.rps } else { 0.0 })
+            .sum()
+    }
+
+    /// Whether engine `idx` has a fresh successful scrape (1) or not (0). Engines never
+    /// scraped yet get the benefit of the doubt until the staleness bound has passed since start.
+    pub fn health(&self, idx: usize, now: Now) -> f64 {
+        let stale = Duration::from_millis(self.config.control_plane.signal_stale_ms);
+        let fresh = match self.engines[idx].last_scrape_ok {
+            Some(t) => now.saturating_sub(t) <= stale,
+            None => now <= stale,
+        };
+        if fresh {
+            1.0
+        } else {
+            0.0
+        }
+    }
+
+    /// Replicas × per-replica capacity, req/s.
+    pub fn nominal_capacity(&self, idx: usize) -> f64 {
+        let e = &self.config.engines[idx];
+        let per_replica = e.capacity_rps.unwrap_or_else(|| self.config.profiles[&e.profile].capacity_rps);
+        e.replicas as f64 * per_replica
+    }
+
+    /// Nominal capacity × health × (1 − penalty), req/s.
+    pub fn effective_capacity(&self, idx: usize, now: Now) -> f64 {
+        self.nominal_capacity(idx) * self.health(idx, now) * (1.0 - self.engines[idx].penalty)
+    }
+
+    /// The latency curve the optimizer minimises for engine `idx`: the offline TTFT profile
+    /// refined by the observed (load, TTFT) pairs, combined with TBOT per the objective.
+    pub fn latency_profile(&self, idx: usize) -> LatencyProfile {
+        let e = &self.config.engines[idx];
+        let p = &self.config.profiles[&e.profile];
+        let capacity = self.nominal_capacity(idx);
+        let observations: Vec<Observation> = self.engines[idx].observations.iter().copied().collect();
+        let prior = QueueingPrior { t0_ms: p.ttft_t0_ms, b_ms: p.ttft_b_ms, weight: PRIOR_WEIGHT };
+        let ttft = fit_queueing(prior, capacity, &observations);
+        let tbot = LatencyProfile::Queueing { t0_ms: p.tbot_t0_ms, b_ms: p.tbot_b_ms };
+        combine(&ttft, &tbot, self.config.objective(), capacity)
+    }
+
+    /// Network latency from `cluster`'s region to engine `idx`, ms: measured if reported (and
+    /// allowed by config), else configured.
+    pub fn network_ms(&self, cluster: &str, idx: usize) -> f64 {
+        let engine = &self.config.engines[idx];
+        if self.config.network.use_measured {
+            if let Some(rtt) = self.rtt.get(&(cluster.to_owned(), engine.id.clone())).and_then(|e| e.value()) {
+                return rtt;
+            }
+        }
+        let region = self.config.clusters.iter().find(|c| c.id == cluster).map(|c| c.region.as_str()).unwrap_or("");
+        self.config.region_latency_ms(region, &engine.region)
+    }
+
+    /// Data-plane observed error counts per engine id over the live reports: (requests, errors).
+    pub fn proxy_errors(&self, engine_id: &str) -> (u64, u64) {
+        self.instances
+            .values()
+            .flat_map(|i| &i.report.engines)
+            .filter(|o| o.engine.as_str() == engine_id)
+            .fold((0, 0), |(r, e), o| (r + o.requests, e + o.errors))
+    }
+}

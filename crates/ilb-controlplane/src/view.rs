@@ -1,0 +1,205 @@
+//! What the control plane shows: the latest plan with, for every weight, the numbers that made
+//! it (network latency, expected engine latency at the planned load, marginal price, whether
+//! capacity binds, penalty, residency). Served by `/v1/state`, `/v1/explain/weights` and the
+//! dashboard; rebuilt after every solve.
+
+use crate::fleet::{Fleet, Now};
+use crate::plan::ModelPlan;
+use ilb_optimizer::Solution;
+use serde::Serialize;
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct View {
+    pub version: u64,
+    pub solved_unix_ms: u64,
+    pub models: Vec<ModelView>,
+    pub data_planes: Vec<DataPlaneView>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DataPlaneView {
+    pub cluster: String,
+    pub instance: String,
+    pub age_ms: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ModelView {
+    pub model: String,
+    pub solve_ms: f64,
+    pub objective: f64,
+    pub lower_bound: f64,
+    pub gap: f64,
+    pub mean_latency_ms: f64,
+    /// Share of traffic whose engine changed against the previous solve.
+    pub traffic_moved: Option<f64>,
+    pub error: Option<String>,
+    pub classes: Vec<ClassView>,
+    pub engines: Vec<EngineView>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ClassView {
+    pub cluster: String,
+    pub class: String,
+    pub residency: Option<String>,
+    pub require: Vec<String>,
+    /// Demand reported by data planes, req/s.
+    pub measured_demand_rps: f64,
+    /// Demand planned for (at least the configured floor), req/s.
+    pub planned_demand_rps: f64,
+    pub shed_rps: f64,
+    pub routes: Vec<RouteView>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RouteView {
+    pub engine: String,
+    pub weight: f64,
+    pub rps: f64,
+    pub network_ms: f64,
+    /// Expected engine latency at its planned load.
+    pub engine_latency_ms: f64,
+    /// Network + engine latency: what a request of this class sent there is expected to see.
+    pub end_to_end_ms: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct EngineView {
+    pub id: String,
+    pub region: String,
+    pub url: String,
+    pub nominal_capacity_rps: f64,
+    pub effective_capacity_rps: f64,
+    pub health: f64,
+    pub penalty: f64,
+    pub planned_load_rps: f64,
+    pub expected_latency_ms: f64,
+    pub marginal_price_ms: f64,
+    pub capacity_binds: bool,
+    pub residency: Vec<String>,
+    pub capabilities: Vec<String>,
+    pub signals: SignalsView,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SignalsView {
+    pub scrape_ok_age_ms: Option<u64>,
+    pub scrape_error: Option<String>,
+    pub running: f64,
+    pub waiting: f64,
+    pub kv_usage: f64,
+    pub request_rate: Option<f64>,
+    pub ttft_ms: Option<f64>,
+    pub tbot_ms: Option<f64>,
+    pub cache_hit_rate: Option<f64>,
+    pub error_rate: Option<f64>,
+}
+
+/// Builds the view of one solve round.
+pub fn build(
+    fleet: &Fleet,
+    now: Now,
+    plans: &[ModelPlan],
+    results: &[(Result<Solution, String>, f64)],
+    version: u64,
+    solved_unix_ms: u64,
+) -> View {
+    let models = plans
+        .iter()
+        .zip(results)
+        .map(|(plan, (result, solve_ms))| {
+            let solution = result.as_ref().ok();
+            let classes = plan
+                .classes
+                .iter()
+                .enumerate()
+                .map(|(k, c)| {
+                    let routes = plan
+                        .engines
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(j, &fleet_idx)| {
+                            let network_ms = plan.problem.network_ms.get(k, j)?;
+                            let route = solution.and_then(|s| s.class_routes(k).iter().find(|r| r.engine == j));
+                            let engine_latency_ms = solution.map_or(0.0, |s| s.engines[j].expected_latency_ms);
+                            Some(RouteView {
+                                engine: fleet.config.engines[fleet_idx].id.clone(),
+                                weight: route.map_or(0.0, |r| r.weight),
+                                rps: route.map_or(0.0, |r| r.rps),
+                                network_ms,
+                                engine_latency_ms,
+                                end_to_end_ms: network_ms + engine_latency_ms,
+                            })
+                        })
+                        .collect();
+                    ClassView {
+                        cluster: c.key.cluster.clone(),
+                        class: c.key.class.clone(),
+                        residency: c.residency.clone(),
+                        require: c.require.clone(),
+                        measured_demand_rps: c.measured_demand_rps,
+                        planned_demand_rps: plan.problem.classes[k].demand_rps,
+                        shed_rps: solution.map_or(0.0, |s| s.shed_rps[k]),
+                        routes,
+                    }
+                })
+                .collect();
+            let engines = plan
+                .engines
+                .iter()
+                .enumerate()
+                .map(|(j, &idx)| {
+                    let cfg = &fleet.config.engines[idx];
+                    let rt = &fleet.engines[idx];
+                    let plan_j = solution.map(|s| &s.engines[j]);
+                    EngineView {
+                        id: cfg.id.clone(),
+                        region: cfg.region.clone(),
+                        url: cfg.url.clone(),
+                        nominal_capacity_rps: fleet.nominal_capacity(idx),
+                        effective_capacity_rps: plan.capacity_rps[j],
+                        health: fleet.health(idx, now),
+                        penalty: rt.penalty,
+                        planned_load_rps: plan_j.map_or(0.0, |p| p.load_rps),
+                        expected_latency_ms: plan_j.map_or(0.0, |p| p.expected_latency_ms),
+                        marginal_price_ms: plan_j.map_or(0.0, |p| p.marginal_price_ms),
+                        capacity_binds: plan_j.is_some_and(|p| p.capacity_binds),
+                        residency: cfg.residency.clone(),
+                        capabilities: cfg.capabilities.clone(),
+                        signals: SignalsView {
+                            scrape_ok_age_ms: rt.last_scrape_ok.map(|t| now.saturating_sub(t).as_millis() as u64),
+                            scrape_error: rt.last_scrape_error.clone(),
+                            running: rt.running,
+                            waiting: rt.waiting,
+                            kv_usage: rt.kv_usage,
+                            request_rate: rt.request_rate.value(),
+                            ttft_ms: rt.ttft_ms.value(),
+                            tbot_ms: rt.tbot_ms.value(),
+                            cache_hit_rate: rt.cache_hit_rate.value(),
+                            error_rate: rt.error_rate.value(),
+                        },
+                    }
+                })
+                .collect();
+            ModelView {
+                model: plan.model.clone(),
+                solve_ms: *solve_ms,
+                objective: solution.map_or(0.0, |s| s.objective),
+                lower_bound: solution.map_or(0.0, |s| s.lower_bound),
+                gap: solution.map_or(0.0, |s| s.gap),
+                mean_latency_ms: solution.map_or(0.0, |s| s.mean_latency_ms),
+                traffic_moved: solution.and_then(|s| s.traffic_moved),
+                error: result.as_ref().err().cloned(),
+                classes,
+                engines,
+            }
+        })
+        .collect();
+    let data_planes = fleet
+        .instances(now)
+        .into_iter()
+        .map(|(cluster, instance, age)| DataPlaneView { cluster, instance, age_ms: age.as_millis() as u64 })
+        .collect();
+    View { version, solved_unix_ms, models, data_planes }
+}
