@@ -1,15 +1,21 @@
 //! `ilb-engine-sim`: a realistic fake inference engine.
 //!
 //! - [`model`]: the pure engine model (continuous batching, chunked prefill, KV blocks, prefix
-//!   cache), driven in real or virtual time.
+//!   cache), driven in real time or in virtual time.
 //! - [`profile`]: hardware profiles (`l4`, `a100`, `h100`) and the capacity estimate.
 //! - [`tokenize`]: deterministic pseudo-tokenisation, the chat template and output words.
+//! - [`server`]: the OpenAI-compatible HTTP engine (hyper 1) with vLLM metrics and faults:
+//!   [`spawn`], [`spawn_many`], [`EngineHandle`].
 //!
 //! **Invariant:** `model`, `profile` and `tokenize` do no IO, read no clock and use no
-//! randomness, so a fleet simulator can run them in virtual time.
+//! randomness, so a fleet simulator can run them in virtual time. Only `clock` reads the clock.
 
+mod clock;
 pub mod model;
 pub mod profile;
+pub mod server;
+pub mod tokenize;
 
 pub use model::{EngineModel, ModelStats, Nanos, Outcome, Request, SubmitError, TokenEvent};
 pub use profile::{HardwareProfile, ProfileError};
+pub use server::{spawn, spawn_many, EngineConfig, EngineHandle, EngineStats, Error, Faults, FaultsError};

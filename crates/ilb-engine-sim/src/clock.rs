@@ -1,0 +1,22 @@
+//! The only place this crate reads the clock: the HTTP simulator's model time (nanoseconds
+//! since the engine started, on tokio's clock so paused-time tests work) and the Unix time
+//! OpenAI responses carry in `created`.
+
+use crate::model::Nanos;
+use tokio::time::Instant;
+
+/// Current tokio instant.
+pub fn now() -> Instant {
+    Instant::now()
+}
+
+/// Model time of `now()` relative to `epoch`.
+pub fn model_now(epoch: Instant) -> Nanos {
+    Instant::now().saturating_duration_since(epoch).as_nanos() as Nanos
+}
+
+/// Seconds since the Unix epoch (0 if the system clock is before it).
+#[allow(clippy::disallowed_methods)]
+pub fn unix_secs() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}

@@ -1,0 +1,197 @@
+//! Every metric the HTTP simulator exposes, in one place: vLLM's Prometheus names (text format
+//! 0.0.4, hand-written), vLLM's histogram buckets, and the atomics behind them.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::model::ModelStats;
+
+/// vLLM's `time_to_first_token_seconds` buckets.
+pub const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+    80.0, 160.0, 640.0, 2560.0,
+];
+/// vLLM's `inter_token_latency_seconds` (formerly `time_per_output_token_seconds`) buckets.
+pub const ITL_BUCKETS: &[f64] =
+    &[0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
+/// vLLM's `e2e_request_latency_seconds` buckets.
+pub const E2E_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+    960.0, 1920.0, 7680.0,
+];
+
+/// A Prometheus histogram over fixed buckets, lock-free.
+pub struct Histogram {
+    bounds: &'static [f64],
+    /// Non-cumulative counts; the last slot is `+Inf`.
+    counts: Vec<AtomicU64>,
+    sum_ns: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Histogram {
+    pub fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_ns: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe_ns(&self, ns: u64) {
+        let seconds = ns as f64 / 1e9;
+        let slot = self.bounds.partition_point(|bound| *bound < seconds);
+        self.counts[slot].fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    pub fn mean_seconds(&self) -> f64 {
+        let count = self.count();
+        if count == 0 {
+            0.0
+        } else {
+            self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9 / count as f64
+        }
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str, label: &str) {
+        header(out, name, help, "histogram");
+        let mut cumulative = 0;
+        for (index, bound) in self.bounds.iter().enumerate() {
+            cumulative += self.counts[index].load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{{label},le=\"{bound:?}\"}} {cumulative}");
+        }
+        cumulative += self.counts[self.bounds.len()].load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{{label},le=\"+Inf\"}} {cumulative}");
+        let sum = self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        let _ = writeln!(out, "{name}_sum{{{label}}} {sum:?}");
+        let _ = writeln!(out, "{name}_count{{{label}}} {cumulative}");
+    }
+}
+
+/// Why a request ended, as vLLM's `finished_reason` label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishedReason {
+    Stop,
+    Length,
+    Abort,
+}
+
+/// Counters and histograms the HTTP layer records; gauges and token counters come from the
+/// model snapshot at render time.
+pub struct Metrics {
+    pub ttft: Histogram,
+    pub itl: Histogram,
+    pub e2e: Histogram,
+    pub finished_stop: AtomicU64,
+    pub finished_length: AtomicU64,
+    pub finished_abort: AtomicU64,
+    /// Prompt and generated tokens of requests served without the model (latency off).
+    pub direct_prompt_tokens: AtomicU64,
+    pub direct_generation_tokens: AtomicU64,
+    pub errors_injected: AtomicU64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            ttft: Histogram::new(TTFT_BUCKETS),
+            itl: Histogram::new(ITL_BUCKETS),
+            e2e: Histogram::new(E2E_BUCKETS),
+            finished_stop: AtomicU64::new(0),
+            finished_length: AtomicU64::new(0),
+            finished_abort: AtomicU64::new(0),
+            direct_prompt_tokens: AtomicU64::new(0),
+            direct_generation_tokens: AtomicU64::new(0),
+            errors_injected: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Metrics {
+    pub fn finished(&self, reason: FinishedReason) {
+        let counter = match reason {
+            FinishedReason::Stop => &self.finished_stop,
+            FinishedReason::Length => &self.finished_length,
+            FinishedReason::Abort => &self.finished_abort,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests finished normally (stop or length).
+    pub fn served(&self) -> u64 {
+        self.finished_stop.load(Ordering::Relaxed) + self.finished_length.load(Ordering::Relaxed)
+    }
+
+    /// The `/metrics` document. `stats` is the model snapshot (absent with latency off).
+    pub fn render(&self, model_name: &str, stats: &ModelStats, replicas: u32, ready_replicas: u32) -> String {
+        let label = format!("model_name=\"{}\"", escape_label(model_name));
+        let mut out = String::with_capacity(8192);
+        let gauge = |out: &mut String, name: &str, help: &str, value: f64| {
+            header(out, name, help, "gauge");
+            let _ = writeln!(out, "{name}{{{label}}} {value:?}");
+        };
+        gauge(&mut out, "vllm:num_requests_running", "Number of requests in model execution batches.", stats.running as f64);
+        gauge(&mut out, "vllm:num_requests_waiting", "Number of requests waiting to be processed.", stats.waiting as f64);
+        gauge(&mut out, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", stats.kv_usage);
+        gauge(&mut out, "vllm:gpu_cache_usage_perc", "GPU KV-cache usage (pre-v1 name). 1 means 100 percent usage.", stats.kv_usage);
+        gauge(&mut out, "ilb_engine_replicas", "Replicas behind this engine endpoint.", f64::from(replicas));
+        gauge(&mut out, "ilb_engine_ready_replicas", "Replicas taking new requests.", f64::from(ready_replicas));
+        let counters = &stats.counters;
+        let direct_prompt = self.direct_prompt_tokens.load(Ordering::Relaxed);
+        let direct_generation = self.direct_generation_tokens.load(Ordering::Relaxed);
+        let counter = |out: &mut String, name: &str, help: &str, value: u64| {
+            header(out, name, help, "counter");
+            let _ = writeln!(out, "{name}{{{label}}} {value}.0");
+        };
+        counter(&mut out, "vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", counters.prefix_queries_tokens);
+        counter(&mut out, "vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", counters.prefix_hits_tokens);
+        counter(&mut out, "vllm:prompt_tokens_total", "Number of prefill tokens processed.", counters.prompt_tokens + direct_prompt);
+        counter(&mut out, "vllm:generation_tokens_total", "Number of generation tokens processed.", counters.generation_tokens + direct_generation);
+        counter(&mut out, "vllm:num_preemptions_total", "Cumulative number of preemptions from the engine.", counters.preemptions);
+        header(&mut out, "vllm:request_success_total", "Count of successfully processed requests.", "counter");
+        for (reason, value) in [("stop", &self.finished_stop), ("length", &self.finished_length), ("abort", &self.finished_abort)] {
+            let value = value.load(Ordering::Relaxed);
+            let _ = writeln!(out, "vllm:request_success_total{{{label},finished_reason=\"{reason}\"}} {value}.0");
+        }
+        self.ttft.render(&mut out, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", &label);
+        self.itl.render(&mut out, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", &label);
+        self.e2e.render(&mut out, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", &label);
+        out
+    }
+}
+
+fn header(out: &mut String, name: &str, help: &str, kind: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+fn escape_label(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_is_cumulative_with_inf_and_sum() {
+        let metrics = Metrics::default();
+        metrics.ttft.observe_ns(3_000_000); // 0.003 s -> le 0.005
+        metrics.ttft.observe_ns(5_000_000); // exactly on a bound -> le 0.005
+        metrics.ttft.observe_ns(9_000_000_000_000); // 9000 s -> +Inf only
+        let text = metrics.render("m", &ModelStats::default(), 1, 1);
+        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"0.001\"} 0\n"));
+        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"0.005\"} 2\n"));
+        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"2560.0\"} 2\n"));
+        assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"+Inf\"} 3\n"));
+        assert!(text.contains("vllm:time_to_first_token_seconds_count{model_name=\"m\"} 3\n"));
+        assert!(text.contains("# TYPE vllm:kv_cache_usage_perc gauge\n"));
+    }
+}
