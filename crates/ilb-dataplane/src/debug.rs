@@ -44,7 +44,7 @@ fn explain(shared: &Shared, query: &str) -> Result<serde_json::Value, ProxyError
     let class = model.class_for(&constraints);
     let key_hash = ilb_core::stable_hash(key.as_bytes());
     let home = class.slots.probe(key_hash, 0);
-    let class_load = installed.class_in_flight[class.seq].load(Relaxed);
+    let class_load = installed.classes[class.seq].in_flight.load(Relaxed);
     let candidates: Vec<serde_json::Value> = class
         .candidates
         .iter()

@@ -16,6 +16,7 @@ mod debug;
 pub mod engines;
 pub mod error;
 pub mod proxy;
+pub mod report;
 mod server;
 pub mod sources;
 pub mod state;
@@ -58,6 +59,15 @@ pub struct DataPlane {
 impl DataPlane {
     /// Binds the listener and starts serving and the background tasks of `source`.
     pub async fn start(config: DataPlaneConfig, source: SnapshotSource) -> std::io::Result<DataPlane> {
+        Self::start_with_reports(config, source, None).await
+    }
+
+    /// As [`DataPlane::start`], also reporting to a control plane.
+    pub async fn start_with_reports(
+        config: DataPlaneConfig,
+        source: SnapshotSource,
+        reports: Option<report::ReportConfig>,
+    ) -> std::io::Result<DataPlane> {
         let listener = TcpListener::bind(config.listen).await?;
         let local_addr = listener.local_addr()?;
         let shared = Arc::new(Shared::new(config));
@@ -65,6 +75,9 @@ impl DataPlane {
         let mut tasks = JoinSet::new();
         tasks.spawn(server::serve(listener, Arc::clone(&shared), shutdown_rx.clone()));
         tasks.spawn(sources::probe_ejected(Arc::clone(&shared), shutdown_rx.clone()));
+        if let Some(reports) = reports {
+            tasks.spawn(report::run(Arc::clone(&shared), reports, shutdown_rx.clone()));
+        }
         match source {
             SnapshotSource::Manual => {}
             SnapshotSource::Poll { url, interval, long_poll } => {

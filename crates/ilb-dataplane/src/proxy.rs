@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use ilb_core::classify::{self, Endpoint, Priority};
 use ilb_core::table::{ClassTable, Constraints, ModelTable};
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use tokio::time::Instant;
 
@@ -48,7 +48,7 @@ pub struct Classified<'a> {
 pub struct InFlight {
     shared: Arc<Shared>,
     engine: Arc<crate::engines::EngineState>,
-    class: Arc<AtomicU32>,
+    class: Arc<crate::state::ClassState>,
     started: Instant,
     finished: bool,
 }
@@ -56,10 +56,10 @@ pub struct InFlight {
 impl InFlight {
     fn start(shared: &Arc<Shared>, installed: &Installed, engine_idx: usize, class_seq: usize) -> InFlight {
         let engine = Arc::clone(&installed.engines[engine_idx]);
-        let class = Arc::clone(&installed.class_in_flight[class_seq]);
+        let class = Arc::clone(&installed.classes[class_seq]);
         engine.in_flight.fetch_add(1, Relaxed);
         engine.counters.attempts.fetch_add(1, Relaxed);
-        class.fetch_add(1, Relaxed);
+        class.in_flight.fetch_add(1, Relaxed);
         InFlight { shared: Arc::clone(shared), engine, class, started: Instant::now(), finished: false }
     }
 
@@ -92,7 +92,7 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.engine.in_flight.fetch_sub(1, Relaxed);
-        self.class.fetch_sub(1, Relaxed);
+        self.class.in_flight.fetch_sub(1, Relaxed);
     }
 }
 
@@ -119,6 +119,7 @@ async fn forward(
         .ok_or_else(|| ProxyError::UnknownModel(request.model.to_string()))?;
     let constraints = Constraints { require: &request.require, residency: request.residency };
     let class = model.class_for(&constraints);
+    installed.classes[class.seq].arrivals.fetch_add(1, Relaxed);
 
     let max_attempts = shared.config.max_attempts.max(1) as usize;
     let mut tried: Vec<usize> = Vec::new();
@@ -186,7 +187,7 @@ pub(crate) fn choose(
     key_hash: u64,
     tried: &[usize],
 ) -> Option<usize> {
-    let class_load = installed.class_in_flight[class.seq].load(Relaxed) as f64;
+    let class_load = installed.classes[class.seq].in_flight.load(Relaxed) as f64;
     let usable = |candidate: usize| {
         let c = &class.candidates[candidate];
         let entry = &installed.table.engines[c.engine_idx];

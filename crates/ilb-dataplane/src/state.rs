@@ -12,7 +12,7 @@ use ilb_core::snapshot::{Snapshot, SnapshotError};
 use ilb_core::table::RoutingTable;
 use ilb_core::{ClassId, EngineId, ModelName, SnapshotVersion};
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::{Arc, Mutex};
 
 /// Everything a request needs, swapped atomically as one unit.
@@ -21,8 +21,8 @@ pub struct Installed {
     pub table: RoutingTable,
     /// Runtime state per engine, indexed like `table.engines`.
     pub engines: Vec<Arc<EngineState>>,
-    /// In-flight requests per class, indexed by `ClassTable::seq`.
-    pub class_in_flight: Vec<Arc<AtomicU32>>,
+    /// Per-class counters, indexed by `ClassTable::seq`.
+    pub classes: Vec<Arc<ClassState>>,
     /// Unix milliseconds when this data plane installed it.
     pub installed_unix_ms: u64,
 }
@@ -49,7 +49,18 @@ pub struct RoutingState {
 #[derive(Default)]
 struct Registry {
     engines: HashMap<EngineId, Arc<EngineState>>,
-    classes: HashMap<(ModelName, ClassId), Arc<AtomicU32>>,
+    classes: HashMap<(ModelName, ClassId), Arc<ClassState>>,
+}
+
+/// Counters of one traffic class that persist across snapshot installs.
+#[derive(Debug, Default)]
+pub struct ClassState {
+    /// Requests of this class in flight (until their response body ends).
+    pub in_flight: AtomicU32,
+    /// Requests that arrived (admitted or shed), cumulative.
+    pub arrivals: AtomicU64,
+    /// Requests shed, cumulative.
+    pub shed: AtomicU64,
 }
 
 impl RoutingState {
@@ -97,26 +108,26 @@ impl RoutingState {
                 .or_insert_with(|| Arc::new(EngineState::new(entry.id.clone(), &entry.url)));
             engines.push(Arc::clone(state));
         }
-        let mut class_in_flight: Vec<Option<Arc<AtomicU32>>> = vec![None; table.n_classes()];
+        let mut classes: Vec<Option<Arc<ClassState>>> = vec![None; table.n_classes()];
         for model in table.models() {
             for class in &model.classes {
                 let counter = registry
                     .classes
                     .entry((model.name.clone(), class.id.clone()))
-                    .or_insert_with(|| Arc::new(AtomicU32::new(0)));
-                class_in_flight[class.seq] = Some(Arc::clone(counter));
+                    .or_insert_with(|| Arc::new(ClassState::default()));
+                classes[class.seq] = Some(Arc::clone(counter));
             }
         }
         // Every seq below n_classes belongs to exactly one class, so none is left empty.
-        let class_in_flight: Vec<Arc<AtomicU32>> = class_in_flight.into_iter().flatten().collect();
-        debug_assert_eq!(class_in_flight.len(), table.n_classes());
+        let classes: Vec<Arc<ClassState>> = classes.into_iter().flatten().collect();
+        debug_assert_eq!(classes.len(), table.n_classes());
         // Forget engines and classes that left and have nothing in flight.
         let live: std::collections::HashSet<&EngineId> = table.engines.iter().map(|e| &e.id).collect();
         registry.engines.retain(|id, s| live.contains(id) || Arc::strong_count(s) > 1);
         registry.classes.retain(|_, c| Arc::strong_count(c) > 1);
 
         let installed =
-            Arc::new(Installed { table, engines, class_in_flight, installed_unix_ms: now_unix_ms });
+            Arc::new(Installed { table, engines, classes, installed_unix_ms: now_unix_ms });
         self.current.store(Some(Arc::clone(&installed)));
         Ok(installed)
     }

@@ -6,10 +6,14 @@ use anyhow::Context;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// The whole file: a `[data_plane]` table for `ilb data-plane`, and the fleet description
+/// (`[control_plane]`, `[[regions]]`, `[network]`, `[[clusters]]`, `[[classes]]`,
+/// `[profiles.NAME]`, `[[engines]]`) for `ilb control-plane`; see
+/// `ilb_controlplane::config::FleetConfig` for those tables' fields.
+#[derive(Debug, Default)]
 pub struct ConfigFile {
     pub data_plane: Option<DataPlaneSection>,
+    pub fleet: Option<ilb_controlplane::FleetConfig>,
 }
 
 /// `[data_plane]`: one front-end cluster's proxy.
@@ -55,7 +59,23 @@ pub struct TimeoutsSection {
 }
 
 pub fn load(path: &Path) -> anyhow::Result<ConfigFile> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read config {}", path.display()))?;
-    toml::from_str(&text).with_context(|| format!("invalid config {}", path.display()))
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config {}", path.display()))?;
+    parse(&text).with_context(|| format!("invalid config {}", path.display()))
+}
+
+/// Parses the file into its sections; each is checked with its field names in errors.
+pub fn parse(text: &str) -> anyhow::Result<ConfigFile> {
+    let mut table: toml::Table = toml::from_str(text)?;
+    let data_plane = match table.remove("data_plane") {
+        Some(v) => Some(v.try_into::<DataPlaneSection>().context("in [data_plane]")?),
+        None => None,
+    };
+    let fleet = if table.is_empty() {
+        None
+    } else {
+        let fleet: ilb_controlplane::FleetConfig = toml::Value::Table(table).try_into()?;
+        fleet.validate()?;
+        Some(fleet)
+    };
+    Ok(ConfigFile { data_plane, fleet })
 }

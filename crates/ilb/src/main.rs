@@ -20,6 +20,8 @@ struct Cli {
 enum Command {
     /// Run engines, data planes and a traffic generator in one process on loopback.
     Demo(cmd::demo::DemoArgs),
+    /// Run the global control plane: signals, optimizer, published snapshots.
+    ControlPlane(cmd::control_plane::ControlPlaneArgs),
     /// Run the data plane: an OpenAI-compatible proxy for one front-end cluster.
     DataPlane(cmd::data_plane::DataPlaneArgs),
     /// Run one or more simulated OpenAI-compatible inference engines.
@@ -36,6 +38,7 @@ fn main() -> std::process::ExitCode {
     }
     let result = match cli.command {
         Command::Demo(args) => cmd::demo::run(args),
+        Command::ControlPlane(args) => cmd::control_plane::run(args),
         Command::DataPlane(args) => cmd::data_plane::run(args),
         Command::EngineSim(args) => cmd::engine_sim::run(args),
         Command::Optimize(args) => cmd::optimize::run(args),

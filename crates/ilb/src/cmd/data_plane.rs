@@ -7,6 +7,7 @@
 use crate::config::{self, DataPlaneSection};
 use anyhow::{bail, Context};
 use ilb_core::snapshot::Snapshot;
+use ilb_dataplane::report::ReportConfig;
 use ilb_dataplane::{DataPlane, DataPlaneConfig, SnapshotSource};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -55,15 +56,25 @@ pub fn run(args: DataPlaneArgs) -> anyhow::Result<()> {
     if let Some(cluster) = &args.cluster {
         section.cluster = Some(cluster.clone());
     }
+    let reports = section.control_plane.as_ref().map(|cp| {
+        let instance = format!("{}-{}", section.cluster.as_deref().unwrap_or("local"), std::process::id());
+        ReportConfig::new(format!("{}/v1/reports", cp.trim_end_matches('/')), instance)
+    });
     let (config, source, file) = section.validate()?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(serve(config, source, file))
+    runtime.block_on(serve(config, source, file, reports))
 }
 
-async fn serve(config: DataPlaneConfig, source: SnapshotSource, file: Option<PathBuf>) -> anyhow::Result<()> {
+async fn serve(
+    config: DataPlaneConfig,
+    source: SnapshotSource,
+    file: Option<PathBuf>,
+    reports: Option<ReportConfig>,
+) -> anyhow::Result<()> {
     let listen = config.listen;
-    let data_plane =
-        DataPlane::start(config, source).await.with_context(|| format!("cannot listen on {listen}"))?;
+    let data_plane = DataPlane::start_with_reports(config, source, reports)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
     println!("data-plane: {}", data_plane.url());
     // The snapshot file is polled once a second and reinstalled when its mtime changes.
     let mut last_modified = None;

@@ -1,5 +1,6 @@
 //! One module per subcommand: its clap arguments, config loading and validation, and `run`.
 
+pub mod control_plane;
 pub mod data_plane;
 pub mod demo;
 pub mod engine_sim;

@@ -1,0 +1,120 @@
+//! The brief's worked example through the real planning path: config → fleet (with data-plane
+//! reports) → optimizer problems → solutions → published snapshots.
+
+use ilb_controlplane::config::FleetConfig;
+use ilb_controlplane::fleet::Fleet;
+use ilb_controlplane::plan;
+use ilb_core::report::{ClassDemand, Report};
+use ilb_core::{ClassId, ClusterId, ModelName};
+use ilb_optimizer::Solver;
+use std::time::Duration;
+
+pub const WORKED_EXAMPLE: &str = r#"
+[control_plane]
+rho = 0.95
+
+[network]
+use_measured = false
+latency = [
+  { from = "a", to = "a", ms = 5.0 }, { from = "a", to = "b", ms = 40.0 }, { from = "a", to = "c", ms = 90.0 },
+  { from = "b", to = "b", ms = 5.0 }, { from = "b", to = "c", ms = 70.0 }, { from = "c", to = "c", ms = 5.0 },
+]
+
+[[clusters]]
+id = "a"
+region = "a"
+[[clusters]]
+id = "b"
+region = "b"
+[[clusters]]
+id = "c"
+region = "c"
+
+[profiles.gpu]
+capacity_rps = 100.0
+ttft_t0_ms = 60.0
+ttft_b_ms = 15.0
+
+[[engines]]
+id = "engine-a"
+url = "http://127.0.0.1:9000"
+model = "m"
+region = "a"
+profile = "gpu"
+[[engines]]
+id = "engine-b"
+url = "http://127.0.0.1:9001"
+model = "m"
+region = "b"
+profile = "gpu"
+[[engines]]
+id = "engine-c"
+url = "http://127.0.0.1:9002"
+model = "m"
+region = "c"
+profile = "gpu"
+capacity_rps = 80.0
+"#;
+
+fn report(cluster: &str, rps: f64) -> Report {
+    Report {
+        cluster: ClusterId::new(cluster),
+        instance: format!("{cluster}-1"),
+        sequence: 1,
+        period_ms: 1000,
+        snapshot_version: 0,
+        demand: vec![ClassDemand { model: ModelName::new("m"), class: ClassId::new("default"), requests: 0, shed: 0, rps }],
+        engines: vec![],
+    }
+}
+
+#[test]
+fn worked_example_spills_b_to_c() {
+    let config: FleetConfig = toml::from_str(WORKED_EXAMPLE).unwrap();
+    config.validate().unwrap();
+    let mut fleet = Fleet::new(config);
+    let now = Duration::from_secs(1);
+    for (cluster, rps) in [("a", 90.0), ("b", 120.0), ("c", 40.0)] {
+        fleet.on_report(now, report(cluster, rps)).unwrap();
+    }
+    let plans = plan::build(&fleet, now);
+    assert_eq!(plans.len(), 1);
+    let solution = Solver::default().solve(&plans[0].problem).unwrap();
+    assert!(solution.gap <= 1e-3, "gap {}", solution.gap);
+    let snapshots = plan::snapshots(&fleet, &plans, &[Some(solution.clone())], 7, 0);
+    let b = &snapshots["b"].models[0].classes[0];
+    let weight = |class: &ilb_core::snapshot::ClassRoutes, engine: &str| {
+        class.weights.iter().find(|w| w.engine.as_str() == engine).map_or(0.0, |w| w.weight)
+    };
+    // OPTIMIZER.md: about 30.7 of B's 120 req/s go to engine C.
+    let b_to_c = weight(b, "engine-c") * 120.0;
+    assert!((b_to_c - 30.7).abs() < 1.0, "B sends {b_to_c} req/s to C");
+    assert!((solution.mean_latency_ms - 198.2).abs() < 1.0, "mean latency {}", solution.mean_latency_ms);
+    for (j, e) in solution.engines.iter().enumerate() {
+        let capacity = plans[0].problem.engines[j].capacity_rps;
+        assert!(e.load_rps <= 0.95 * capacity + 1e-6, "engine {j} over capacity");
+    }
+    assert_eq!(snapshots["b"].version.0, 7);
+    // Every snapshot passes the data plane's validation.
+    for s in snapshots.values() {
+        s.validate().unwrap();
+    }
+}
+
+#[test]
+fn bad_configs_name_the_field() {
+    let check = |edit: &dyn Fn(&str) -> String, expected: &str| {
+        let text = edit(WORKED_EXAMPLE);
+        let error = match toml::from_str::<FleetConfig>(&text) {
+            Err(e) => e.to_string(),
+            Ok(c) => c.validate().unwrap_err().to_string(),
+        };
+        assert!(error.contains(expected), "{error:?} does not mention {expected:?}");
+    };
+    check(&|t| t.replace("rho = 0.95", "rho = 1.5"), "control_plane.rho");
+    check(&|t| t.replace("profile = \"gpu\"\ncapacity_rps = 80.0", "profile = \"tpu\""), "engines.engine-c.profile");
+    check(&|t| t.replace("url = \"http://127.0.0.1:9002\"", "url = \"ftp://x\""), "engines.engine-c.url");
+    check(&|t| t.replace("id = \"engine-b\"", "id = \"engine-a\""), "duplicate id 'engine-a'");
+    check(&|t| t.replace("[control_plane]", "[control_plane]\nsurprise = 1"), "unknown field `surprise`");
+    check(&|t| t.replace("ttft_b_ms = 15.0", "ttft_b_ms = -1.0"), "profiles.gpu.ttft_b_ms");
+}

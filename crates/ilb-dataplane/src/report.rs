@@ -1,0 +1,194 @@
+//! The reporter: every period, tells the control plane what this data plane saw — demand per
+//! traffic class (smoothed req/s), and per engine the attempts, errors, mean time to first byte
+//! and duration through the proxy, in-flight count and a measured round-trip time.
+//!
+//! Reporting is best effort and off the request path: a control plane that is down only means
+//! reports are dropped; routing goes on with the installed snapshot.
+
+use crate::server::Shared;
+use bytes::Bytes;
+use http::{header, Request};
+use http_body_util::Full;
+use ilb_core::report::{ClassDemand, EngineObservation, Report};
+use ilb_core::{ClassId, EngineId, ModelName};
+use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// Where and how often to report.
+#[derive(Clone, Debug)]
+pub struct ReportConfig {
+    /// `POST` target, e.g. `http://cp:7000/v1/reports`.
+    pub url: String,
+    pub interval: Duration,
+    /// Names this data-plane instance among the cluster's replicas.
+    pub instance: String,
+    /// Bearer token, if the control plane requires one.
+    pub token: Option<String>,
+    /// Time constant of the demand EWMA.
+    pub smoothing: Duration,
+    /// Engines whose round trip is measured per period (round robin over all).
+    pub rtt_probes_per_period: usize,
+}
+
+impl ReportConfig {
+    pub fn new(url: String, instance: String) -> ReportConfig {
+        ReportConfig {
+            url,
+            interval: Duration::from_secs(1),
+            instance,
+            token: None,
+            smoothing: Duration::from_secs(5),
+            rtt_probes_per_period: 16,
+        }
+    }
+}
+
+#[derive(Default, Clone, Copy)]
+struct EngineMark {
+    attempts: u64,
+    failures: u64,
+    ttfb_us: u64,
+    ttfb_n: u64,
+    duration_us: u64,
+    duration_n: u64,
+}
+
+struct ClassMark {
+    arrivals: u64,
+    shed: u64,
+    rps: Option<f64>,
+}
+
+/// Runs until shutdown.
+pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch::Receiver<bool>) {
+    let mut engines: HashMap<EngineId, EngineMark> = HashMap::new();
+    let mut classes: HashMap<(ModelName, ClassId), ClassMark> = HashMap::new();
+    let mut rtt: HashMap<EngineId, f64> = HashMap::new();
+    let mut next_probe = 0usize;
+    let mut sequence = 0u64;
+    let mut last = Instant::now();
+    let mut interval = tokio::time::interval(config.interval);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    interval.tick().await;
+    loop {
+        tokio::select! {
+            _ = interval.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        let Some(installed) = shared.routing.load() else { continue };
+        let now = Instant::now();
+        let period = now.duration_since(last);
+        last = now;
+        let secs = period.as_secs_f64().max(1e-3);
+        let alpha = 1.0 - (-secs / config.smoothing.as_secs_f64().max(1e-3)).exp();
+
+        // Round trips, a few engines per period.
+        let n = installed.engines.len();
+        for i in 0..config.rtt_probes_per_period.min(n) {
+            let engine = &installed.engines[(next_probe + i) % n];
+            if let Some(ms) = measure_rtt(&shared, &engine.base_url).await {
+                let e = rtt.entry(engine.id.clone()).or_insert(ms);
+                *e += 0.3 * (ms - *e);
+            }
+        }
+        next_probe = (next_probe + config.rtt_probes_per_period) % n.max(1);
+
+        let mut demand = Vec::new();
+        for model in installed.table.models() {
+            for class in &model.classes {
+                let state = &installed.classes[class.seq];
+                let (arrivals, shed) = (state.arrivals.load(Relaxed), state.shed.load(Relaxed));
+                let mark = classes
+                    .entry((model.name.clone(), class.id.clone()))
+                    .or_insert(ClassMark { arrivals, shed, rps: None });
+                let requests = arrivals.saturating_sub(mark.arrivals);
+                let rate = requests as f64 / secs;
+                let rps = match mark.rps {
+                    None => rate,
+                    Some(prev) => prev + alpha * (rate - prev),
+                };
+                demand.push(ClassDemand {
+                    model: model.name.clone(),
+                    class: class.id.clone(),
+                    requests,
+                    shed: shed.saturating_sub(mark.shed),
+                    rps,
+                });
+                *mark = ClassMark { arrivals, shed, rps: Some(rps) };
+            }
+        }
+        let observations = installed
+            .engines
+            .iter()
+            .map(|engine| {
+                let c = &engine.counters;
+                let current = EngineMark {
+                    attempts: c.attempts.load(Relaxed),
+                    failures: c.failures.load(Relaxed),
+                    ttfb_us: c.ttfb_us_sum.load(Relaxed),
+                    ttfb_n: c.ttfb_count.load(Relaxed),
+                    duration_us: c.duration_us_sum.load(Relaxed),
+                    duration_n: c.duration_count.load(Relaxed),
+                };
+                let before = engines.insert(engine.id.clone(), current).unwrap_or(current);
+                let mean_ms = |sum: u64, n: u64| (n > 0).then(|| sum as f64 / n as f64 / 1000.0);
+                EngineObservation {
+                    engine: engine.id.clone(),
+                    requests: current.attempts.saturating_sub(before.attempts),
+                    errors: current.failures.saturating_sub(before.failures),
+                    ttfb_ms: mean_ms(current.ttfb_us - before.ttfb_us, current.ttfb_n - before.ttfb_n),
+                    duration_ms: mean_ms(current.duration_us - before.duration_us, current.duration_n - before.duration_n),
+                    rtt_ms: rtt.get(&engine.id).copied(),
+                    in_flight: engine.in_flight.load(Relaxed) as u64,
+                }
+            })
+            .collect();
+        sequence += 1;
+        let report = Report {
+            cluster: installed.table.cluster.clone(),
+            instance: config.instance.clone(),
+            sequence,
+            period_ms: period.as_millis() as u64,
+            snapshot_version: installed.table.version.0,
+            demand,
+            engines: observations,
+        };
+        if let Err(e) = send(&shared, &config, &report).await {
+            tracing::debug!(url = %config.url, error = %e, "report not delivered");
+        }
+    }
+}
+
+async fn send(shared: &Shared, config: &ReportConfig, report: &Report) -> Result<(), String> {
+    let body = serde_json::to_vec(report).map_err(|e| e.to_string())?;
+    let mut request = Request::post(&config.url)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| e.to_string())?;
+    if let Some(token) = &config.token {
+        let value = header::HeaderValue::from_str(&format!("Bearer {token}")).map_err(|e| e.to_string())?;
+        request.headers_mut().insert(header::AUTHORIZATION, value);
+    }
+    let response = tokio::time::timeout(Duration::from_secs(5), shared.client.request(request))
+        .await
+        .map_err(|_| "timed out".to_owned())?
+        .map_err(|e| e.to_string())?;
+    if !response.status().is_success() {
+        return Err(format!("status {}", response.status()));
+    }
+    Ok(())
+}
+
+/// Round trip of `GET /health`, ms.
+async fn measure_rtt(shared: &Shared, base_url: &str) -> Option<f64> {
+    let request = Request::get(format!("{base_url}/health")).body(Full::new(Bytes::new())).ok()?;
+    let started = Instant::now();
+    let response = tokio::time::timeout(Duration::from_secs(1), shared.client.request(request)).await.ok()?.ok()?;
+    let ms = started.elapsed().as_secs_f64() * 1000.0;
+    response.status().is_success().then_some(ms)
+}
+
