@@ -26,6 +26,8 @@ enum Command {
     DataPlane(cmd::data_plane::DataPlaneArgs),
     /// Run one or more simulated OpenAI-compatible inference engines.
     EngineSim(cmd::engine_sim::EngineSimArgs),
+    /// Run a fleet scenario in virtual time and compare routing policies.
+    Simulate(cmd::simulate::SimulateArgs),
     /// Solve one routing problem offline and print the solution as JSON.
     Optimize(cmd::optimize::OptimizeArgs),
 }
@@ -42,6 +44,7 @@ fn main() -> std::process::ExitCode {
         Command::DataPlane(args) => cmd::data_plane::run(args),
         Command::EngineSim(args) => cmd::engine_sim::run(args),
         Command::Optimize(args) => cmd::optimize::run(args),
+        Command::Simulate(args) => cmd::simulate::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -5,3 +5,4 @@ pub mod data_plane;
 pub mod demo;
 pub mod engine_sim;
 pub mod optimize;
+pub mod simulate;
