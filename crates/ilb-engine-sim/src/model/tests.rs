@@ -259,7 +259,7 @@ proptest! {
         let mut model = EngineModel::new(&profile).expect("valid");
         let mut out = Vec::new();
         let mut now = 0;
-        let mut advance_to = |model: &mut EngineModel, until: Nanos, out: &mut Vec<Outcome>| {
+        let advance_to = |model: &mut EngineModel, until: Nanos, out: &mut Vec<Outcome>| {
             while let Some(next) = model.next_event_time().filter(|next| *next <= until) {
                 let before = out.len();
                 model.advance_until(next, out);

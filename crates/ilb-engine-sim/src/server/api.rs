@@ -342,7 +342,7 @@ fn faults_response(faults: &Faults) -> Reply {
     respond::json_response(StatusCode::OK, serde_json::to_vec(faults).unwrap_or_default())
 }
 
-async fn put_faults(shared: &Shared, body: Incoming) -> Reply {
+async fn put_faults(shared: &Arc<Shared>, body: Incoming) -> Reply {
     let bytes = match read_body(shared, body).await {
         Ok(bytes) => bytes,
         Err(reply) => return reply,
@@ -351,6 +351,19 @@ async fn put_faults(shared: &Shared, body: Incoming) -> Reply {
         Ok(faults) => faults,
         Err(error) => return bad_request(&format!("invalid fault document: {error}"), None),
     };
+    if let Err(error) = faults.validate() {
+        return bad_request(&error.to_string(), Some(error.field));
+    }
+    if faults.down && !shared.faults().down {
+        // Going down closes this very connection: answer first, apply a moment later.
+        let response = faults_response(&faults);
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            let _ = shared.set_faults(faults);
+        });
+        return response;
+    }
     match shared.set_faults(faults) {
         Ok(()) => faults_response(&shared.faults()),
         Err(error) => bad_request(&error.to_string(), Some(error.field)),
