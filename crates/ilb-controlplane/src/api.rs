@@ -7,6 +7,7 @@
 //! | `GET /v1/explain/weights?cluster=C&model=M` | every weight of the cluster and model, with the numbers behind it |
 //! | `GET /v1/state` | the whole latest plan and fleet view |
 //! | `GET /health` | liveness |
+//! | `GET /` | the live dashboard |
 
 use crate::publish::Publisher;
 use crate::run::Event;
@@ -84,6 +85,11 @@ async fn dispatch(state: Arc<ApiState>, req: Request<Incoming>) -> Response<Body
     let path = req.uri().path().to_owned();
     let query = req.uri().query().unwrap_or("").to_owned();
     match (req.method(), path.as_str()) {
+        (&Method::GET, "/") | (&Method::GET, "/dashboard") => {
+            let mut r = Response::new(Full::new(Bytes::from_static(crate::dashboard::PAGE.as_bytes())));
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
+            r
+        }
         (&Method::GET, "/health") => json(StatusCode::OK, &serde_json::json!({"status": "ok"})),
         (&Method::GET, "/v1/state") => json(StatusCode::OK, &*state.view()),
         (&Method::GET, "/v1/explain/weights") => explain(&state, &query),

@@ -21,6 +21,7 @@ pub mod smoothing;
 
 pub mod api;
 pub mod config;
+pub mod dashboard;
 pub mod fleet;
 pub mod plan;
 pub mod publish;
