@@ -1,8 +1,93 @@
-//! `ilb engine-sim` (placeholder until its issue lands).
+//! `ilb engine-sim`: serve one or more simulated OpenAI-compatible engines on consecutive
+//! ports until Ctrl-C. Each answers `GET /health` (the probe vLLM's and SGLang's routers send),
+//! the OpenAI endpoints, `/metrics` in vLLM's names, and `/admin/faults`.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use ilb_engine_sim::{EngineConfig, HardwareProfile};
 
 #[derive(clap::Args)]
-pub struct EngineSimArgs {}
+pub struct EngineSimArgs {
+    /// Address of the first engine; engine `i` listens on the next ports (port + i).
+    #[arg(long, default_value = "127.0.0.1:9000")]
+    listen: SocketAddr,
+    /// Number of engines.
+    #[arg(long, default_value_t = 1)]
+    count: usize,
+    /// Served model name (requests naming another model get a 404).
+    #[arg(long, default_value = "sim-model")]
+    model: String,
+    /// Hardware profile: l4, a100 or h100.
+    #[arg(long, default_value = "a100")]
+    profile: String,
+    /// TOML file whose fields override the chosen profile's (e.g. `replicas = 4`).
+    #[arg(long)]
+    profile_file: Option<PathBuf>,
+    /// Answer at once without the latency model (for load tests of what sits in front).
+    #[arg(long)]
+    no_latency: bool,
+    /// Seed for fault draws and output text; engine `i` uses seed + i.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Engine id prefix; engine `i` is `<id>-<i>`.
+    #[arg(long, default_value = "sim")]
+    id: String,
+    /// Tokio worker threads; 1 runs a single-threaded runtime.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+}
 
-pub fn run(_args: EngineSimArgs) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+pub fn run(args: EngineSimArgs) -> anyhow::Result<()> {
+    if args.count == 0 {
+        bail!("--count must be at least 1");
+    }
+    if args.threads == 0 {
+        bail!("--threads must be at least 1");
+    }
+    let mut profile = HardwareProfile::by_name(&args.profile).context("--profile")?;
+    if let Some(path) = &args.profile_file {
+        profile = override_profile(profile, path)?;
+    }
+    profile.validate().context("hardware profile")?;
+    let config = EngineConfig {
+        id: args.id.as_str().into(),
+        model: args.model.as_str().into(),
+        profile,
+        latency: !args.no_latency,
+        seed: args.seed,
+        ..EngineConfig::default()
+    };
+    let runtime = if args.threads == 1 {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread().worker_threads(args.threads).enable_all().build()
+    }
+    .context("starting the tokio runtime")?;
+    runtime.block_on(async move {
+        let engines = ilb_engine_sim::spawn_many(config, args.listen, args.count).await?;
+        let mut stdout = std::io::stdout().lock();
+        for engine in &engines {
+            writeln!(stdout, "engine {}: {}", engine.id(), engine.url())?;
+        }
+        stdout.flush()?;
+        drop(stdout);
+        tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
+        tracing::info!("shutting down engines");
+        for engine in engines {
+            engine.shutdown().await;
+        }
+        Ok(())
+    })
+}
+
+/// Applies the fields of a TOML file on top of `base`; unknown fields are an error.
+fn override_profile(base: HardwareProfile, path: &Path) -> anyhow::Result<HardwareProfile> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let overrides: toml::Table = text.parse().with_context(|| format!("parsing {}", path.display()))?;
+    let mut merged = toml::Table::try_from(&base).context("encoding the base profile")?;
+    merged.extend(overrides);
+    merged.try_into().with_context(|| format!("profile fields in {}", path.display()))
 }
