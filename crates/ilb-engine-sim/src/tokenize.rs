@@ -84,12 +84,12 @@ pub fn output_word(seed: u64, index: u32) -> &'static str {
 
 /// Output pseudo-words, each with the leading space a real tokenizer's word token carries.
 const WORDS_SPACED: [&str; 64] = [
-    " the", " model", " engine", " token", " cache", " batch", " prefix", " latency", " queue",
-    " request", " stream", " region", " cluster", " weight", " route", " signal", " answer", " simple",
-    " quick", " steady", " warm", " cold", " block", " chunk", " decode", " prefill", " serve", " reply",
-    " value", " result", " small", " large", " fast", " slow", " first", " next", " last", " every",
-    " some", " many", " few", " good", " well", " is", " are", " was", " and", " or", " of", " to", " in",
-    " on", " for", " with", " as", " at", " by", " from", " this", " that", " it", " we", " you", " they",
+    " the", " model", " engine", " token", " cache", " batch", " prefix", " latency", " queue", " request",
+    " stream", " region", " cluster", " weight", " route", " signal", " answer", " simple", " quick",
+    " steady", " warm", " cold", " block", " chunk", " decode", " prefill", " serve", " reply", " value",
+    " result", " small", " large", " fast", " slow", " first", " next", " last", " every", " some", " many",
+    " few", " good", " well", " is", " are", " was", " and", " or", " of", " to", " in", " on", " for",
+    " with", " as", " at", " by", " from", " this", " that", " it", " we", " you", " they",
 ];
 
 /// The whole output text of `count` tokens.

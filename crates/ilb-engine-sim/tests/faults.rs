@@ -40,7 +40,8 @@ async fn error_rate_answers_that_fraction_with_500() {
     let mut errors = 0;
     for _ in 0..200 {
         let (status, body) =
-            call_json(engine.addr(), "POST", "/v1/chat/completions", &chat_body("x", Some(1), false, false)).await;
+            call_json(engine.addr(), "POST", "/v1/chat/completions", &chat_body("x", Some(1), false, false))
+                .await;
         if status == 500 {
             errors += 1;
             assert_eq!(body["error"]["type"], "server_error");
@@ -66,7 +67,8 @@ async fn hang_accepts_and_never_answers() {
     assert!(tokio::time::timeout(Duration::from_millis(300), pending).await.is_err(), "answered while hung");
     assert_eq!(call(engine.addr(), "GET", "/health", "").await.0, 200, "health still answers");
     engine.set_faults(Faults::default()).expect("faults");
-    let (status, _) = call(engine.addr(), "POST", "/v1/chat/completions", &chat_body("x", Some(1), false, false)).await;
+    let (status, _) =
+        call(engine.addr(), "POST", "/v1/chat/completions", &chat_body("x", Some(1), false, false)).await;
     assert_eq!(status, 200);
 }
 
@@ -75,9 +77,10 @@ async fn drop_mid_stream_closes_after_the_first_chunk() {
     for latency in [true, false] {
         let engine = engine(fast_profile(), latency).await;
         engine.set_faults(Faults { drop_mid_stream: 1.0, ..Faults::default() }).expect("faults");
-        let response = send(engine.addr(), "POST", "/v1/chat/completions", &chat_body("x", Some(50), true, false))
-            .await
-            .expect("request");
+        let response =
+            send(engine.addr(), "POST", "/v1/chat/completions", &chat_body("x", Some(50), true, false))
+                .await
+                .expect("request");
         assert_eq!(response.status(), 200);
         let mut body = response.into_body();
         let first = body.frame().await.expect("first frame").expect("first chunk arrives");
@@ -110,7 +113,8 @@ async fn zero_ready_replicas_fails_health_and_requests() {
     assert_eq!(status, 200);
     assert_eq!(call(engine.addr(), "GET", "/health", "").await.0, 503);
     let (status, body) =
-        call_json(engine.addr(), "POST", "/v1/chat/completions", &chat_body("x", Some(1), false, false)).await;
+        call_json(engine.addr(), "POST", "/v1/chat/completions", &chat_body("x", Some(1), false, false))
+            .await;
     assert_eq!(status, 503);
     assert!(body["error"]["message"].is_string());
     let (_, metrics) = call(engine.addr(), "GET", "/metrics", "").await;
@@ -125,7 +129,8 @@ async fn slowdown_multiplies_iteration_time() {
     let engine = engine(profile, true).await;
     let timed = |addr| async move {
         let started = tokio::time::Instant::now();
-        let (status, _) = call(addr, "POST", "/v1/chat/completions", &chat_body("x", Some(10), false, false)).await;
+        let (status, _) =
+            call(addr, "POST", "/v1/chat/completions", &chat_body("x", Some(10), false, false)).await;
         assert_eq!(status, 200);
         started.elapsed()
     };
@@ -148,14 +153,8 @@ async fn down_closes_listener_and_connections_then_rebinds_the_same_port() {
     live.frame().await.expect("frame").expect("first chunk");
 
     engine.set_faults(Faults { down: true, ..Faults::default() }).expect("faults");
-    let stream_end = tokio::time::timeout(Duration::from_secs(5), async {
-        loop {
-            match live.frame().await {
-                Some(Ok(_)) => continue,
-                Some(Err(_)) | None => break,
-            }
-        }
-    });
+    let stream_end =
+        tokio::time::timeout(Duration::from_secs(5), async { while let Some(Ok(_)) = live.frame().await {} });
     assert!(stream_end.await.is_ok(), "live connection was not closed");
     let mut refused = false;
     for _ in 0..200 {
@@ -184,7 +183,8 @@ async fn down_closes_listener_and_connections_then_rebinds_the_same_port() {
 async fn down_for_ms_comes_back_by_itself() {
     let engine = engine(fast_profile(), false).await;
     let addr = engine.addr();
-    let (status, body) = call_json(addr, "PUT", "/admin/faults", r#"{"down": true, "down_for_ms": 200}"#).await;
+    let (status, body) =
+        call_json(addr, "PUT", "/admin/faults", r#"{"down": true, "down_for_ms": 200}"#).await;
     assert_eq!(status, 200, "{body}");
     let mut was_down = false;
     let mut back = false;

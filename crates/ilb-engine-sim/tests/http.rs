@@ -22,7 +22,13 @@ fn prompt_len(content: &str) -> u64 {
 async fn chat_completion_non_streaming_format() {
     for latency in [true, false] {
         let engine = engine(fast_profile(), latency).await;
-        let (status, body) = call_json(engine.addr(), "POST", "/v1/chat/completions", &chat_body("hi there", Some(5), false, false)).await;
+        let (status, body) = call_json(
+            engine.addr(),
+            "POST",
+            "/v1/chat/completions",
+            &chat_body("hi there", Some(5), false, false),
+        )
+        .await;
         assert_eq!(status, 200, "{body}");
         assert!(body["id"].as_str().expect("id").starts_with("chatcmpl-"));
         assert_eq!(body["object"], "chat.completion");
@@ -41,7 +47,9 @@ async fn chat_completion_non_streaming_format() {
         assert_eq!(usage["total_tokens"], prompt_len("hi there") + 5);
 
         // No max_tokens: the default length, finish reason "stop".
-        let (_, body) = call_json(engine.addr(), "POST", "/v1/chat/completions", &chat_body("hi", None, false, false)).await;
+        let (_, body) =
+            call_json(engine.addr(), "POST", "/v1/chat/completions", &chat_body("hi", None, false, false))
+                .await;
         assert_eq!(body["choices"][0]["finish_reason"], "stop");
         assert_eq!(body["usage"]["completion_tokens"], 8);
         engine.shutdown().await;
@@ -51,7 +59,8 @@ async fn chat_completion_non_streaming_format() {
 #[tokio::test]
 async fn text_completion_formats() {
     let engine = engine(fast_profile(), true).await;
-    let request = serde_json::json!({"model": MODEL, "prompt": "once upon a time", "max_tokens": 4}).to_string();
+    let request =
+        serde_json::json!({"model": MODEL, "prompt": "once upon a time", "max_tokens": 4}).to_string();
     let (status, body) = call_json(engine.addr(), "POST", "/v1/completions", &request).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["object"], "text_completion");
@@ -60,7 +69,8 @@ async fn text_completion_formats() {
     assert_eq!(body["choices"][0]["finish_reason"], "length");
     assert_eq!(body["usage"]["prompt_tokens"], 4);
 
-    let request = serde_json::json!({"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 3, "stream": true}).to_string();
+    let request =
+        serde_json::json!({"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 3, "stream": true}).to_string();
     let (status, text) = call(engine.addr(), "POST", "/v1/completions", &request).await;
     assert_eq!(status, 200);
     let events = sse_events(&text);
@@ -83,19 +93,24 @@ async fn chat_streaming_format_with_usage_matches_non_streaming() {
     for latency in [true, false] {
         let engine = engine(fast_profile(), latency).await;
         let (status, text) =
-            call(engine.addr(), "POST", "/v1/chat/completions", &chat_body("stream me", Some(6), true, true)).await;
+            call(engine.addr(), "POST", "/v1/chat/completions", &chat_body("stream me", Some(6), true, true))
+                .await;
         assert_eq!(status, 200);
         let events = sse_events(&text);
         assert_eq!(events.len(), 6 + 2, "six content chunks, usage, [DONE]: {text}");
         assert_eq!(events[7], "[DONE]");
-        let chunks: Vec<Value> = events[..7].iter().map(|event| serde_json::from_str(event).expect("json")).collect();
+        let chunks: Vec<Value> =
+            events[..7].iter().map(|event| serde_json::from_str(event).expect("json")).collect();
         let id = chunks[0]["id"].as_str().expect("id");
         let mut content = String::new();
         for (index, chunk) in chunks[..6].iter().enumerate() {
             assert_eq!(chunk["object"], "chat.completion.chunk");
             assert_eq!(chunk["id"], id);
             assert_eq!(chunk["model"], MODEL);
-            assert!(chunk["usage"].is_null() && chunk.get("usage").is_some(), "usage: null on content chunks");
+            assert!(
+                chunk["usage"].is_null() && chunk.get("usage").is_some(),
+                "usage: null on content chunks"
+            );
             let choice = &chunk["choices"][0];
             assert_eq!(choice["index"], 0);
             let delta = &choice["delta"];
@@ -113,13 +128,23 @@ async fn chat_streaming_format_with_usage_matches_non_streaming() {
         assert_eq!(usage_chunk["usage"]["completion_tokens"], 6);
         assert_eq!(usage_chunk["usage"]["prompt_tokens"], prompt_len("stream me"));
 
-        let (_, body) =
-            call_json(engine.addr(), "POST", "/v1/chat/completions", &chat_body("stream me", Some(6), false, false)).await;
+        let (_, body) = call_json(
+            engine.addr(),
+            "POST",
+            "/v1/chat/completions",
+            &chat_body("stream me", Some(6), false, false),
+        )
+        .await;
         assert_eq!(body["choices"][0]["message"]["content"].as_str(), Some(content.as_str()));
 
         // Without include_usage there is no usage key at all.
-        let (_, text) =
-            call(engine.addr(), "POST", "/v1/chat/completions", &chat_body("stream me", Some(2), true, false)).await;
+        let (_, text) = call(
+            engine.addr(),
+            "POST",
+            "/v1/chat/completions",
+            &chat_body("stream me", Some(2), true, false),
+        )
+        .await;
         let events = sse_events(&text);
         assert_eq!(events.len(), 3);
         let first: Value = serde_json::from_str(&events[0]).expect("json");
@@ -132,9 +157,10 @@ async fn chat_streaming_format_with_usage_matches_non_streaming() {
 async fn first_chunk_arrives_before_the_engine_finishes() {
     let profile = HardwareProfile { iteration_base_ms: 20.0, ..fast_profile() };
     let engine = engine(profile, true).await;
-    let response = send(engine.addr(), "POST", "/v1/chat/completions", &chat_body("hello", Some(40), true, false))
-        .await
-        .expect("request");
+    let response =
+        send(engine.addr(), "POST", "/v1/chat/completions", &chat_body("hello", Some(40), true, false))
+            .await
+            .expect("request");
     assert_eq!(response.headers()["content-type"], "text/event-stream");
     let mut body = response.into_body();
     let frame = body.frame().await.expect("a frame").expect("no error");
@@ -154,9 +180,10 @@ async fn first_chunk_arrives_before_the_engine_finishes() {
 async fn client_disconnect_mid_stream_aborts_the_sequence() {
     let profile = HardwareProfile { iteration_base_ms: 10.0, ..fast_profile() };
     let engine = engine(profile, true).await;
-    let response = send(engine.addr(), "POST", "/v1/chat/completions", &chat_body("hello", Some(1000), true, false))
-        .await
-        .expect("request");
+    let response =
+        send(engine.addr(), "POST", "/v1/chat/completions", &chat_body("hello", Some(1000), true, false))
+            .await
+            .expect("request");
     let mut body = response.into_body();
     body.frame().await.expect("a frame").expect("no error");
     assert_eq!(engine.stats().running, 1);
@@ -165,7 +192,9 @@ async fn client_disconnect_mid_stream_aborts_the_sequence() {
     let stats = engine.stats();
     assert_eq!(stats.requests_aborted, 1);
     assert_eq!(stats.kv_usage, 0.0);
-    assert!(engine.metrics_text().contains("vllm:request_success_total{model_name=\"test-model\",finished_reason=\"abort\"} 1.0"));
+    assert!(engine
+        .metrics_text()
+        .contains("vllm:request_success_total{model_name=\"test-model\",finished_reason=\"abort\"} 1.0"));
     engine.shutdown().await;
 }
 
@@ -264,10 +293,12 @@ async fn bad_requests_get_openai_errors() {
     let (status, body) = call_json(addr, "POST", "/v1/chat/completions", &two.to_string()).await;
     assert_eq!(status, 400);
     check(400, &body, Some("n"));
-    let zero = serde_json::json!({"model": MODEL, "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]});
+    let zero =
+        serde_json::json!({"model": MODEL, "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]});
     let (status, body) = call_json(addr, "POST", "/v1/chat/completions", &zero.to_string()).await;
     check(status, &body, Some("max_tokens"));
-    let (status, body) = call_json(addr, "POST", "/v1/chat/completions", r#"{"model":"test-model","messages":[]}"#).await;
+    let (status, body) =
+        call_json(addr, "POST", "/v1/chat/completions", r#"{"model":"test-model","messages":[]}"#).await;
     check(status, &body, Some("messages"));
     let other = serde_json::json!({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]});
     let (status, body) = call_json(addr, "POST", "/v1/chat/completions", &other.to_string()).await;
@@ -312,7 +343,8 @@ async fn models_embeddings_and_health() {
 
 #[tokio::test]
 async fn spawn_many_uses_consecutive_ports_and_distinct_ids() {
-    let engines = ilb_engine_sim::spawn_many(config(fast_profile(), false), loopback(), 3).await.expect("spawn");
+    let engines =
+        ilb_engine_sim::spawn_many(config(fast_profile(), false), loopback(), 3).await.expect("spawn");
     assert_eq!(engines.len(), 3);
     let ids: Vec<&str> = engines.iter().map(|engine| engine.id().as_str()).collect();
     assert_eq!(ids, ["sim-0", "sim-1", "sim-2"]);

@@ -234,7 +234,13 @@ impl EngineModel {
         self.run_until(t, false, Some(tokens), out);
     }
 
-    fn run_until(&mut self, t: Nanos, jumps: bool, mut tokens: Option<&mut Vec<TokenEvent>>, out: &mut Vec<Outcome>) {
+    fn run_until(
+        &mut self,
+        t: Nanos,
+        jumps: bool,
+        mut tokens: Option<&mut Vec<TokenEvent>>,
+        out: &mut Vec<Outcome>,
+    ) {
         let first_new = out.len();
         for (index, replica) in self.replicas.iter_mut().enumerate() {
             replica.run_until(t, jumps, &self.costs, tokens.as_deref_mut(), out, index as u32);

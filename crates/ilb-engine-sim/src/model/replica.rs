@@ -46,7 +46,7 @@ impl Seq {
     }
     /// Whether this sequence's next decode step needs a new block.
     fn decode_needs_block(&self) -> bool {
-        !self.in_prefill() && self.kv_len % BLOCK_TOKENS == 0
+        !self.in_prefill() && self.kv_len.is_multiple_of(BLOCK_TOKENS)
     }
     /// Blocks the prefix cache may serve: full prompt blocks, never the whole prompt (the last
     /// prompt token is always computed, to produce logits).
@@ -377,7 +377,10 @@ impl Replica {
         let by_time = (t.saturating_sub(start) / cost).min(u64::from(u32::MAX)) as u32;
         let mut iterations = (remaining - 1).min(by_time);
         let blocks_after = |n: u32| -> u64 {
-            self.running.iter().map(|seq| u64::from(blocks_for(seq.kv_len + n) - blocks_for(seq.kv_len))).sum()
+            self.running
+                .iter()
+                .map(|seq| u64::from(blocks_for(seq.kv_len + n) - blocks_for(seq.kv_len)))
+                .sum()
         };
         iterations = largest_fitting(iterations, self.kv.pool(), blocks_after);
         if iterations == 0 {

@@ -30,20 +30,35 @@ pub async fn handle(request: Request<Incoming>, shared: Arc<Shared>) -> Reply {
         (&Method::POST, "/v1/embeddings") => embeddings(&shared, body).await,
         (&Method::GET, "/v1/models") => models(&shared),
         (&Method::GET, "/health" | "/health_generate") => health(&shared),
-        (&Method::GET, "/metrics") => {
-            respond::text_response(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", shared.render_metrics())
-        }
+        (&Method::GET, "/metrics") => respond::text_response(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            shared.render_metrics(),
+        ),
         (&Method::GET, "/admin/faults") => faults_response(&shared.faults()),
         (&Method::PUT, "/admin/faults") => put_faults(&shared, body).await,
         (&Method::DELETE, "/admin/faults") => match shared.set_faults(Faults::default()) {
             Ok(()) => faults_response(&shared.faults()),
             Err(error) => bad_request(&error.to_string(), None),
         },
-        (_, "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings" | "/v1/models" | "/health"
-            | "/metrics" | "/admin/faults") => {
-            respond::error(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method not allowed", None)
+        (
+            _,
+            "/v1/chat/completions"
+            | "/v1/completions"
+            | "/v1/embeddings"
+            | "/v1/models"
+            | "/health"
+            | "/metrics"
+            | "/admin/faults",
+        ) => respond::error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            "method not allowed",
+            None,
+        ),
+        (_, path) => {
+            respond::error(StatusCode::NOT_FOUND, "not_found_error", &format!("no route for {path}"), None)
         }
-        (_, path) => respond::error(StatusCode::NOT_FOUND, "not_found_error", &format!("no route for {path}"), None),
     }
 }
 
@@ -51,17 +66,34 @@ fn bad_request(message: &str, param: Option<&str>) -> Reply {
     respond::error(StatusCode::BAD_REQUEST, "invalid_request_error", message, param)
 }
 
+/// A request refused before any work: becomes an OpenAI error response.
+struct Rejection {
+    status: StatusCode,
+    message: String,
+    param: Option<&'static str>,
+}
+
+impl Rejection {
+    fn bad_request(message: impl Into<String>, param: Option<&'static str>) -> Self {
+        Self { status: StatusCode::BAD_REQUEST, message: message.into(), param }
+    }
+
+    fn reply(self) -> Reply {
+        respond::error(self.status, "invalid_request_error", &self.message, self.param)
+    }
+}
+
 async fn read_body(shared: &Shared, body: Incoming) -> Result<Bytes, Reply> {
     match Limited::new(body, shared.config.max_body_bytes).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(respond::error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "invalid_request_error",
-            &format!("request body exceeds {} bytes", shared.config.max_body_bytes),
-            None,
-        )),
-        Err(error) => Err(bad_request(&format!("could not read request body: {error}"), None)),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(Rejection {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: format!("request body exceeds {} bytes", shared.config.max_body_bytes),
+            param: None,
+        }),
+        Err(error) => Err(Rejection::bad_request(format!("could not read request body: {error}"), None)),
     }
+    .map_err(Rejection::reply)
 }
 
 #[derive(Deserialize)]
@@ -120,12 +152,17 @@ enum Prompt {
 }
 
 /// The prompt's token ids, or a 400 naming the problem.
-fn prompt_tokens(kind: Kind, request: &CompletionRequest) -> Result<Vec<u32>, Reply> {
+fn prompt_tokens(kind: Kind, request: &CompletionRequest) -> Result<Vec<u32>, Rejection> {
     match kind {
         Kind::Chat => {
             let messages = match &request.messages {
                 Some(messages) if !messages.is_empty() => messages,
-                _ => return Err(bad_request("messages must be a non-empty array", Some("messages"))),
+                _ => {
+                    return Err(Rejection::bad_request(
+                        "messages must be a non-empty array",
+                        Some("messages"),
+                    ))
+                }
             };
             let mut prompt = ChatPrompt::default();
             for message in messages {
@@ -144,11 +181,18 @@ fn prompt_tokens(kind: Kind, request: &CompletionRequest) -> Result<Vec<u32>, Re
             let mut tokens = Vec::new();
             match &request.prompt {
                 Some(Prompt::Text(text)) => tokenize::tokenize_into(text, &mut tokens),
-                Some(Prompt::Texts(texts)) if texts.len() == 1 => tokenize::tokenize_into(&texts[0], &mut tokens),
+                Some(Prompt::Texts(texts)) if texts.len() == 1 => {
+                    tokenize::tokenize_into(&texts[0], &mut tokens)
+                }
                 Some(Prompt::Tokens(ids)) => tokens.clone_from(ids),
                 Some(Prompt::TokenLists(lists)) if lists.len() == 1 => tokens.clone_from(&lists[0]),
-                Some(_) => return Err(bad_request("only one prompt per request is supported", Some("prompt"))),
-                None => return Err(bad_request("prompt is required", Some("prompt"))),
+                Some(_) => {
+                    return Err(Rejection::bad_request(
+                        "only one prompt per request is supported",
+                        Some("prompt"),
+                    ))
+                }
+                None => return Err(Rejection::bad_request("prompt is required", Some("prompt"))),
             }
             if tokens.is_empty() {
                 // An empty text still costs one token in a real engine (the BOS token).
@@ -189,7 +233,7 @@ async fn completion(shared: &Arc<Shared>, kind: Kind, body: Incoming) -> Reply {
     };
     let tokens = match prompt_tokens(kind, &request) {
         Ok(tokens) => tokens,
-        Err(reply) => return reply,
+        Err(rejection) => return rejection.reply(),
     };
     let stream = request.stream.unwrap_or(false);
     let faults = shared.faults();
@@ -244,7 +288,12 @@ async fn completion(shared: &Arc<Shared>, kind: Kind, body: Incoming) -> Reply {
             Some(event) if event.finished => break,
             Some(_) => {}
             None => {
-                return respond::error(StatusCode::SERVICE_UNAVAILABLE, "server_error", "engine shutting down", None)
+                return respond::error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "server_error",
+                    "engine shutting down",
+                    None,
+                )
             }
         }
     }
@@ -253,14 +302,24 @@ async fn completion(shared: &Arc<Shared>, kind: Kind, body: Incoming) -> Reply {
 }
 
 /// Latency modelling off: answer at once without the model.
-fn direct(shared: &Shared, completion: Completion, stream: bool, drop_after_first: bool, started: tokio::time::Instant) -> Reply {
+fn direct(
+    shared: &Shared,
+    completion: Completion,
+    stream: bool,
+    drop_after_first: bool,
+    started: tokio::time::Instant,
+) -> Reply {
     let metrics = &shared.metrics;
     metrics.direct_prompt_tokens.fetch_add(u64::from(completion.prompt_tokens), Ordering::Relaxed);
     metrics.direct_generation_tokens.fetch_add(u64::from(completion.output_tokens), Ordering::Relaxed);
     let elapsed = started.elapsed().as_nanos() as u64;
     metrics.ttft.observe_ns(elapsed);
     metrics.e2e.observe_ns(elapsed);
-    metrics.finished(if completion.finish_reason == "length" { FinishedReason::Length } else { FinishedReason::Stop });
+    metrics.finished(if completion.finish_reason == "length" {
+        FinishedReason::Length
+    } else {
+        FinishedReason::Stop
+    });
     if !stream {
         return respond::json_response(StatusCode::OK, completion.full_json());
     }

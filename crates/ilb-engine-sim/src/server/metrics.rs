@@ -12,8 +12,9 @@ pub const TTFT_BUCKETS: &[f64] = &[
     80.0, 160.0, 640.0, 2560.0,
 ];
 /// vLLM's `inter_token_latency_seconds` (formerly `time_per_output_token_seconds`) buckets.
-pub const ITL_BUCKETS: &[f64] =
-    &[0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
+pub const ITL_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+];
 /// vLLM's `e2e_request_latency_seconds` buckets.
 pub const E2E_BUCKETS: &[f64] = &[
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
@@ -137,12 +138,37 @@ impl Metrics {
             header(out, name, help, "gauge");
             let _ = writeln!(out, "{name}{{{label}}} {value:?}");
         };
-        gauge(&mut out, "vllm:num_requests_running", "Number of requests in model execution batches.", stats.running as f64);
-        gauge(&mut out, "vllm:num_requests_waiting", "Number of requests waiting to be processed.", stats.waiting as f64);
-        gauge(&mut out, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", stats.kv_usage);
-        gauge(&mut out, "vllm:gpu_cache_usage_perc", "GPU KV-cache usage (pre-v1 name). 1 means 100 percent usage.", stats.kv_usage);
+        gauge(
+            &mut out,
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            stats.running as f64,
+        );
+        gauge(
+            &mut out,
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            stats.waiting as f64,
+        );
+        gauge(
+            &mut out,
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            stats.kv_usage,
+        );
+        gauge(
+            &mut out,
+            "vllm:gpu_cache_usage_perc",
+            "GPU KV-cache usage (pre-v1 name). 1 means 100 percent usage.",
+            stats.kv_usage,
+        );
         gauge(&mut out, "ilb_engine_replicas", "Replicas behind this engine endpoint.", f64::from(replicas));
-        gauge(&mut out, "ilb_engine_ready_replicas", "Replicas taking new requests.", f64::from(ready_replicas));
+        gauge(
+            &mut out,
+            "ilb_engine_ready_replicas",
+            "Replicas taking new requests.",
+            f64::from(ready_replicas),
+        );
         let counters = &stats.counters;
         let direct_prompt = self.direct_prompt_tokens.load(Ordering::Relaxed);
         let direct_generation = self.direct_generation_tokens.load(Ordering::Relaxed);
@@ -150,19 +176,69 @@ impl Metrics {
             header(out, name, help, "counter");
             let _ = writeln!(out, "{name}{{{label}}} {value}.0");
         };
-        counter(&mut out, "vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", counters.prefix_queries_tokens);
-        counter(&mut out, "vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", counters.prefix_hits_tokens);
-        counter(&mut out, "vllm:prompt_tokens_total", "Number of prefill tokens processed.", counters.prompt_tokens + direct_prompt);
-        counter(&mut out, "vllm:generation_tokens_total", "Number of generation tokens processed.", counters.generation_tokens + direct_generation);
-        counter(&mut out, "vllm:num_preemptions_total", "Cumulative number of preemptions from the engine.", counters.preemptions);
-        header(&mut out, "vllm:request_success_total", "Count of successfully processed requests.", "counter");
-        for (reason, value) in [("stop", &self.finished_stop), ("length", &self.finished_length), ("abort", &self.finished_abort)] {
+        counter(
+            &mut out,
+            "vllm:prefix_cache_queries_total",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            counters.prefix_queries_tokens,
+        );
+        counter(
+            &mut out,
+            "vllm:prefix_cache_hits_total",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            counters.prefix_hits_tokens,
+        );
+        counter(
+            &mut out,
+            "vllm:prompt_tokens_total",
+            "Number of prefill tokens processed.",
+            counters.prompt_tokens + direct_prompt,
+        );
+        counter(
+            &mut out,
+            "vllm:generation_tokens_total",
+            "Number of generation tokens processed.",
+            counters.generation_tokens + direct_generation,
+        );
+        counter(
+            &mut out,
+            "vllm:num_preemptions_total",
+            "Cumulative number of preemptions from the engine.",
+            counters.preemptions,
+        );
+        header(
+            &mut out,
+            "vllm:request_success_total",
+            "Count of successfully processed requests.",
+            "counter",
+        );
+        for (reason, value) in [
+            ("stop", &self.finished_stop),
+            ("length", &self.finished_length),
+            ("abort", &self.finished_abort),
+        ] {
             let value = value.load(Ordering::Relaxed);
-            let _ = writeln!(out, "vllm:request_success_total{{{label},finished_reason=\"{reason}\"}} {value}.0");
+            let _ =
+                writeln!(out, "vllm:request_success_total{{{label},finished_reason=\"{reason}\"}} {value}.0");
         }
-        self.ttft.render(&mut out, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", &label);
-        self.itl.render(&mut out, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", &label);
-        self.e2e.render(&mut out, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", &label);
+        self.ttft.render(
+            &mut out,
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            &label,
+        );
+        self.itl.render(
+            &mut out,
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            &label,
+        );
+        self.e2e.render(
+            &mut out,
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            &label,
+        );
         out
     }
 }

@@ -255,7 +255,11 @@ pub async fn spawn(config: EngineConfig, addr: SocketAddr) -> Result<EngineHandl
 
 /// Starts `count` engines on consecutive ports from `first_addr` (each on a free port if its
 /// port is 0). Engine `i` gets id `<config.id>-<i>` and seed `config.seed + i`.
-pub async fn spawn_many(config: EngineConfig, first_addr: SocketAddr, count: usize) -> Result<Vec<EngineHandle>, Error> {
+pub async fn spawn_many(
+    config: EngineConfig,
+    first_addr: SocketAddr,
+    count: usize,
+) -> Result<Vec<EngineHandle>, Error> {
     let mut handles = Vec::with_capacity(count);
     for index in 0..count {
         let mut addr = first_addr;

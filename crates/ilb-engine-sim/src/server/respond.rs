@@ -200,7 +200,10 @@ impl Body for EngineBody {
     type Data = Bytes;
     type Error = DroppedByFault;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.get_mut() {
             Self::Full(bytes) => Poll::Ready(bytes.take().map(|bytes| Ok(Frame::data(bytes)))),
             Self::Stream(stream) => stream.poll_chunk(cx),
@@ -242,8 +245,21 @@ pub struct SseStream {
 }
 
 impl SseStream {
-    pub fn new(completion: Completion, source: Source, drop_after_first: bool, live: Option<LiveRequest>) -> Self {
-        Self { completion, source, drop_after_first, _live: live, sent_first: false, finished: false, drop_timer: None }
+    pub fn new(
+        completion: Completion,
+        source: Source,
+        drop_after_first: bool,
+        live: Option<LiveRequest>,
+    ) -> Self {
+        Self {
+            completion,
+            source,
+            drop_after_first,
+            _live: live,
+            sent_first: false,
+            finished: false,
+            drop_timer: None,
+        }
     }
 
     fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, DroppedByFault>>> {
@@ -308,7 +324,11 @@ pub fn json_response(status: StatusCode, body: Vec<u8>) -> Response<EngineBody> 
     response
 }
 
-pub fn text_response(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<EngineBody> {
+pub fn text_response(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<EngineBody> {
     let mut response = Response::new(EngineBody::full(body));
     *response.status_mut() = status;
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));

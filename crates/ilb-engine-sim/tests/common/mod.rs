@@ -46,7 +46,12 @@ pub fn loopback() -> SocketAddr {
 }
 
 /// Sends one request on a fresh connection and returns the response with its body unread.
-pub async fn send(addr: SocketAddr, method: &str, path: &str, body: &str) -> anyhow::Result<Response<Incoming>> {
+pub async fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> anyhow::Result<Response<Incoming>> {
     let stream = TcpStream::connect(addr).await?;
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(connection);
@@ -76,7 +81,9 @@ pub async fn call_json(addr: SocketAddr, method: &str, path: &str, body: &str) -
 pub fn sse_events(text: &str) -> Vec<String> {
     text.split("\n\n")
         .filter(|event| !event.is_empty())
-        .map(|event| event.strip_prefix("data: ").unwrap_or_else(|| panic!("not an SSE event: {event:?}")).to_owned())
+        .map(|event| {
+            event.strip_prefix("data: ").unwrap_or_else(|| panic!("not an SSE event: {event:?}")).to_owned()
+        })
         .collect()
 }
 
