@@ -38,7 +38,7 @@ impl Shared {
     pub fn install(&self, snapshot: &Snapshot) -> Result<(), InstallError> {
         let expected = self.config.cluster.as_ref().map(|c| c.as_str());
         let installed = self.routing.install(snapshot, expected, clock::unix_ms())?;
-        tracing::info!(
+        tracing::debug!(
             version = %installed.table.version,
             engines = installed.table.engines.len(),
             models = installed.table.model_names().len(),

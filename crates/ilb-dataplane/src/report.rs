@@ -102,9 +102,11 @@ pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch:
             for class in &model.classes {
                 let state = &installed.classes[class.seq];
                 let (arrivals, shed) = (state.arrivals.load(Relaxed), state.shed.load(Relaxed));
-                let mark = classes
-                    .entry((model.name.clone(), class.id.clone()))
-                    .or_insert(ClassMark { arrivals, shed, rps: None });
+                let mark = classes.entry((model.name.clone(), class.id.clone())).or_insert(ClassMark {
+                    arrivals,
+                    shed,
+                    rps: None,
+                });
                 let requests = arrivals.saturating_sub(mark.arrivals);
                 let rate = requests as f64 / secs;
                 let rps = match mark.rps {
@@ -141,7 +143,10 @@ pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch:
                     requests: current.attempts.saturating_sub(before.attempts),
                     errors: current.failures.saturating_sub(before.failures),
                     ttfb_ms: mean_ms(current.ttfb_us - before.ttfb_us, current.ttfb_n - before.ttfb_n),
-                    duration_ms: mean_ms(current.duration_us - before.duration_us, current.duration_n - before.duration_n),
+                    duration_ms: mean_ms(
+                        current.duration_us - before.duration_us,
+                        current.duration_n - before.duration_n,
+                    ),
                     rtt_ms: rtt.get(&engine.id).copied(),
                     in_flight: engine.in_flight.load(Relaxed) as u64,
                 }
@@ -187,8 +192,8 @@ async fn send(shared: &Shared, config: &ReportConfig, report: &Report) -> Result
 async fn measure_rtt(shared: &Shared, base_url: &str) -> Option<f64> {
     let request = Request::get(format!("{base_url}/health")).body(Full::new(Bytes::new())).ok()?;
     let started = Instant::now();
-    let response = tokio::time::timeout(Duration::from_secs(1), shared.client.request(request)).await.ok()?.ok()?;
+    let response =
+        tokio::time::timeout(Duration::from_secs(1), shared.client.request(request)).await.ok()?.ok()?;
     let ms = started.elapsed().as_secs_f64() * 1000.0;
     response.status().is_success().then_some(ms)
 }
-

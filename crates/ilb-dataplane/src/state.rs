@@ -126,8 +126,7 @@ impl RoutingState {
         registry.engines.retain(|id, s| live.contains(id) || Arc::strong_count(s) > 1);
         registry.classes.retain(|_, c| Arc::strong_count(c) > 1);
 
-        let installed =
-            Arc::new(Installed { table, engines, classes, installed_unix_ms: now_unix_ms });
+        let installed = Arc::new(Installed { table, engines, classes, installed_unix_ms: now_unix_ms });
         self.current.store(Some(Arc::clone(&installed)));
         Ok(installed)
     }

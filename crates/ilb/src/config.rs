@@ -59,7 +59,8 @@ pub struct TimeoutsSection {
 }
 
 pub fn load(path: &Path) -> anyhow::Result<ConfigFile> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read config {}", path.display()))?;
     parse(&text).with_context(|| format!("invalid config {}", path.display()))
 }
 

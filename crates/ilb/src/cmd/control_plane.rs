@@ -17,16 +17,17 @@ pub struct ControlPlaneArgs {
 }
 
 pub fn run(args: ControlPlaneArgs) -> anyhow::Result<()> {
-    let fleet = config::load(&args.config)?
-        .fleet
-        .with_context(|| format!("{} describes no fleet (no [[clusters]] or [[engines]])", args.config.display()))?;
+    let fleet = config::load(&args.config)?.fleet.with_context(|| {
+        format!("{} describes no fleet (no [[clusters]] or [[engines]])", args.config.display())
+    })?;
     let listen = match args.listen {
         Some(l) => l,
         None => fleet.control_plane.listen.parse().context("control_plane.listen")?,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
-        let cp = ControlPlane::start(fleet, listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+        let cp =
+            ControlPlane::start(fleet, listen).await.with_context(|| format!("cannot listen on {listen}"))?;
         println!("control-plane: {}", cp.url());
         tokio::signal::ctrl_c().await?;
         cp.shutdown().await;
