@@ -1,0 +1,54 @@
+"""Drives an ilb data plane with the official openai SDK: every call must behave as it does
+against OpenAI itself. Usage: check_openai.py BASE_URL MODEL. Exits non-zero on any mismatch."""
+import sys
+
+import openai
+from openai import OpenAI
+
+base, model = sys.argv[1], sys.argv[2]
+client = OpenAI(base_url=base + "/v1", api_key="not-needed", max_retries=0, timeout=30)
+
+ids = [m.id for m in client.models.list().data]
+assert model in ids, f"{model} not in {ids}"
+
+messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello."}]
+reply = client.chat.completions.create(model=model, messages=messages, max_tokens=8)
+assert reply.object == "chat.completion", reply
+assert reply.choices[0].message.role == "assistant"
+assert reply.choices[0].message.content, reply
+assert reply.choices[0].finish_reason == "length", reply.choices[0].finish_reason
+assert reply.usage.completion_tokens == 8, reply.usage
+assert reply.usage.prompt_tokens > 0, reply.usage
+
+stream = client.chat.completions.create(
+    model=model, messages=messages, max_tokens=6, stream=True, stream_options={"include_usage": True}
+)
+text, usage, finish = "", None, None
+for chunk in stream:
+    assert chunk.object == "chat.completion.chunk", chunk
+    if chunk.usage is not None:
+        usage = chunk.usage
+    for choice in chunk.choices:
+        text += choice.delta.content or ""
+        finish = choice.finish_reason or finish
+assert text, "streamed no content"
+assert finish == "length", finish
+assert usage is not None and usage.completion_tokens == 6, usage
+
+legacy = client.completions.create(model=model, prompt="Once upon a time", max_tokens=5, stream=True)
+legacy_text = "".join(choice.text for chunk in legacy for choice in chunk.choices)
+assert legacy_text, "legacy completion streamed no text"
+
+try:
+    client.chat.completions.create(model="no-such-model", messages=messages, max_tokens=4)
+    raise AssertionError("unknown model did not raise")
+except openai.NotFoundError as e:
+    assert "no-such-model" in str(e), e
+
+try:
+    client.chat.completions.create(model=model, messages=messages, max_tokens=4, n=2)
+    raise AssertionError("n=2 did not raise")
+except openai.BadRequestError:
+    pass
+
+print("openai sdk checks passed")
