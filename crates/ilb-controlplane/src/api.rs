@@ -87,7 +87,8 @@ async fn dispatch(state: Arc<ApiState>, req: Request<Incoming>) -> Response<Body
     match (req.method(), path.as_str()) {
         (&Method::GET, "/") | (&Method::GET, "/dashboard") => {
             let mut r = Response::new(Full::new(Bytes::from_static(crate::dashboard::PAGE.as_bytes())));
-            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
+            r.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
             r
         }
         (&Method::GET, "/health") => json(StatusCode::OK, &serde_json::json!({"status": "ok"})),
@@ -96,7 +97,8 @@ async fn dispatch(state: Arc<ApiState>, req: Request<Incoming>) -> Response<Body
         (&Method::POST, "/v1/reports") => report(&state, req).await,
         (&Method::GET, p) if p.starts_with("/v1/snapshots/") => {
             let cluster = p.trim_start_matches("/v1/snapshots/").to_owned();
-            let if_none_match = req.headers().get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()).map(str::to_owned);
+            let if_none_match =
+                req.headers().get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()).map(str::to_owned);
             snapshot(&state, &cluster, if_none_match.as_deref(), &query).await
         }
         _ => error(StatusCode::NOT_FOUND, "not_found", &format!("no route for {} {path}", req.method())),
@@ -112,7 +114,10 @@ pub fn json(status: StatusCode, value: &impl serde::Serialize) -> Response<Body>
 }
 
 fn error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
-    json(status, &serde_json::json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": code}}))
+    json(
+        status,
+        &serde_json::json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": code}}),
+    )
 }
 
 fn param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
@@ -124,16 +129,25 @@ fn parse_wait(s: &str) -> Option<Duration> {
     let d = if let Some(ms) = s.strip_suffix("ms") {
         Duration::from_millis(ms.parse().ok()?)
     } else {
-        Duration::from_secs_f64(s.strip_suffix('s').unwrap_or(s).parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0)?)
+        Duration::from_secs_f64(
+            s.strip_suffix('s').unwrap_or(s).parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0)?,
+        )
     };
     Some(d.min(MAX_WAIT))
 }
 
-async fn snapshot(state: &ApiState, cluster: &str, if_none_match: Option<&str>, query: &str) -> Response<Body> {
+async fn snapshot(
+    state: &ApiState,
+    cluster: &str,
+    if_none_match: Option<&str>,
+    query: &str,
+) -> Response<Body> {
     let wait = match param(query, "wait").map(parse_wait) {
         None => Duration::ZERO,
         Some(Some(d)) => d,
-        Some(None) => return error(StatusCode::BAD_REQUEST, "invalid_wait", "wait must look like 30s or 500ms"),
+        Some(None) => {
+            return error(StatusCode::BAD_REQUEST, "invalid_wait", "wait must look like 30s or 500ms")
+        }
     };
     let mut rounds = state.publisher.subscribe();
     let deadline = tokio::time::Instant::now() + wait;
@@ -151,7 +165,11 @@ async fn snapshot(state: &ApiState, cluster: &str, if_none_match: Option<&str>, 
                 return r;
             }
             (None, _) if wait.is_zero() => {
-                return error(StatusCode::NOT_FOUND, "unknown_cluster", &format!("no snapshot for cluster '{cluster}' (yet)"));
+                return error(
+                    StatusCode::NOT_FOUND,
+                    "unknown_cluster",
+                    &format!("no snapshot for cluster '{cluster}' (yet)"),
+                );
             }
             (None, _) => {}
         }
@@ -160,7 +178,11 @@ async fn snapshot(state: &ApiState, cluster: &str, if_none_match: Option<&str>, 
             Ok(Ok(())) => continue,
             _ => {
                 if current.is_none() {
-                    return error(StatusCode::NOT_FOUND, "unknown_cluster", &format!("no snapshot for cluster '{cluster}' (yet)"));
+                    return error(
+                        StatusCode::NOT_FOUND,
+                        "unknown_cluster",
+                        &format!("no snapshot for cluster '{cluster}' (yet)"),
+                    );
                 }
                 let mut r = Response::new(Full::new(Bytes::new()));
                 *r.status_mut() = StatusCode::NOT_MODIFIED;
@@ -180,7 +202,9 @@ async fn report(state: &ApiState, req: Request<Incoming>) -> Response<Body> {
     }
     let body = match Limited::new(req.into_body(), MAX_REPORT_BYTES).collect().await {
         Ok(b) => b.to_bytes(),
-        Err(e) => return error(StatusCode::PAYLOAD_TOO_LARGE, "invalid_body", &format!("cannot read report: {e}")),
+        Err(e) => {
+            return error(StatusCode::PAYLOAD_TOO_LARGE, "invalid_body", &format!("cannot read report: {e}"))
+        }
     };
     let report: Report = match serde_json::from_slice(&body) {
         Ok(r) => r,
@@ -188,13 +212,19 @@ async fn report(state: &ApiState, req: Request<Incoming>) -> Response<Body> {
     };
     match state.events.try_send(Event::Report(Box::new(report))) {
         Ok(()) => json(StatusCode::ACCEPTED, &serde_json::json!({"status": "accepted"})),
-        Err(_) => error(StatusCode::SERVICE_UNAVAILABLE, "busy", "control loop is busy, report again next period"),
+        Err(_) => {
+            error(StatusCode::SERVICE_UNAVAILABLE, "busy", "control loop is busy, report again next period")
+        }
     }
 }
 
 fn explain(state: &ApiState, query: &str) -> Response<Body> {
     let (Some(cluster), Some(model)) = (param(query, "cluster"), param(query, "model")) else {
-        return error(StatusCode::BAD_REQUEST, "invalid_request", "query parameters 'cluster' and 'model' are required");
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "query parameters 'cluster' and 'model' are required",
+        );
     };
     let view = state.view();
     let Some(m) = view.models.iter().find(|m| m.model == model) else {
@@ -202,7 +232,11 @@ fn explain(state: &ApiState, query: &str) -> Response<Body> {
     };
     let classes: Vec<_> = m.classes.iter().filter(|c| c.cluster == cluster).collect();
     if classes.is_empty() {
-        return error(StatusCode::NOT_FOUND, "unknown_cluster", &format!("no classes for cluster '{cluster}'"));
+        return error(
+            StatusCode::NOT_FOUND,
+            "unknown_cluster",
+            &format!("no classes for cluster '{cluster}'"),
+        );
     }
     json(
         StatusCode::OK,

@@ -9,7 +9,5 @@ pub fn now() -> tokio::time::Instant {
 /// Milliseconds since the Unix epoch (snapshot versions and creation times).
 #[allow(clippy::disallowed_methods)]
 pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }

@@ -74,10 +74,15 @@ impl Default for ControlPlaneSettings {
             rho: 0.95,
             objective: ObjectiveSetting::Ttft,
             expected_output_tokens: 128.0,
-            shed_penalty_ms: [("low", 2_000.0), ("normal", 10_000.0), ("high", 30_000.0), ("critical", 100_000.0)]
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v))
-                .collect(),
+            shed_penalty_ms: [
+                ("low", 2_000.0),
+                ("normal", 10_000.0),
+                ("high", 30_000.0),
+                ("critical", 100_000.0),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect(),
             demand_floor_rps: 0.1,
             token: String::new(),
         }
@@ -120,7 +125,13 @@ pub struct NetworkSettings {
 
 impl Default for NetworkSettings {
     fn default() -> Self {
-        NetworkSettings { base_ms: 2.0, ms_per_1000_km: 10.0, same_region_ms: 1.0, latency: Vec::new(), use_measured: true }
+        NetworkSettings {
+            base_ms: 2.0,
+            ms_per_1000_km: 10.0,
+            same_region_ms: 1.0,
+            latency: Vec::new(),
+            use_measured: true,
+        }
     }
 }
 
@@ -242,11 +253,19 @@ impl FleetConfig {
         for priority in ["low", "normal", "high", "critical"] {
             match cp.shed_penalty_ms.get(priority) {
                 Some(p) if p.is_finite() && *p > 0.0 => {}
-                _ => return err(format!("control_plane.shed_penalty_ms.{priority}: must be a positive number")),
+                _ => {
+                    return err(format!(
+                        "control_plane.shed_penalty_ms.{priority}: must be a positive number"
+                    ))
+                }
             }
         }
-        if let Some(extra) = cp.shed_penalty_ms.keys().find(|k| !["low", "normal", "high", "critical"].contains(&k.as_str())) {
-            return err(format!("control_plane.shed_penalty_ms.{extra}: unknown priority (low, normal, high, critical)"));
+        if let Some(extra) =
+            cp.shed_penalty_ms.keys().find(|k| !["low", "normal", "high", "critical"].contains(&k.as_str()))
+        {
+            return err(format!(
+                "control_plane.shed_penalty_ms.{extra}: unknown priority (low, normal, high, critical)"
+            ));
         }
         let mut regions = HashSet::new();
         for r in &self.regions {
@@ -258,7 +277,11 @@ impl FleetConfig {
             }
         }
         let n = &self.network;
-        for (name, v) in [("base_ms", n.base_ms), ("ms_per_1000_km", n.ms_per_1000_km), ("same_region_ms", n.same_region_ms)] {
+        for (name, v) in [
+            ("base_ms", n.base_ms),
+            ("ms_per_1000_km", n.ms_per_1000_km),
+            ("same_region_ms", n.same_region_ms),
+        ] {
             if !(v.is_finite() && v >= 0.0) {
                 return err(format!("network.{name}: must be a non-negative number"));
             }
@@ -344,16 +367,18 @@ impl FleetConfig {
     pub fn objective(&self) -> Objective {
         match self.control_plane.objective {
             ObjectiveSetting::Ttft => Objective::Ttft,
-            ObjectiveSetting::TtftPlusDecode => {
-                Objective::TtftPlusDecode { expected_output_tokens: self.control_plane.expected_output_tokens }
-            }
+            ObjectiveSetting::TtftPlusDecode => Objective::TtftPlusDecode {
+                expected_output_tokens: self.control_plane.expected_output_tokens,
+            },
         }
     }
 
     /// Configured network latency between two regions, ms.
     pub fn region_latency_ms(&self, from: &str, to: &str) -> f64 {
         let n = &self.network;
-        if let Some(link) = n.latency.iter().find(|l| (l.from == from && l.to == to) || (l.from == to && l.to == from)) {
+        if let Some(link) =
+            n.latency.iter().find(|l| (l.from == from && l.to == to) || (l.from == to && l.to == from))
+        {
             return link.ms;
         }
         if from == to {
@@ -371,6 +396,7 @@ impl FleetConfig {
 /// Great-circle distance in km between two (lat, lon) points in degrees (haversine).
 pub fn great_circle_km(a: (f64, f64), b: (f64, f64)) -> f64 {
     let (lat1, lon1, lat2, lon2) = (a.0.to_radians(), a.1.to_radians(), b.0.to_radians(), b.1.to_radians());
-    let h = ((lat2 - lat1) / 2.0).sin().powi(2) + lat1.cos() * lat2.cos() * ((lon2 - lon1) / 2.0).sin().powi(2);
+    let h =
+        ((lat2 - lat1) / 2.0).sin().powi(2) + lat1.cos() * lat2.cos() * ((lon2 - lon1) / 2.0).sin().powi(2);
     2.0 * 6371.0 * h.sqrt().asin()
 }

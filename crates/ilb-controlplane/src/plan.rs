@@ -85,7 +85,8 @@ pub fn build(fleet: &Fleet, now: Now) -> Vec<ModelPlan> {
                     class_rules.push(*rule);
                 }
             }
-            let capacity_rps: Vec<f64> = engine_idx.iter().map(|&j| fleet.effective_capacity(j, now)).collect();
+            let capacity_rps: Vec<f64> =
+                engine_idx.iter().map(|&j| fleet.effective_capacity(j, now)).collect();
             let problem = Problem {
                 rho: cp.rho,
                 classes: classes
@@ -123,7 +124,9 @@ pub fn build(fleet: &Fleet, now: Now) -> Vec<ModelPlan> {
 fn to_optimizer(profile: LatencyProfile) -> Latency {
     match profile {
         LatencyProfile::Queueing { t0_ms, b_ms } => Latency::Queueing { t0_ms, b_ms },
-        LatencyProfile::Piecewise(knots) => Latency::Piecewise(knots.into_iter().map(|(y, l)| [y, l]).collect()),
+        LatencyProfile::Piecewise(knots) => {
+            Latency::Piecewise(knots.into_iter().map(|(y, l)| [y, l]).collect())
+        }
     }
 }
 

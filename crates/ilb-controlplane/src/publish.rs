@@ -55,7 +55,11 @@ impl Publisher {
                 };
                 map.insert(
                     cluster.clone(),
-                    Published { version: snapshot.version.0, etag: format!("\"{}\"", snapshot.version.0), body },
+                    Published {
+                        version: snapshot.version.0,
+                        etag: format!("\"{}\"", snapshot.version.0),
+                        body,
+                    },
                 );
             }
         }

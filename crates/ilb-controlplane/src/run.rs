@@ -108,7 +108,9 @@ async fn scraper(
             _ = interval.tick() => {}
             _ = shutdown.changed() => return,
         }
-        let result = scrape::scrape(&client, &uri, every.max(Duration::from_millis(500))).await.map_err(|e| e.to_string());
+        let result = scrape::scrape(&client, &uri, every.max(Duration::from_millis(500)))
+            .await
+            .map_err(|e| e.to_string());
         if events.send(Event::Scraped { engine, result }).await.is_err() {
             return;
         }
@@ -174,7 +176,8 @@ async fn control_loop(
                 solvers = Some(returned);
                 let unix_ms = crate::clock::unix_ms();
                 let version = state.publisher.next_version(unix_ms);
-                let solutions: Vec<Option<Solution>> = results.iter().map(|(r, _)| r.as_ref().ok().cloned()).collect();
+                let solutions: Vec<Option<Solution>> =
+                    results.iter().map(|(r, _)| r.as_ref().ok().cloned()).collect();
                 let snapshots = plan::snapshots(&fleet, &plans, &solutions, version, unix_ms);
                 state.publisher.publish(&snapshots);
                 let view = view::build(&fleet, now(), &plans, &results, version, unix_ms);

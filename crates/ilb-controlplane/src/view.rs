@@ -121,8 +121,10 @@ pub fn build(
                         .enumerate()
                         .filter_map(|(j, &fleet_idx)| {
                             let network_ms = plan.problem.network_ms.get(k, j)?;
-                            let route = solution.and_then(|s| s.class_routes(k).iter().find(|r| r.engine == j));
-                            let engine_latency_ms = solution.map_or(0.0, |s| s.engines[j].expected_latency_ms);
+                            let route =
+                                solution.and_then(|s| s.class_routes(k).iter().find(|r| r.engine == j));
+                            let engine_latency_ms =
+                                solution.map_or(0.0, |s| s.engines[j].expected_latency_ms);
                             Some(RouteView {
                                 engine: fleet.config.engines[fleet_idx].id.clone(),
                                 weight: route.map_or(0.0, |r| r.weight),
@@ -168,7 +170,9 @@ pub fn build(
                         residency: cfg.residency.clone(),
                         capabilities: cfg.capabilities.clone(),
                         signals: SignalsView {
-                            scrape_ok_age_ms: rt.last_scrape_ok.map(|t| now.saturating_sub(t).as_millis() as u64),
+                            scrape_ok_age_ms: rt
+                                .last_scrape_ok
+                                .map(|t| now.saturating_sub(t).as_millis() as u64),
                             scrape_error: rt.last_scrape_error.clone(),
                             running: rt.running,
                             waiting: rt.waiting,

@@ -63,7 +63,13 @@ fn report(cluster: &str, rps: f64) -> Report {
         sequence: 1,
         period_ms: 1000,
         snapshot_version: 0,
-        demand: vec![ClassDemand { model: ModelName::new("m"), class: ClassId::new("default"), requests: 0, shed: 0, rps }],
+        demand: vec![ClassDemand {
+            model: ModelName::new("m"),
+            class: ClassId::new("default"),
+            requests: 0,
+            shed: 0,
+            rps,
+        }],
         engines: vec![],
     }
 }
@@ -112,7 +118,10 @@ fn bad_configs_name_the_field() {
         assert!(error.contains(expected), "{error:?} does not mention {expected:?}");
     };
     check(&|t| t.replace("rho = 0.95", "rho = 1.5"), "control_plane.rho");
-    check(&|t| t.replace("profile = \"gpu\"\ncapacity_rps = 80.0", "profile = \"tpu\""), "engines.engine-c.profile");
+    check(
+        &|t| t.replace("profile = \"gpu\"\ncapacity_rps = 80.0", "profile = \"tpu\""),
+        "engines.engine-c.profile",
+    );
     check(&|t| t.replace("url = \"http://127.0.0.1:9002\"", "url = \"ftp://x\""), "engines.engine-c.url");
     check(&|t| t.replace("id = \"engine-b\"", "id = \"engine-a\""), "duplicate id 'engine-a'");
     check(&|t| t.replace("[control_plane]", "[control_plane]\nsurprise = 1"), "unknown field `surprise`");

@@ -110,7 +110,12 @@ impl Fleet {
     }
 
     /// A scrape of engine `idx` finished: its samples for the engine's model, or why it failed.
-    pub fn on_scrape(&mut self, idx: usize, now: Now, result: Result<Vec<(ModelName, EngineSample)>, String>) {
+    pub fn on_scrape(
+        &mut self,
+        idx: usize,
+        now: Now,
+        result: Result<Vec<(ModelName, EngineSample)>, String>,
+    ) {
         let model = self.config.engines[idx].model.clone();
         let e = &mut self.engines[idx];
         let samples = match result {
@@ -125,7 +130,9 @@ impl Fleet {
         e.consecutive_scrape_failures = 0;
         e.last_scrape_error = None;
         // An engine exposing several models is scraped once; take the configured one, else the first.
-        let Some((_, sample)) = samples.iter().find(|(m, _)| m.as_str() == model).or(samples.first()).cloned() else {
+        let Some((_, sample)) =
+            samples.iter().find(|(m, _)| m.as_str() == model).or(samples.first()).cloned()
+        else {
             return;
         };
         e.running = sample.running.unwrap_or(0.0);
@@ -139,7 +146,11 @@ impl Fleet {
                 if let Some(ttft) = w.ttft {
                     e.ttft_ms.update(now, ttft.mean_ms);
                     if let Some(rate) = w.request_rate {
-                        e.observations.push_back(Observation { load_rps: rate, latency_ms: ttft.mean_ms, weight: ttft.count });
+                        e.observations.push_back(Observation {
+                            load_rps: rate,
+                            latency_ms: ttft.mean_ms,
+                            weight: ttft.count,
+                        });
                         if e.observations.len() > MAX_OBSERVATIONS {
                             e.observations.pop_front();
                         }
@@ -196,7 +207,10 @@ impl Fleet {
 
     /// Live data-plane instances: (cluster, instance, age).
     pub fn instances(&self, now: Now) -> Vec<(String, String, Duration)> {
-        self.instances.iter().map(|((c, i), s)| (c.clone(), i.clone(), now.saturating_sub(s.received))).collect()
+        self.instances
+            .iter()
+            .map(|((c, i), s)| (c.clone(), i.clone(), now.saturating_sub(s.received)))
+            .collect()
     }
 
     /// Demand of a class: the sum over live instances of their smoothed rates, req/s.
@@ -255,11 +269,13 @@ impl Fleet {
     pub fn network_ms(&self, cluster: &str, idx: usize) -> f64 {
         let engine = &self.config.engines[idx];
         if self.config.network.use_measured {
-            if let Some(rtt) = self.rtt.get(&(cluster.to_owned(), engine.id.clone())).and_then(|e| e.value()) {
+            if let Some(rtt) = self.rtt.get(&(cluster.to_owned(), engine.id.clone())).and_then(|e| e.value())
+            {
                 return rtt;
             }
         }
-        let region = self.config.clusters.iter().find(|c| c.id == cluster).map(|c| c.region.as_str()).unwrap_or("");
+        let region =
+            self.config.clusters.iter().find(|c| c.id == cluster).map(|c| c.region.as_str()).unwrap_or("");
         self.config.region_latency_ms(region, &engine.region)
     }
 
