@@ -3,7 +3,7 @@
 //! returns its [`EngineHandle`]; [`spawn_many`] starts several on consecutive ports.
 //!
 //! Tasks per engine: one accept loop (which also closes and re-binds the listener for the
-//! `down` fault), one model driver ([`driver`]), and one task per connection.
+//! `down` fault), one model driver (`driver`), and one task per connection.
 
 mod api;
 mod driver;
