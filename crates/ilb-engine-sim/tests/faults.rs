@@ -127,6 +127,12 @@ async fn zero_ready_replicas_fails_health_and_requests() {
 async fn slowdown_multiplies_iteration_time() {
     let profile = HardwareProfile { iteration_base_ms: 10.0, ..fast_profile() };
     let engine = engine(profile, true).await;
+    // End-to-end latency in model time: iterations run back to back on the model's clock, so
+    // the sums are exact whatever the wall-clock scheduling jitter.
+    let e2e_sum = |engine: &ilb_engine_sim::EngineHandle| {
+        metric(&engine.metrics_text(), "vllm:e2e_request_latency_seconds_sum{model_name=\"test-model\"}")
+            .expect("e2e sum")
+    };
     let timed = |addr| async move {
         let started = tokio::time::Instant::now();
         let (status, _) =
@@ -134,11 +140,13 @@ async fn slowdown_multiplies_iteration_time() {
         assert_eq!(status, 200);
         started.elapsed()
     };
-    let normal = timed(engine.addr()).await;
+    timed(engine.addr()).await;
+    let normal = e2e_sum(&engine);
     engine.set_faults(Faults { slowdown: 3.0, ..Faults::default() }).expect("faults");
-    let slow = timed(engine.addr()).await;
-    assert!(slow > normal * 2, "normal {normal:?} slowed {slow:?}");
-    assert!(slow >= Duration::from_millis(300), "10 iterations of >= 30 ms: {slow:?}");
+    let slow_wall = timed(engine.addr()).await;
+    let slow = e2e_sum(&engine) - normal;
+    assert!((slow / normal - 3.0).abs() < 0.01, "normal {normal} s, slowed {slow} s");
+    assert!(slow_wall >= Duration::from_millis(300), "10 iterations of >= 30 ms: {slow_wall:?}");
 }
 
 #[tokio::test]
