@@ -1,1 +1,20 @@
-//! placeholder
+//! `ilb-optimizer`: the routing optimizer. Given traffic classes with demand, engines with
+//! capacity and convex load-dependent latency, and the class × engine network latency, it finds
+//! the routing (and shedding) that minimises mean end-to-end latency, certifies how close to
+//! optimal it is, and keeps the split stable from one solve to the next. Pure: no IO, no clock,
+//! no threads. The math, the method and the measured figures are in this crate's README.
+
+mod certify;
+mod curve;
+pub mod gen;
+mod linalg;
+mod pass;
+mod problem;
+mod solution;
+mod solver;
+mod warm;
+
+pub use curve::Curve;
+pub use problem::{Class, Engine, Latency, NetworkMatrix, ParseError, Problem, ProblemError};
+pub use solution::{EnginePlan, Route, Solution, WarmStart};
+pub use solver::{solve, Solver, SolverOptions};

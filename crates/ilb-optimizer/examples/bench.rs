@@ -1,0 +1,81 @@
+//! Benchmark of the optimizer on generated instances, cold and warm (after a ±1 % demand
+//! change), printing one table row per instance. Run with
+//! `cargo run --release -p ilb-optimizer --example bench` (add `-- quick` for the small sizes).
+//! Timing uses the wall clock, read only in this example's `clock` function.
+
+use ilb_optimizer::gen::{generate, perturb_demand, GenConfig};
+use ilb_optimizer::{solve, Problem, Solution, SolverOptions, WarmStart};
+
+#[allow(clippy::disallowed_methods)]
+fn clock() -> std::time::Instant {
+    std::time::Instant::now()
+}
+
+/// Best of `repeats` runs, in ms.
+fn time<T>(repeats: usize, mut f: impl FnMut() -> T) -> (f64, T) {
+    let mut best = f64::INFINITY;
+    let mut out = None;
+    for _ in 0..repeats {
+        let start = clock();
+        let value = f();
+        best = best.min(start.elapsed().as_secs_f64() * 1e3);
+        out = Some(value);
+    }
+    (best, out.expect("repeats > 0"))
+}
+
+fn run(name: &str, problem: &Problem, repeats: usize) {
+    let options = SolverOptions::default();
+    let (cold_ms, (cold, warm)): (f64, (Solution, WarmStart)) =
+        time(repeats, || solve(problem, None, &options).expect("valid problem"));
+    let changed = perturb_demand(problem, 7, 0.01);
+    let (warm_ms, (after, _)) =
+        time(repeats, || solve(&changed, Some(&warm), &options).expect("valid problem"));
+    let (_, (cold_after, _)) = time(1, || solve(&changed, None, &options).expect("valid problem"));
+    let cold_moved = moved_between(&cold, &cold_after, problem.total_demand_rps());
+    let shed: f64 = cold.shed_rps.iter().sum::<f64>() / problem.total_demand_rps();
+    println!(
+        "| {name:<22} | {cold_ms:>8.2} | {:>8.1e} | {:>4}/{:<4} | {warm_ms:>8.2} | {:>8.1e} | {:>4}/{:<4} | {:>6.2} % | {:>6.2} % | {:>5.1} % | {:>8.2} |",
+        cold.gap,
+        cold.newton_steps,
+        cold.passes,
+        after.gap,
+        after.newton_steps,
+        after.passes,
+        100.0 * after.traffic_moved.unwrap_or(f64::NAN),
+        100.0 * cold_moved,
+        100.0 * shed,
+        cold.mean_latency_ms,
+    );
+}
+
+/// Traffic moved between two independent solutions of the same-shaped problem.
+fn moved_between(a: &Solution, b: &Solution, total: f64) -> f64 {
+    let mut map = std::collections::BTreeMap::new();
+    for r in &a.routes {
+        *map.entry((r.class, r.engine)).or_insert(0.0) += r.rps;
+    }
+    for r in &b.routes {
+        *map.entry((r.class, r.engine)).or_insert(0.0) -= r.rps;
+    }
+    map.values().map(|v: &f64| v.abs()).sum::<f64>() / 2.0 / total
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "quick");
+    println!(
+        "| instance               | cold ms  | cold gap | steps/pass | warm ms  | warm gap | steps/pass | moved warm | moved cold | shed    | mean ms  |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let sizes: &[(usize, usize, usize)] = if quick {
+        &[(3, 3, 50), (20, 500, 20)]
+    } else {
+        &[(3, 3, 200), (20, 500, 20), (100, 5_000, 5), (200, 20_000, 3)]
+    };
+    for &(n, m, repeats) in sizes {
+        let normal = generate(&GenConfig::new(n, m, 1));
+        run(&format!("{n}x{m}"), &normal, repeats);
+        let overloaded = generate(&GenConfig::new(n, m, 2).overloaded());
+        run(&format!("{n}x{m} overloaded"), &overloaded, repeats);
+    }
+}

@@ -1,0 +1,153 @@
+//! Turning the dual iterate into a published answer: repair the primal (demand met exactly,
+//! capacity respected, any remainder shed), evaluate its true objective, and compute the
+//! Lagrangian lower bound at the engine prices, which certifies the gap.
+
+use crate::pass::{Candidates, Model, Pass};
+
+/// A feasible routing in candidate-entry form.
+pub(crate) struct Repaired {
+    /// Flow of each candidate entry.
+    pub x: Vec<f64>,
+    pub shed: Vec<f64>,
+    pub load: Vec<f64>,
+    pub objective: f64,
+    pub lower_bound: f64,
+}
+
+impl Repaired {
+    pub fn gap(&self) -> f64 {
+        relative_gap(self.objective, self.lower_bound)
+    }
+}
+
+pub(crate) fn relative_gap(objective: f64, lower_bound: f64) -> f64 {
+    if objective <= 0.0 {
+        0.0
+    } else {
+        ((objective - lower_bound) / objective).max(0.0)
+    }
+}
+
+/// Repairs the pass's flows into a feasible routing and certifies it.
+///
+/// Flows below `min_fraction` of their class demand are dropped first (a control plane does not
+/// want 1e-9 weights). Then a class that receives too much is scaled down; a class short of its
+/// demand is topped up on its candidate engines in order of n_kj + q_j while they have spare
+/// capacity, and shed beyond that.
+pub(crate) fn repair(
+    model: &Model,
+    cand: &Candidates,
+    pass: &Pass,
+    u: &[f64],
+    eps: f64,
+    min_fraction: f64,
+) -> Repaired {
+    let n = model.n_classes();
+    let m = model.n_engines();
+    let mut x = pass.x.clone();
+    let mut shed = pass.shed.clone();
+    let mut flow = vec![0.0; n];
+    for (e, v) in x.iter_mut().enumerate() {
+        let k = cand.class[e] as usize;
+        if *v < min_fraction * model.demand[k] {
+            *v = 0.0;
+        }
+        flow[k] += *v;
+    }
+    // Scale down classes that receive more than their demand.
+    let mut scale = vec![1.0; n];
+    let mut short = Vec::new();
+    for k in 0..n {
+        let d = model.demand[k];
+        if !model.class_on[k] {
+            shed[k] = 0.0;
+            continue;
+        }
+        shed[k] = shed[k].min(d);
+        let total = flow[k] + shed[k];
+        if total > d {
+            scale[k] = d / total;
+            shed[k] *= scale[k];
+        } else if total < d {
+            short.push(k);
+        }
+    }
+    let mut load = vec![0.0; m];
+    for j in 0..m {
+        for e in cand.start[j]..cand.start[j + 1] {
+            x[e] *= scale[cand.class[e] as usize];
+            load[j] += x[e];
+        }
+    }
+    if !short.is_empty() {
+        // Class → entries index, only needed when some class is short.
+        let mut by_class: Vec<Vec<(f64, usize, usize)>> = vec![Vec::new(); n];
+        let mut is_short = vec![false; n];
+        for &k in &short {
+            is_short[k] = true;
+        }
+        for j in 0..m {
+            for e in cand.start[j]..cand.start[j + 1] {
+                let k = cand.class[e] as usize;
+                if is_short[k] {
+                    by_class[k].push((cand.net[e] + pass.q[j], j, e));
+                }
+            }
+        }
+        for &k in &short {
+            let mut missing = model.demand[k] - shed[k] - x_sum(&x, &by_class[k]);
+            by_class[k].sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            for &(price, j, e) in &by_class[k] {
+                if missing <= 0.0 || price >= model.penalty[k] {
+                    break;
+                }
+                let add = missing.min(model.curves[j].cap() - load[j]).max(0.0);
+                x[e] += add;
+                load[j] += add;
+                missing -= add;
+            }
+            shed[k] += missing.max(0.0);
+        }
+    }
+    let mut objective = 0.0;
+    for j in 0..m {
+        for e in cand.start[j]..cand.start[j + 1] {
+            objective += cand.net[e] * x[e];
+        }
+        objective += model.curves[j].cost(load[j]);
+    }
+    for k in 0..n {
+        objective += model.penalty[k] * shed[k];
+    }
+    let lower_bound = lower_bound(model, cand, pass, u, eps);
+    Repaired { x, shed, load, objective, lower_bound }
+}
+
+fn x_sum(x: &[f64], entries: &[(f64, usize, usize)]) -> f64 {
+    entries.iter().map(|&(_, _, e)| x[e]).sum()
+}
+
+/// The Lagrangian bound at engine prices p = q:
+/// Σ_k d_k·min(P_k, min_j (n_kj + p_j)) − Σ_j f_j*(p_j), valid for any p.
+///
+/// The inner minimum is taken over candidate engines only; every other engine has
+/// n_kj + q_j ≥ u_k + width − 2·drift − ερ (crate README), so that number, when it is smaller, is
+/// used instead and the bound stays valid.
+fn lower_bound(model: &Model, cand: &Candidates, pass: &Pass, u: &[f64], eps: f64) -> f64 {
+    let outside_margin = cand.width - 2.0 * cand.drift(u) - eps * model.rho;
+    let mut bound = 0.0;
+    for k in 0..model.n_classes() {
+        if !model.class_on[k] {
+            continue;
+        }
+        let outside = u[k] + outside_margin;
+        let best = model.penalty[k].min(pass.best_route[k]).min(outside);
+        bound += model.demand[k] * best;
+    }
+    for j in 0..model.n_engines() {
+        if model.engine_on[j] {
+            bound += model.curves[j].neg_conjugate(pass.q[j]);
+        }
+    }
+    bound
+}

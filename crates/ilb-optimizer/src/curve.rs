@@ -1,0 +1,293 @@
+//! One engine's latency curve as the solver sees it: L(y), the cost f(y) = y·L(y), the marginal
+//! cost f'(y), and its inverse (the engine's best response to a price), clamped to the usable
+//! capacity. Fitted piecewise-linear points are replaced by their convex increasing envelope
+//! here, so that f is convex and the dual method applies.
+
+use crate::problem::Latency;
+
+/// Smallest slope (ms per req/s) of a piecewise curve: a flat segment would make the engine's
+/// best response jump, which the per-engine solve handles but Newton does not like. The change
+/// to the curve is at most 1e-6 ms per req/s of load, far below any measurement.
+const MIN_SLOPE: f64 = 1e-6;
+
+/// Smallest `b` of the queueing shape, for the same reason (b = 0 would be a constant latency).
+const MIN_B_MS: f64 = 1e-9;
+
+/// Keeps the queueing shape's load strictly below its pole y = c even when ρ = 1.
+const POLE_MARGIN: f64 = 1e-9;
+
+/// A processed latency curve with its usable capacity `cap` = ρ·c.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Curve {
+    shape: Shape,
+    cap: f64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Shape {
+    Queueing {
+        t0: f64,
+        b: f64,
+        c: f64,
+    },
+    /// L(y) = max_i (a_i + s_i·y): lines sorted by slope, line i is the maximum on
+    /// [breaks[i], breaks[i+1]] with breaks[0] = 0 and an open last interval.
+    Lines {
+        a: Vec<f64>,
+        s: Vec<f64>,
+        breaks: Vec<f64>,
+    },
+}
+
+impl Curve {
+    /// Builds the curve of an engine with capacity `capacity` and headroom `rho` (validated input).
+    pub fn new(latency: &Latency, capacity: f64, rho: f64) -> Self {
+        match latency {
+            Latency::Queueing { t0_ms, b_ms } => Curve {
+                shape: Shape::Queueing { t0: *t0_ms, b: b_ms.max(MIN_B_MS), c: capacity },
+                cap: capacity * rho.min(1.0 - POLE_MARGIN),
+            },
+            Latency::Piecewise(points) => {
+                let (a, s) = convex_increasing_lines(points);
+                let mut breaks = vec![0.0];
+                for i in 1..a.len() {
+                    breaks.push((a[i - 1] - a[i]) / (s[i] - s[i - 1]));
+                }
+                Curve { shape: Shape::Lines { a, s, breaks }, cap: capacity * rho }
+            }
+        }
+    }
+
+    /// Usable capacity ρ·c (req/s).
+    pub fn cap(&self) -> f64 {
+        self.cap
+    }
+
+    /// For a piecewise curve, the lines `(intercept_ms, slope)` whose maximum is L(y) for y ≥ 0.
+    pub fn envelope_lines(&self) -> Option<Vec<(f64, f64)>> {
+        match &self.shape {
+            Shape::Queueing { .. } => None,
+            Shape::Lines { a, s, .. } => Some(a.iter().copied().zip(s.iter().copied()).collect()),
+        }
+    }
+
+    /// For the queueing shape, `(t0, b, c)` as used (b floored at a tiny positive value).
+    pub fn queueing_params(&self) -> Option<(f64, f64, f64)> {
+        match self.shape {
+            Shape::Queueing { t0, b, c } => Some((t0, b, c)),
+            Shape::Lines { .. } => None,
+        }
+    }
+
+    fn segment(breaks: &[f64], y: f64) -> usize {
+        breaks.partition_point(|&b| b <= y).saturating_sub(1)
+    }
+
+    /// Expected latency L(y) in ms.
+    pub fn latency(&self, y: f64) -> f64 {
+        match &self.shape {
+            Shape::Queueing { t0, b, c } => {
+                if y >= *c {
+                    f64::INFINITY
+                } else {
+                    t0 + b * y / (c - y)
+                }
+            }
+            Shape::Lines { a, s, breaks } => {
+                let i = Self::segment(breaks, y);
+                a[i] + s[i] * y
+            }
+        }
+    }
+
+    /// Cost f(y) = y·L(y) (ms·req/s).
+    pub fn cost(&self, y: f64) -> f64 {
+        if y <= 0.0 {
+            0.0
+        } else {
+            y * self.latency(y)
+        }
+    }
+
+    /// Marginal cost f'(y) (right derivative where f' jumps).
+    pub fn marginal(&self, y: f64) -> f64 {
+        match &self.shape {
+            Shape::Queueing { t0, b, c } => {
+                let ratio = c / (c - y);
+                t0 + b * (ratio * ratio - 1.0)
+            }
+            Shape::Lines { a, s, breaks } => {
+                let i = Self::segment(breaks, y);
+                a[i] + 2.0 * s[i] * y
+            }
+        }
+    }
+
+    /// f'(0) = L(0): below this price the engine takes no load.
+    pub fn base_price(&self) -> f64 {
+        self.marginal(0.0)
+    }
+
+    /// The engine's best response to price `q`: `(y, dy/dq)` with y = (f')⁻¹(q) clamped to
+    /// [0, cap]; dy/dq = 0 where clamped or where f' jumps.
+    pub fn response(&self, q: f64) -> (f64, f64) {
+        let (y, dy) = match &self.shape {
+            Shape::Queueing { t0, b, c } => {
+                let z = q - t0 + b;
+                if q <= *t0 {
+                    (0.0, 0.0)
+                } else {
+                    let root = (b / z).sqrt();
+                    (c * (1.0 - root), 0.5 * c * root / z)
+                }
+            }
+            Shape::Lines { a, s, breaks } => {
+                if q <= a[0] {
+                    (0.0, 0.0)
+                } else {
+                    // The first segment whose marginal range ends above q.
+                    let n = a.len();
+                    let mut i = 0;
+                    while i + 1 < n && a[i] + 2.0 * s[i] * breaks[i + 1] < q {
+                        i += 1;
+                        if q < a[i] + 2.0 * s[i] * breaks[i] {
+                            // q falls in the jump of f' at breaks[i].
+                            return clamp(self.cap, breaks[i], 0.0);
+                        }
+                    }
+                    ((q - a[i]) / (2.0 * s[i]), 0.5 / s[i])
+                }
+            }
+        };
+        clamp(self.cap, y, dy)
+    }
+
+    /// min over y ∈ [0, cap] of f(y) − q·y, i.e. −f*(q): the engine's term in the dual bound.
+    pub fn neg_conjugate(&self, q: f64) -> f64 {
+        let (y, _) = self.response(q);
+        self.cost(y) - q * y
+    }
+}
+
+fn clamp(cap: f64, y: f64, dy: f64) -> (f64, f64) {
+    if y >= cap {
+        (cap, 0.0)
+    } else if y <= 0.0 {
+        (0.0, 0.0)
+    } else {
+        (y, dy)
+    }
+}
+
+/// Lines `(a, s)`, sorted by increasing slope, whose maximum is the convex increasing envelope of
+/// the fitted points: the lower convex hull, flat (slope `MIN_SLOPE`) left of its lowest point,
+/// every slope at least `MIN_SLOPE`, extended by its last line to the right.
+fn convex_increasing_lines(points: &[[f64; 2]]) -> (Vec<f64>, Vec<f64>) {
+    let mut pts: Vec<[f64; 2]> = points.to_vec();
+    pts.sort_by(|p, q| p[0].total_cmp(&q[0]).then(p[1].total_cmp(&q[1])));
+    pts.dedup_by(|later, earlier| later[0] == earlier[0]); // keeps the lowest latency per load
+                                                           // Lower convex hull (Andrew's monotone chain).
+    let mut hull: Vec<[f64; 2]> = Vec::with_capacity(pts.len());
+    for p in pts {
+        while hull.len() >= 2 {
+            let (o, m) = (hull[hull.len() - 2], hull[hull.len() - 1]);
+            let cross = (m[0] - o[0]) * (p[1] - o[1]) - (m[1] - o[1]) * (p[0] - o[0]);
+            if cross <= 0.0 {
+                hull.pop();
+            } else {
+                break;
+            }
+        }
+        hull.push(p);
+    }
+    // Drop the decreasing part: start at the lowest point.
+    let lowest = hull.iter().enumerate().min_by(|x, y| x.1[1].total_cmp(&y.1[1])).map_or(0, |(i, _)| i);
+    let hull = &hull[lowest..];
+    let mut a = Vec::with_capacity(hull.len());
+    let mut s = Vec::with_capacity(hull.len());
+    let mut push = |slope: f64, through: [f64; 2]| {
+        let slope = slope.max(MIN_SLOPE);
+        let intercept = through[1] - slope * through[0];
+        if let Some(&last) = s.last() {
+            if slope <= last {
+                // Equal slopes: keep the higher line (it is the maximum everywhere).
+                let idx = s.len() - 1;
+                if intercept > a[idx] {
+                    a[idx] = intercept;
+                }
+                return;
+            }
+        }
+        a.push(intercept);
+        s.push(slope);
+    };
+    push(MIN_SLOPE, hull[0]);
+    for w in hull.windows(2) {
+        push((w[1][1] - w[0][1]) / (w[1][0] - w[0][0]), w[0]);
+    }
+    upper_envelope(a, s)
+}
+
+/// Removes lines that are nowhere the maximum on y ≥ 0 (slopes strictly increasing on input).
+fn upper_envelope(a: Vec<f64>, s: Vec<f64>) -> (Vec<f64>, Vec<f64>) {
+    let mut out_a: Vec<f64> = Vec::with_capacity(a.len());
+    let mut out_s: Vec<f64> = Vec::with_capacity(s.len());
+    for (ai, si) in a.into_iter().zip(s) {
+        while let (Some(&la), Some(&ls)) = (out_a.last(), out_s.last()) {
+            // Crossing of the new line with the last kept one.
+            let cross = (la - ai) / (si - ls);
+            let n = out_a.len();
+            let previous_cross =
+                if n >= 2 { (out_a[n - 2] - la) / (ls - out_s[n - 2]) } else { f64::NEG_INFINITY };
+            if cross <= previous_cross.max(0.0) {
+                out_a.pop();
+                out_s.pop();
+            } else {
+                break;
+            }
+        }
+        out_a.push(ai);
+        out_s.push(si);
+    }
+    (out_a, out_s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queueing_response_inverts_marginal() {
+        let c = Curve::new(&Latency::Queueing { t0_ms: 60.0, b_ms: 15.0 }, 100.0, 0.95);
+        for y in [1.0, 30.0, 80.0, 94.0] {
+            let (back, _) = c.response(c.marginal(y));
+            assert!((back - y).abs() < 1e-9, "{y} -> {back}");
+        }
+        assert_eq!(c.response(1e9).0, c.cap());
+        assert_eq!(c.response(10.0).0, 0.0);
+    }
+
+    #[test]
+    fn piecewise_is_made_convex_and_increasing() {
+        // A dip at the start and a concave bump in the middle.
+        let pts = vec![[0.0, 50.0], [10.0, 40.0], [20.0, 60.0], [30.0, 62.0], [40.0, 100.0]];
+        let c = Curve::new(&Latency::Piecewise(pts), 50.0, 1.0);
+        let mut prev = f64::NEG_INFINITY;
+        let mut prev_slope = f64::NEG_INFINITY;
+        for i in 0..200 {
+            let y = i as f64 * 0.25;
+            let l = c.latency(y);
+            assert!(l >= prev);
+            if i > 0 {
+                let slope = (l - prev) / 0.25;
+                assert!(slope >= prev_slope - 1e-9, "not convex at {y}");
+                prev_slope = slope;
+            }
+            prev = l;
+            let (back, _) = c.response(c.marginal(y));
+            assert!((back - y).abs() < 1e-6 || c.marginal(y) > c.marginal(y - 1e-9) + 1e-9);
+        }
+        assert!((c.latency(10.0) - 40.0).abs() < 1e-3);
+        assert!((c.latency(40.0) - 100.0).abs() < 1e-3);
+    }
+}

@@ -1,0 +1,189 @@
+//! Seeded generator of realistic routing problems, shared by the benchmarks, the tests and the
+//! fleet simulator: regions on a globe, network latency from great-circle distance (5–150 ms),
+//! engines of a few hardware classes, demand placed differently from capacity, data-residency
+//! zones that forbid 10–15 % of the pairs, and an overload knob that forces shedding.
+//!
+//! Pure: the same config gives the same problem, bit for bit, on every platform.
+
+use crate::problem::{Class, Engine, Latency, NetworkMatrix, Problem};
+
+/// What to generate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenConfig {
+    pub n_classes: usize,
+    pub n_engines: usize,
+    pub seed: u64,
+    /// Total demand / total usable capacity (0.75 typical, above 1 forces shedding).
+    pub load_factor: f64,
+    /// Fraction of classes restricted to their residency zone (≈ 0.18 gives 10–15 % forbidden).
+    pub resident_fraction: f64,
+    /// Fraction of engines with a fitted piecewise-linear curve instead of the queueing shape.
+    pub piecewise_fraction: f64,
+    pub rho: f64,
+}
+
+impl GenConfig {
+    /// A typical instance: 75 % load, 18 % resident classes, 20 % piecewise curves, ρ = 0.95.
+    pub fn new(n_classes: usize, n_engines: usize, seed: u64) -> Self {
+        GenConfig {
+            n_classes,
+            n_engines,
+            seed,
+            load_factor: 0.75,
+            resident_fraction: 0.18,
+            piecewise_fraction: 0.2,
+            rho: 0.95,
+        }
+    }
+
+    /// The same with demand at 120 % of the usable capacity.
+    pub fn overloaded(mut self) -> Self {
+        self.load_factor = 1.2;
+        self
+    }
+}
+
+/// SplitMix64: tiny, seeded, portable.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    fn range(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * self.unit()
+    }
+
+    fn index(&mut self, n: usize) -> usize {
+        ((self.unit() * n as f64) as usize).min(n.saturating_sub(1))
+    }
+
+    /// Index drawn with probability proportional to `weights`.
+    fn weighted(&mut self, weights: &[f64]) -> usize {
+        let total: f64 = weights.iter().sum();
+        let mut x = self.unit() * total;
+        for (i, w) in weights.iter().enumerate() {
+            if x < *w {
+                return i;
+            }
+            x -= w;
+        }
+        weights.len() - 1
+    }
+}
+
+struct Region {
+    lat: f64,
+    lon: f64,
+    zone: usize,
+}
+
+/// Hardware classes: (capacity req/s, t0 ms, b ms).
+const HARDWARE: [(f64, f64, f64); 3] = [(30.0, 60.0, 15.0), (20.0, 80.0, 20.0), (12.0, 110.0, 30.0)];
+
+/// Generates one problem.
+pub fn generate(config: &GenConfig) -> Problem {
+    let mut rng = Rng(config.seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ 0x5EED);
+    let n_regions = (config.n_classes.max(config.n_engines) as f64).sqrt().ceil().clamp(3.0, 16.0) as usize;
+    let regions: Vec<Region> = (0..n_regions)
+        .map(|_| {
+            let lon = rng.range(-180.0, 180.0);
+            // Zones by longitude: Americas, Europe/Africa, Asia/Pacific.
+            let zone = if lon < -30.0 {
+                0
+            } else if lon < 60.0 {
+                1
+            } else {
+                2
+            };
+            Region { lat: rng.range(-45.0, 60.0), lon, zone }
+        })
+        .collect();
+    // Demand and capacity are spread over regions with independent weights: they do not match.
+    let demand_weight: Vec<f64> = (0..n_regions).map(|_| rng.range(0.2, 1.0).powi(2)).collect();
+    let capacity_weight: Vec<f64> = (0..n_regions).map(|_| rng.range(0.2, 1.0).powi(2)).collect();
+
+    let mut engines = Vec::with_capacity(config.n_engines);
+    let mut engine_region = Vec::with_capacity(config.n_engines);
+    let mut engine_jitter = Vec::with_capacity(config.n_engines);
+    for j in 0..config.n_engines {
+        let region = if j < n_regions { j } else { rng.weighted(&capacity_weight) };
+        let (cap, t0, b) = HARDWARE[rng.index(HARDWARE.len())];
+        let capacity = cap * rng.range(0.8, 1.2);
+        let latency = if rng.unit() < config.piecewise_fraction {
+            // A fitted curve: noisy samples of the queueing shape up to 95 % of capacity.
+            let points = (0..6)
+                .map(|i| {
+                    let y = capacity * 0.95 * i as f64 / 5.0;
+                    [y, (t0 + b * y / (capacity - y)) * rng.range(0.97, 1.03)]
+                })
+                .collect();
+            Latency::Piecewise(points)
+        } else {
+            Latency::Queueing { t0_ms: t0, b_ms: b }
+        };
+        engines.push(Engine { id: format!("engine-{j}"), capacity_rps: capacity, latency });
+        engine_region.push(region);
+        engine_jitter.push(rng.range(0.0, 2.0));
+    }
+    let usable: f64 = engines.iter().map(|e| e.capacity_rps * config.rho).sum();
+
+    let mut classes = Vec::with_capacity(config.n_classes);
+    let mut class_region = Vec::with_capacity(config.n_classes);
+    let mut resident = Vec::with_capacity(config.n_classes);
+    let mut raw_demand = Vec::with_capacity(config.n_classes);
+    for k in 0..config.n_classes {
+        let region = if k < n_regions { k } else { rng.weighted(&demand_weight) };
+        class_region.push(region);
+        resident.push(rng.unit() < config.resident_fraction);
+        raw_demand.push(demand_weight[region] * rng.range(0.3, 1.7));
+    }
+    let raw_total: f64 = raw_demand.iter().sum();
+    for (k, raw) in raw_demand.iter().enumerate() {
+        let tier = rng.index(3);
+        classes.push(Class {
+            id: format!("class-{k}"),
+            demand_rps: config.load_factor * usable * raw / raw_total,
+            shed_penalty_ms: [5_000.0, 10_000.0, 20_000.0][tier],
+        });
+    }
+    // Values are finite and non-negative by construction.
+    let network = NetworkMatrix::from_fn_unchecked(config.n_classes, config.n_engines, |k, j| {
+        let (a, b) = (&regions[class_region[k]], &regions[engine_region[j]]);
+        if resident[k] && a.zone != b.zone {
+            return None;
+        }
+        Some(network_ms(a, b) + engine_jitter[j])
+    });
+    Problem { rho: config.rho, classes, engines, network_ms: network }
+}
+
+/// 5 ms within a region up to 150 ms at the antipode.
+fn network_ms(a: &Region, b: &Region) -> f64 {
+    let (la, lb) = (a.lat.to_radians(), b.lat.to_radians());
+    let dlat = lb - la;
+    let dlon = (b.lon - a.lon).to_radians();
+    let h = (dlat / 2.0).sin().powi(2) + la.cos() * lb.cos() * (dlon / 2.0).sin().powi(2);
+    let angle = 2.0 * h.sqrt().min(1.0).asin(); // 0..π
+    5.0 + 145.0 * angle / std::f64::consts::PI
+}
+
+/// The same problem with every class demand scaled by a factor drawn in [1 − amplitude, 1 + amplitude].
+pub fn perturb_demand(problem: &Problem, seed: u64, amplitude: f64) -> Problem {
+    let mut rng = Rng(seed ^ 0xDE3A_0D00);
+    let mut out = problem.clone();
+    for class in &mut out.classes {
+        class.demand_rps *= 1.0 + rng.range(-amplitude, amplitude);
+    }
+    out
+}

@@ -1,0 +1,306 @@
+//! One pass of the dual method over the engines: given class prices u, every engine's best
+//! response in closed form (a water-filling of its candidate classes against its marginal cost),
+//! the smoothed dual value, its gradient and the Newton matrix.
+//!
+//! Candidate lists keep a pass from scanning the whole N × M matrix: an engine only looks at the
+//! classes whose reduced cost u_k − n_kj was within `width` of its best one when the lists were
+//! built at prices `base_u`. While no price has moved by more than `(width − 2ερ)/2` since, no
+//! other class can receive flow (proof in the crate README), so the pass is exact.
+
+use crate::curve::Curve;
+use crate::problem::Problem;
+
+/// Previous routes, engine-major with classes sorted within an engine: the proximal centre.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PrevRoutes {
+    pub start: Vec<usize>,
+    pub class: Vec<u32>,
+    pub rps: Vec<f64>,
+}
+
+/// The fixed data of one solve.
+pub(crate) struct Model<'a> {
+    pub problem: &'a Problem,
+    pub curves: Vec<Curve>,
+    pub demand: Vec<f64>,
+    pub penalty: Vec<f64>,
+    /// Classes with positive demand: the only ones with a price.
+    pub class_on: Vec<bool>,
+    /// Engines with positive capacity: the only ones that take load.
+    pub engine_on: Vec<bool>,
+    /// c_j, the scale of engine j's smoothing term ε/(2c_j)·Σ_k (x_kj − x⁰_kj)².
+    pub capacity: Vec<f64>,
+    pub rho: f64,
+}
+
+impl<'a> Model<'a> {
+    pub fn new(problem: &'a Problem) -> Self {
+        let curves: Vec<Curve> =
+            problem.engines.iter().map(|e| Curve::new(&e.latency, e.capacity_rps, problem.rho)).collect();
+        let engine_on = curves.iter().map(|c| c.cap() > 0.0).collect();
+        Model {
+            problem,
+            demand: problem.classes.iter().map(|c| c.demand_rps).collect(),
+            penalty: problem.classes.iter().map(|c| c.shed_penalty_ms).collect(),
+            class_on: problem.classes.iter().map(|c| c.demand_rps > 0.0).collect(),
+            engine_on,
+            capacity: problem.engines.iter().map(|e| e.capacity_rps).collect(),
+            curves,
+            rho: problem.rho,
+        }
+    }
+
+    pub fn n_classes(&self) -> usize {
+        self.demand.len()
+    }
+
+    pub fn n_engines(&self) -> usize {
+        self.curves.len()
+    }
+}
+
+/// Per-engine candidate classes (CSR), valid around `base_u`.
+#[derive(Default)]
+pub(crate) struct Candidates {
+    pub start: Vec<usize>,
+    pub class: Vec<u32>,
+    pub net: Vec<f64>,
+    /// Proximal centre x⁰ of each entry (0 when cold).
+    pub prev: Vec<f64>,
+    pub base_u: Vec<f64>,
+    pub width: f64,
+}
+
+impl Candidates {
+    /// Rebuilds the lists around prices `u`: one full scan of the network matrix.
+    pub fn rebuild(&mut self, model: &Model, u: &[f64], width: f64, prev: &PrevRoutes) {
+        self.start.clear();
+        self.class.clear();
+        self.net.clear();
+        self.prev.clear();
+        self.base_u.clear();
+        self.base_u.extend_from_slice(u);
+        self.width = width;
+        let n = model.n_classes();
+        let have_prev = !prev.start.is_empty();
+        self.start.push(0);
+        for j in 0..model.n_engines() {
+            if model.engine_on[j] && n > 0 {
+                let column = model.problem.network_ms.engine_column(j);
+                let mut best = f64::NEG_INFINITY;
+                for k in 0..n {
+                    // Forbidden pairs are +∞ and classes without demand have u = −∞.
+                    best = best.max(u[k] - column[k]);
+                }
+                let threshold = best - width;
+                let (mut p, p_end) = if have_prev { (prev.start[j], prev.start[j + 1]) } else { (0, 0) };
+                for k in 0..n {
+                    let mut x_prev = 0.0;
+                    while p < p_end && (prev.class[p] as usize) < k {
+                        p += 1;
+                    }
+                    if p < p_end && prev.class[p] as usize == k {
+                        x_prev = prev.rps[p];
+                    }
+                    let allowed = column[k].is_finite() && model.class_on[k];
+                    if allowed && (u[k] - column[k] >= threshold || x_prev > 0.0) {
+                        self.class.push(k as u32);
+                        self.net.push(column[k]);
+                        self.prev.push(x_prev);
+                    }
+                }
+            }
+            self.start.push(self.class.len());
+        }
+    }
+
+    /// Largest price move since the lists were built.
+    pub fn drift(&self, u: &[f64]) -> f64 {
+        u.iter()
+            .zip(&self.base_u)
+            .filter(|(a, _)| a.is_finite())
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max)
+    }
+}
+
+/// Everything one pass computes.
+#[derive(Default)]
+pub(crate) struct Pass {
+    /// Flow of each candidate entry.
+    pub x: Vec<f64>,
+    /// Engine price q_j = marginal cost at its load (its base price when idle).
+    pub q: Vec<f64>,
+    pub load: Vec<f64>,
+    /// dy/dq of the engine's best response at q_j (0 when capacity binds).
+    pub slope: Vec<f64>,
+    pub flow: Vec<f64>,
+    pub shed: Vec<f64>,
+    pub grad: Vec<f64>,
+    /// min over candidate engines of n_kj + q_j (for the bound and for idle classes).
+    pub best_route: Vec<f64>,
+    /// Smoothed dual value.
+    pub dual: f64,
+    /// Σ_k |grad_k| / Σ_k d_k.
+    pub residual: f64,
+}
+
+impl Pass {
+    pub fn run(&mut self, model: &Model, cand: &Candidates, u: &[f64], eps: f64) {
+        let (n, m) = (model.n_classes(), model.n_engines());
+        self.x.clear();
+        self.x.resize(cand.class.len(), 0.0);
+        self.q.resize(m, 0.0);
+        self.load.clear();
+        self.load.resize(m, 0.0);
+        self.slope.clear();
+        self.slope.resize(m, 0.0);
+        self.flow.clear();
+        self.flow.resize(n, 0.0);
+        self.best_route.clear();
+        self.best_route.resize(n, f64::INFINITY);
+        let mut engines_value = 0.0;
+        for j in 0..m {
+            if !model.engine_on[j] {
+                continue;
+            }
+            let (lo, hi) = (cand.start[j], cand.start[j + 1]);
+            let curve = &model.curves[j];
+            let k_j = model.capacity[j] / eps;
+            let q = solve_engine(
+                curve,
+                k_j,
+                u,
+                &cand.class[lo..hi],
+                &cand.net[lo..hi],
+                &cand.prev[lo..hi],
+                self.q[j],
+            );
+            let mut load = 0.0;
+            let mut value = 0.0;
+            for e in lo..hi {
+                let k = cand.class[e] as usize;
+                let r = u[k] - cand.net[e];
+                let x = (k_j * (r + cand.prev[e] / k_j - q)).max(0.0);
+                self.x[e] = x;
+                load += x;
+                self.flow[k] += x;
+                let d = x - cand.prev[e];
+                value += r * x - 0.5 * d * d / k_j;
+                self.best_route[k] = self.best_route[k].min(cand.net[e] + q);
+            }
+            value -= curve.cost(load);
+            engines_value += value;
+            self.q[j] = q;
+            self.load[j] = load;
+            self.slope[j] = curve.response(q).1;
+        }
+        self.shed.clear();
+        self.shed.resize(n, 0.0);
+        self.grad.clear();
+        self.grad.resize(n, 0.0);
+        let mut classes_value = 0.0;
+        let mut abs_grad = 0.0;
+        let mut total = 0.0;
+        for k in 0..n {
+            if !model.class_on[k] {
+                continue;
+            }
+            let d = model.demand[k];
+            let over = (u[k] - model.penalty[k]).max(0.0);
+            self.shed[k] = d * over / eps;
+            classes_value += d * u[k] - 0.5 * d * over * over / eps;
+            self.grad[k] = d - self.shed[k] - self.flow[k];
+            abs_grad += self.grad[k].abs();
+            total += d;
+        }
+        self.dual = classes_value - engines_value;
+        self.residual = if total > 0.0 { abs_grad / total } else { 0.0 };
+    }
+
+    /// Adds −∇²(smoothed dual) to `h` (n × n, row-major, zeroed by the caller).
+    pub fn add_hessian(&self, model: &Model, cand: &Candidates, u: &[f64], eps: f64, h: &mut [f64]) {
+        let n = model.n_classes();
+        let mut active: Vec<usize> = Vec::new();
+        for j in 0..model.n_engines() {
+            if self.load[j] <= 0.0 {
+                continue;
+            }
+            active.clear();
+            active.extend(
+                (cand.start[j]..cand.start[j + 1])
+                    .filter(|&e| self.x[e] > 0.0)
+                    .map(|e| cand.class[e] as usize),
+            );
+            let k_j = model.capacity[j] / eps;
+            // Derivative of the water-filling: dx_a/du_b = k_j (δ_ab − α), α = 1/(|A| + γ/k_j).
+            let alpha = 1.0 / (active.len() as f64 + self.slope[j] / k_j);
+            let off = k_j * alpha;
+            for &a in &active {
+                h[a * n + a] += k_j;
+                for &b in &active {
+                    h[a * n + b] -= off;
+                }
+            }
+        }
+        for k in 0..n {
+            if model.class_on[k] && u[k] > model.penalty[k] {
+                h[k * n + k] += model.demand[k] / eps;
+            }
+        }
+    }
+}
+
+/// Solves engine j's water-filling for its price q: load(q) = k_j·Σ_i (r_i + x⁰_i/k_j − q)₊ where
+/// load(q) is the engine's best response, by Newton's method kept inside a bracket.
+fn solve_engine(
+    curve: &Curve,
+    k_j: f64,
+    u: &[f64],
+    class: &[u32],
+    net: &[f64],
+    prev: &[f64],
+    hint: f64,
+) -> f64 {
+    let base = curve.base_price();
+    let mut top = f64::NEG_INFINITY;
+    for i in 0..class.len() {
+        top = top.max(u[class[i] as usize] - net[i] + prev[i] / k_j);
+    }
+    if top <= base {
+        return base;
+    }
+    let psi = |q: f64| -> (f64, f64) {
+        let (y, dy) = curve.response(q);
+        let mut sum = 0.0;
+        let mut count = 0.0;
+        for i in 0..class.len() {
+            let r = u[class[i] as usize] - net[i] + prev[i] / k_j - q;
+            if r > 0.0 {
+                sum += r;
+                count += 1.0;
+            }
+        }
+        (y - k_j * sum, dy + k_j * count)
+    };
+    let (mut lo, mut hi) = (base, top);
+    let mut q = if hint > lo && hint < hi { hint } else { lo };
+    let tolerance = 1e-12 * curve.cap().max(1e-9);
+    for _ in 0..100 {
+        let (value, derivative) = psi(q);
+        if value.abs() <= tolerance {
+            return q;
+        }
+        if value < 0.0 {
+            lo = q;
+        } else {
+            hi = q;
+        }
+        let newton = q - value / derivative;
+        q = if newton > lo && newton < hi && derivative > 0.0 { newton } else { 0.5 * (lo + hi) };
+        if hi - lo <= 1e-14 * hi.abs().max(1.0) {
+            break;
+        }
+    }
+    q
+}

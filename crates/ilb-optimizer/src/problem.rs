@@ -1,0 +1,294 @@
+//! The routing problem as data: traffic classes, engines with latency curves, the class × engine
+//! network latency matrix and the headroom factor ρ; its JSON format and its validation.
+//!
+//! The network matrix is stored engine-major (one contiguous column of class latencies per
+//! engine) because the solver's inner loops scan one engine against all classes; the JSON form
+//! is class-major rows, as people write it.
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// One routing problem (one model). See the crate README for the math.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Problem {
+    /// Usable fraction of each engine's capacity, in (0, 1], e.g. 0.95.
+    pub rho: f64,
+    /// Traffic classes, in a fixed order: results are indexed by position.
+    pub classes: Vec<Class>,
+    /// Engines, in a fixed order: results are indexed by position.
+    pub engines: Vec<Engine>,
+    /// Network latency (ms) from each class's front end to each engine; forbidden pairs absent.
+    pub network_ms: NetworkMatrix,
+}
+
+/// A traffic class: a front-end cluster together with the constraints on where it may go.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Class {
+    pub id: String,
+    /// Measured demand in requests/s (≥ 0).
+    pub demand_rps: f64,
+    /// Cost of shedding one request of this class, in ms (≥ 0; larger for higher priority).
+    pub shed_penalty_ms: f64,
+}
+
+/// An inference engine (all replicas behind one endpoint).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Engine {
+    pub id: String,
+    /// Effective capacity in requests/s (≥ 0; 0 means the engine takes no traffic).
+    pub capacity_rps: f64,
+    pub latency: Latency,
+}
+
+/// An engine's expected latency L(y) at load y requests/s.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Latency {
+    /// L(y) = t0 + b·y/(c − y), with c the engine's capacity.
+    Queueing { t0_ms: f64, b_ms: f64 },
+    /// Fitted points `[load_rps, latency_ms]`; the solver uses their convex increasing envelope
+    /// (see [`crate::Curve`]).
+    Piecewise(Vec<[f64; 2]>),
+}
+
+/// Network latency in ms for every (class, engine) pair; `None` (JSON `null`) = forbidden.
+///
+/// Invariant: every stored value is finite and ≥ 0 or `+∞` (forbidden); the constructors check it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NetworkMatrix {
+    n_classes: usize,
+    n_engines: usize,
+    /// `values[engine_idx * n_classes + class_idx]`; `f64::INFINITY` where forbidden.
+    values: Vec<f64>,
+}
+
+/// Why a problem was rejected.
+#[derive(Clone, Debug, PartialEq, Error)]
+pub enum ProblemError {
+    #[error("rho must be in (0, 1], got {0}")]
+    Rho(f64),
+    #[error("class {id:?}: {field} must be finite and non-negative, got {value}")]
+    ClassField { id: String, field: &'static str, value: f64 },
+    #[error("engine {id:?}: {field} must be finite and non-negative, got {value}")]
+    EngineField { id: String, field: &'static str, value: f64 },
+    #[error("engine {id:?}: piecewise latency {reason}")]
+    Piecewise { id: String, reason: &'static str },
+    #[error("duplicate {kind} id {id:?}")]
+    DuplicateId { kind: &'static str, id: String },
+    #[error("network_ms has {rows} rows but there are {classes} classes")]
+    NetworkRows { rows: usize, classes: usize },
+    #[error("network_ms has {columns} columns but there are {engines} engines")]
+    NetworkColumns { columns: usize, engines: usize },
+    #[error("network_ms row {row} has {len} entries, expected {expected}")]
+    RaggedRow { row: usize, len: usize, expected: usize },
+    #[error("network_ms[{class}][{engine}] must be finite and non-negative or null, got {value}")]
+    NetworkValue { class: usize, engine: usize, value: f64 },
+    #[error("network_ms entry ({class}, {engine}) is outside a {n_classes} x {n_engines} matrix")]
+    NetworkIndex { class: usize, engine: usize, n_classes: usize, n_engines: usize },
+}
+
+fn non_negative(x: f64) -> bool {
+    x.is_finite() && x >= 0.0
+}
+
+impl NetworkMatrix {
+    /// Builds the matrix from `f(class_idx, engine_idx)`; `None` = forbidden.
+    pub fn from_fn(
+        n_classes: usize,
+        n_engines: usize,
+        mut f: impl FnMut(usize, usize) -> Option<f64>,
+    ) -> Result<Self, ProblemError> {
+        let mut values = Vec::with_capacity(n_classes * n_engines);
+        for engine in 0..n_engines {
+            for class in 0..n_classes {
+                values.push(match f(class, engine) {
+                    None => f64::INFINITY,
+                    Some(v) if non_negative(v) => v,
+                    Some(value) => return Err(ProblemError::NetworkValue { class, engine, value }),
+                });
+            }
+        }
+        Ok(Self { n_classes, n_engines, values })
+    }
+
+    /// As [`Self::from_fn`] for callers whose values are finite and ≥ 0 by construction.
+    pub(crate) fn from_fn_unchecked(
+        n_classes: usize,
+        n_engines: usize,
+        mut f: impl FnMut(usize, usize) -> Option<f64>,
+    ) -> Self {
+        let mut values = Vec::with_capacity(n_classes * n_engines);
+        for engine in 0..n_engines {
+            for class in 0..n_classes {
+                let v = f(class, engine).unwrap_or(f64::INFINITY);
+                debug_assert!(v >= 0.0);
+                values.push(v);
+            }
+        }
+        Self { n_classes, n_engines, values }
+    }
+
+    /// Builds the matrix from class-major rows, as in the JSON format.
+    pub fn from_rows(rows: &[Vec<Option<f64>>]) -> Result<Self, ProblemError> {
+        let n_engines = rows.first().map_or(0, Vec::len);
+        for (row, r) in rows.iter().enumerate() {
+            if r.len() != n_engines {
+                return Err(ProblemError::RaggedRow { row, len: r.len(), expected: n_engines });
+            }
+        }
+        Self::from_fn(rows.len(), n_engines, |k, j| rows[k][j])
+    }
+
+    /// Builds a sparse-input matrix: listed `(class_idx, engine_idx, ms)` pairs are allowed, every
+    /// other pair is forbidden. A pair listed twice keeps its last value.
+    pub fn from_entries(
+        n_classes: usize,
+        n_engines: usize,
+        entries: impl IntoIterator<Item = (usize, usize, f64)>,
+    ) -> Result<Self, ProblemError> {
+        let mut values = vec![f64::INFINITY; n_classes * n_engines];
+        for (class, engine, value) in entries {
+            if class >= n_classes || engine >= n_engines {
+                return Err(ProblemError::NetworkIndex { class, engine, n_classes, n_engines });
+            }
+            if !non_negative(value) {
+                return Err(ProblemError::NetworkValue { class, engine, value });
+            }
+            values[engine * n_classes + class] = value;
+        }
+        Ok(Self { n_classes, n_engines, values })
+    }
+
+    pub fn n_classes(&self) -> usize {
+        self.n_classes
+    }
+
+    pub fn n_engines(&self) -> usize {
+        self.n_engines
+    }
+
+    /// Latency in ms, `None` if the pair is forbidden. Panics if an index is out of range.
+    pub fn get(&self, class_idx: usize, engine_idx: usize) -> Option<f64> {
+        let v = self.values[engine_idx * self.n_classes + class_idx];
+        v.is_finite().then_some(v)
+    }
+
+    /// All classes' latencies to one engine, `+∞` where forbidden (the solver's hot access).
+    pub(crate) fn engine_column(&self, engine_idx: usize) -> &[f64] {
+        &self.values[engine_idx * self.n_classes..(engine_idx + 1) * self.n_classes]
+    }
+
+    /// Class-major rows with `None` where forbidden (the JSON form).
+    pub fn to_rows(&self) -> Vec<Vec<Option<f64>>> {
+        (0..self.n_classes).map(|k| (0..self.n_engines).map(|j| self.get(k, j)).collect()).collect()
+    }
+}
+
+impl Serialize for NetworkMatrix {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.to_rows().serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for NetworkMatrix {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let rows = Vec::<Vec<Option<f64>>>::deserialize(deserializer)?;
+        Self::from_rows(&rows).map_err(serde::de::Error::custom)
+    }
+}
+
+impl Problem {
+    /// Parses and validates the JSON format described in the crate README.
+    pub fn from_json(text: &str) -> Result<Self, ParseError> {
+        let problem: Problem = serde_json::from_str(text)?;
+        problem.validate()?;
+        Ok(problem)
+    }
+
+    /// Checks every number and shape; the solver calls this first.
+    pub fn validate(&self) -> Result<(), ProblemError> {
+        if !(self.rho > 0.0 && self.rho <= 1.0) {
+            return Err(ProblemError::Rho(self.rho));
+        }
+        for class in &self.classes {
+            for (field, value) in
+                [("demand_rps", class.demand_rps), ("shed_penalty_ms", class.shed_penalty_ms)]
+            {
+                if !non_negative(value) {
+                    return Err(ProblemError::ClassField { id: class.id.clone(), field, value });
+                }
+            }
+        }
+        for engine in &self.engines {
+            let id = || engine.id.clone();
+            if !non_negative(engine.capacity_rps) {
+                return Err(ProblemError::EngineField {
+                    id: id(),
+                    field: "capacity_rps",
+                    value: engine.capacity_rps,
+                });
+            }
+            match &engine.latency {
+                Latency::Queueing { t0_ms, b_ms } => {
+                    for (field, value) in [("t0_ms", *t0_ms), ("b_ms", *b_ms)] {
+                        if !non_negative(value) {
+                            return Err(ProblemError::EngineField { id: id(), field, value });
+                        }
+                    }
+                }
+                Latency::Piecewise(points) => {
+                    if points.is_empty() {
+                        return Err(ProblemError::Piecewise { id: id(), reason: "needs at least one point" });
+                    }
+                    if points.iter().any(|p| !non_negative(p[0]) || !non_negative(p[1])) {
+                        return Err(ProblemError::Piecewise {
+                            id: id(),
+                            reason: "points must be finite and non-negative",
+                        });
+                    }
+                }
+            }
+        }
+        check_unique("class", self.classes.iter().map(|c| c.id.as_str()))?;
+        check_unique("engine", self.engines.iter().map(|e| e.id.as_str()))?;
+        if self.network_ms.n_classes != self.classes.len() {
+            return Err(ProblemError::NetworkRows {
+                rows: self.network_ms.n_classes,
+                classes: self.classes.len(),
+            });
+        }
+        // An empty row list carries no column count: zero classes fit any number of engines.
+        if self.network_ms.n_engines != self.engines.len() && !self.classes.is_empty() {
+            return Err(ProblemError::NetworkColumns {
+                columns: self.network_ms.n_engines,
+                engines: self.engines.len(),
+            });
+        }
+        Ok(())
+    }
+
+    pub fn total_demand_rps(&self) -> f64 {
+        self.classes.iter().map(|c| c.demand_rps).sum()
+    }
+}
+
+fn check_unique<'a>(kind: &'static str, ids: impl Iterator<Item = &'a str>) -> Result<(), ProblemError> {
+    let mut sorted: Vec<&str> = ids.collect();
+    sorted.sort_unstable();
+    match sorted.windows(2).find(|w| w[0] == w[1]) {
+        Some(w) => Err(ProblemError::DuplicateId { kind, id: w[0].to_owned() }),
+        None => Ok(()),
+    }
+}
+
+/// Why a JSON problem could not be read.
+#[derive(Debug, Error)]
+pub enum ParseError {
+    #[error("malformed problem JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("invalid problem: {0}")]
+    Invalid(#[from] ProblemError),
+}

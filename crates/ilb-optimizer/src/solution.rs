@@ -1,0 +1,89 @@
+//! What a solve returns: routes, shed traffic, engine loads and prices, the objective with its
+//! certified lower bound, and how much traffic moved since the previous solution; plus the
+//! warm-start state that the next solve resumes from.
+
+use serde::{Deserialize, Serialize};
+
+/// One route: class `class` sends `rps` to engine `engine` (indices into the problem's lists).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Route {
+    pub class: usize,
+    pub engine: usize,
+    pub rps: f64,
+    /// rps / (demand − shed) of the class: the published weight. Weights of a class sum to 1.
+    pub weight: f64,
+}
+
+/// Why an engine carries the load it carries: what the control plane shows next to a weight.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EnginePlan {
+    pub load_rps: f64,
+    /// L_j(load): the engine latency expected at the planned load (ms).
+    pub expected_latency_ms: f64,
+    /// Marginal price q_j (ms): the cost of one more req/s here, f'_j(load) or the capacity
+    /// multiplier on top of it when capacity binds.
+    pub marginal_price_ms: f64,
+    /// Load is at the usable capacity ρ·c_j.
+    pub capacity_binds: bool,
+}
+
+/// The result of one solve. Indices refer to the solved [`crate::Problem`]'s lists.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Solution {
+    /// Sorted by class, then engine; only positive flows.
+    pub routes: Vec<Route>,
+    /// Shed req/s per class.
+    pub shed_rps: Vec<f64>,
+    pub engines: Vec<EnginePlan>,
+    /// Σ n·x + Σ y·L(y) + Σ P·s of the published routing (ms·req/s).
+    pub objective: f64,
+    /// Certified lower bound on the optimal objective (Lagrangian dual).
+    pub lower_bound: f64,
+    /// (objective − lower_bound) / objective.
+    pub gap: f64,
+    /// objective / total demand (ms); 0 without demand.
+    pub mean_latency_ms: f64,
+    /// Σ|x − x_prev| / 2 / Σ d against the warm-start routes; `None` on a cold solve.
+    pub traffic_moved: Option<f64>,
+    /// Newton steps taken (diagnostics).
+    pub newton_steps: usize,
+    /// Passes over the engines (diagnostics).
+    pub passes: usize,
+    /// Full scans of the network matrix (diagnostics).
+    pub rebuilds: usize,
+    /// Final smoothing ε (ms).
+    pub epsilon: f64,
+}
+
+impl Solution {
+    pub fn engine_load_rps(&self) -> Vec<f64> {
+        self.engines.iter().map(|e| e.load_rps).collect()
+    }
+
+    /// Routes of one class (a slice of `routes`).
+    pub fn class_routes(&self, class_idx: usize) -> &[Route] {
+        let lo = self.routes.partition_point(|r| r.class < class_idx);
+        let hi = self.routes.partition_point(|r| r.class <= class_idx);
+        &self.routes[lo..hi]
+    }
+}
+
+/// State carried from one solve to the next, matched by class and engine id so that classes and
+/// engines may come and go between solves.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WarmStart {
+    pub(crate) class_ids: Vec<String>,
+    pub(crate) engine_ids: Vec<String>,
+    /// Class prices u_k (`None` for classes without demand).
+    pub(crate) prices: Vec<Option<f64>>,
+    /// Routes as (class_idx, engine_idx, rps), sorted by engine then class.
+    pub(crate) routes: Vec<(u32, u32, f64)>,
+    pub(crate) epsilon: f64,
+}
+
+impl WarmStart {
+    /// Class prices (ms) of the solve this state came from, by class index of that problem.
+    pub fn class_prices(&self) -> &[Option<f64>] {
+        &self.prices
+    }
+}

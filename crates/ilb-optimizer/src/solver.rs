@@ -1,0 +1,363 @@
+//! The solve loop: Newton's method on the smoothed dual (one price per class), continued in the
+//! smoothing ε downwards until the repaired primal is certified within the gap target; cold or
+//! warm started, with the proximal centre at the previous routes for stability.
+
+use crate::certify::{repair, Repaired};
+use crate::linalg::cholesky_solve;
+use crate::pass::{Candidates, Model, Pass, PrevRoutes};
+use crate::problem::{Problem, ProblemError};
+use crate::solution::{EnginePlan, Route, Solution, WarmStart};
+use crate::warm::{cold_prices, map_warm_start, traffic_moved};
+
+/// Tuning knobs; the defaults meet the bar of the crate README.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SolverOptions {
+    /// Stop once the certified relative gap is at most this (default 5e-4, half the 0.1 % bar).
+    pub gap_target: f64,
+    /// Upper bound on Newton steps; the best certified solution so far is returned.
+    pub max_newton_steps: usize,
+    /// Routes below this fraction of their class demand are dropped (and re-placed) when publishing.
+    pub min_route_fraction: f64,
+    /// Centre the smoothing term at the previous routes (sticky ties); on by default.
+    pub proximal: bool,
+}
+
+impl Default for SolverOptions {
+    fn default() -> Self {
+        SolverOptions { gap_target: 5e-4, max_newton_steps: 400, min_route_fraction: 1e-6, proximal: true }
+    }
+}
+
+/// A solver that remembers its previous answer and warm-starts from it. One per model.
+#[derive(Clone, Debug, Default)]
+pub struct Solver {
+    pub options: SolverOptions,
+    warm: Option<WarmStart>,
+}
+
+impl Solver {
+    pub fn new(options: SolverOptions) -> Self {
+        Solver { options, warm: None }
+    }
+
+    /// Solves `problem`, warm-started from the previous solve if there was one, and remembers
+    /// the result for the next call.
+    pub fn solve(&mut self, problem: &Problem) -> Result<Solution, ProblemError> {
+        let (solution, warm) = solve(problem, self.warm.as_ref(), &self.options)?;
+        self.warm = Some(warm);
+        Ok(solution)
+    }
+
+    /// Forgets the previous solution: the next solve is cold.
+    pub fn reset(&mut self) {
+        self.warm = None;
+    }
+
+    pub fn warm_start(&self) -> Option<&WarmStart> {
+        self.warm.as_ref()
+    }
+}
+
+/// Stateless solve: the solution and the state to warm-start the next solve from.
+pub fn solve(
+    problem: &Problem,
+    warm: Option<&WarmStart>,
+    options: &SolverOptions,
+) -> Result<(Solution, WarmStart), ProblemError> {
+    problem.validate()?;
+    let model = Model::new(problem);
+    let scale = price_scale(&model);
+    let mapped = warm.map(|w| map_warm_start(&model, w));
+    let (u, prev, eps_start, lost) = match mapped {
+        Some(m) => {
+            let prev = if options.proximal { m.prev.clone() } else { PrevRoutes::default() };
+            (m.prices, prev, m.epsilon.clamp(1e-7 * scale, 0.05 * scale), Some((m.prev, m.lost_rps)))
+        }
+        None => (cold_prices(&model), PrevRoutes::default(), 0.05 * scale, None),
+    };
+    let mut run = Run::new(&model, options, scale, prev);
+    let (repaired, eps) = run.solve(u, eps_start);
+    let solution = publish(&model, &run, repaired, eps, lost.as_ref().map(|(p, l)| (p, *l)));
+    let warm = WarmStart {
+        class_ids: problem.classes.iter().map(|c| c.id.clone()).collect(),
+        engine_ids: problem.engines.iter().map(|e| e.id.clone()).collect(),
+        prices: run.u.iter().map(|&p| p.is_finite().then_some(p)).collect(),
+        routes: engine_major_routes(&solution),
+        epsilon: eps,
+    };
+    Ok((solution, warm))
+}
+
+/// Typical engine base latency: the unit for ε and the drift budget.
+fn price_scale(model: &Model) -> f64 {
+    let (mut sum, mut count) = (0.0, 0.0);
+    for (curve, on) in model.curves.iter().zip(&model.engine_on) {
+        if *on {
+            sum += curve.base_price();
+            count += 1.0;
+        }
+    }
+    if count > 0.0 {
+        (sum / count).max(1.0)
+    } else {
+        1.0
+    }
+}
+
+/// The working state of one solve.
+struct Run<'m, 'p> {
+    model: &'m Model<'p>,
+    options: &'m SolverOptions,
+    scale: f64,
+    prev: PrevRoutes,
+    u: Vec<f64>,
+    cand: Candidates,
+    spare: Candidates,
+    pass: Pass,
+    trial: Pass,
+    hessian: Vec<f64>,
+    best: Option<(Repaired, Candidates, Vec<f64>)>,
+    steps: usize,
+    passes: usize,
+    rebuilds: usize,
+}
+
+impl<'m, 'p> Run<'m, 'p> {
+    fn new(model: &'m Model<'p>, options: &'m SolverOptions, scale: f64, prev: PrevRoutes) -> Self {
+        Run {
+            model,
+            options,
+            scale,
+            prev,
+            u: Vec::new(),
+            cand: Candidates::default(),
+            spare: Candidates::default(),
+            pass: Pass::default(),
+            trial: Pass::default(),
+            hessian: Vec::new(),
+            best: None,
+            steps: 0,
+            passes: 0,
+            rebuilds: 0,
+        }
+    }
+
+    /// Candidate window for smoothing `eps`: 2ερ plus twice the drift budget.
+    fn width(&self, eps: f64) -> f64 {
+        2.0 * eps * self.model.rho + 2.0 * (4.0 * eps).max(0.01 * self.scale)
+    }
+
+    fn lists_valid(cand: &Candidates, u: &[f64], eps: f64, rho: f64) -> bool {
+        !cand.start.is_empty() && 2.0 * cand.drift(u) < cand.width - 2.0 * eps * rho
+    }
+
+    /// Runs the continuation; returns the best certified routing and its ε.
+    fn solve(&mut self, u: Vec<f64>, eps_start: f64) -> (Repaired, f64) {
+        self.u = u;
+        let rho = self.model.rho;
+        let eps_min = 1e-6 * self.scale;
+        let mut eps = eps_start;
+        let mut best_eps = eps;
+        self.cand.rebuild(self.model, &self.u, self.width(eps), &self.prev);
+        self.rebuilds += 1;
+        loop {
+            if !Self::lists_valid(&self.cand, &self.u, eps, rho) || self.cand.width > 4.0 * self.width(eps) {
+                self.cand.rebuild(self.model, &self.u, self.width(eps), &self.prev);
+                self.rebuilds += 1;
+            }
+            self.pass.run(self.model, &self.cand, &self.u, eps);
+            self.passes += 1;
+            self.newton(eps);
+            let repaired =
+                repair(self.model, &self.cand, &self.pass, &self.u, eps, self.options.min_route_fraction);
+            let gap = repaired.gap();
+            let better = match &self.best {
+                None => true,
+                Some((b, _, _)) => gap < b.gap(),
+            };
+            if better {
+                self.best = Some((repaired, clone_lists(&self.cand), self.pass.q.clone()));
+                best_eps = eps;
+            }
+            if gap <= self.options.gap_target || eps <= eps_min || self.steps >= self.options.max_newton_steps
+            {
+                break;
+            }
+            eps = (eps * 0.2).max(eps_min);
+        }
+        let (repaired, cand, q) = self.best.take().expect("the loop stores a solution before leaving");
+        self.cand = cand;
+        self.pass.q = q;
+        (repaired, best_eps)
+    }
+
+    /// Newton iterations at fixed ε until the demand residual is small.
+    fn newton(&mut self, eps: f64) {
+        let n = self.model.n_classes();
+        let rho = self.model.rho;
+        let tolerance = 1e-7;
+        let mut delta = vec![0.0; n];
+        let mut u_trial = vec![0.0; n];
+        while self.pass.residual > tolerance && self.steps < self.options.max_newton_steps {
+            self.steps += 1;
+            self.hessian.clear();
+            self.hessian.resize(n * n, 0.0);
+            self.pass.add_hessian(self.model, &self.cand, &self.u, eps, &mut self.hessian);
+            let mut max_diag: f64 = 0.0;
+            for k in 0..n {
+                max_diag = max_diag.max(self.hessian[k * n + k]);
+            }
+            let mut idle_classes = Vec::new();
+            for k in 0..n {
+                delta[k] = self.pass.grad[k];
+                let diag = self.hessian[k * n + k];
+                if !self.model.class_on[k] {
+                    self.hessian[k * n + k] = 1.0;
+                    delta[k] = 0.0;
+                } else if diag <= 1e-12 * max_diag.max(1e-300) {
+                    // No flow and no shedding: the dual is linear in u_k here. Jump to where the
+                    // class starts to be served (or shed), found below.
+                    self.hessian[k * n + k] = 1.0;
+                    idle_classes.push(k);
+                } else {
+                    self.hessian[k * n + k] += 1e-10 * diag;
+                }
+            }
+            if !idle_classes.is_empty() {
+                let targets = self.activation_prices(&idle_classes);
+                for (&k, target) in idle_classes.iter().zip(targets) {
+                    delta[k] = (target - self.u[k]).max(0.0) + 0.1 * eps;
+                }
+            }
+            cholesky_solve(&mut self.hessian, &mut delta, n, 1e-12);
+            let slope: f64 =
+                (0..n).filter(|&k| self.model.class_on[k]).map(|k| delta[k] * self.pass.grad[k]).sum();
+            let mut t = 1.0;
+            let mut accepted = false;
+            for _ in 0..60 {
+                for k in 0..n {
+                    u_trial[k] = self.u[k] + t * delta[k];
+                }
+                let rebuilt = !Self::lists_valid(&self.cand, &u_trial, eps, rho);
+                if rebuilt {
+                    self.spare.rebuild(self.model, &u_trial, self.width(eps), &self.prev);
+                    self.rebuilds += 1;
+                }
+                let lists = if rebuilt { &self.spare } else { &self.cand };
+                self.trial.q.clone_from(&self.pass.q);
+                self.trial.run(self.model, lists, &u_trial, eps);
+                self.passes += 1;
+                let noise = 1e-13 * (self.pass.dual.abs() + self.trial.dual.abs());
+                if self.trial.dual >= self.pass.dual + 1e-4 * t * slope.max(0.0) - noise {
+                    if rebuilt {
+                        std::mem::swap(&mut self.cand, &mut self.spare);
+                    }
+                    std::mem::swap(&mut self.pass, &mut self.trial);
+                    std::mem::swap(&mut self.u, &mut u_trial);
+                    accepted = true;
+                    break;
+                }
+                t *= if t > 1e-3 { 0.5 } else { 0.1 };
+            }
+            if !accepted {
+                break;
+            }
+        }
+    }
+
+    /// For classes with no flow: min(P_k, min_j n_kj + q_j) over all engines (a column scan each).
+    fn activation_prices(&self, classes: &[usize]) -> Vec<f64> {
+        let mut targets: Vec<f64> = classes.iter().map(|&k| self.model.penalty[k]).collect();
+        for j in 0..self.model.n_engines() {
+            if !self.model.engine_on[j] {
+                continue;
+            }
+            let column = self.model.problem.network_ms.engine_column(j);
+            let q = self.pass.q[j].max(self.model.curves[j].base_price());
+            for (target, &k) in targets.iter_mut().zip(classes) {
+                *target = target.min(column[k] + q);
+            }
+        }
+        targets
+    }
+}
+
+fn clone_lists(c: &Candidates) -> Candidates {
+    Candidates {
+        start: c.start.clone(),
+        class: c.class.clone(),
+        net: c.net.clone(),
+        prev: c.prev.clone(),
+        base_u: c.base_u.clone(),
+        width: c.width,
+    }
+}
+
+/// Builds the published solution from the certified routing.
+fn publish(
+    model: &Model,
+    run: &Run,
+    repaired: Repaired,
+    eps: f64,
+    previous: Option<(&PrevRoutes, f64)>,
+) -> Solution {
+    let cand = &run.cand;
+    let n = model.n_classes();
+    let mut routes = Vec::new();
+    for j in 0..model.n_engines() {
+        for e in cand.start[j]..cand.start[j + 1] {
+            if repaired.x[e] > 0.0 {
+                routes.push(Route {
+                    class: cand.class[e] as usize,
+                    engine: j,
+                    rps: repaired.x[e],
+                    weight: 0.0,
+                });
+            }
+        }
+    }
+    routes.sort_by(|a, b| a.class.cmp(&b.class).then(a.engine.cmp(&b.engine)));
+    let mut served = vec![0.0; n];
+    for r in &routes {
+        served[r.class] += r.rps;
+    }
+    for r in &mut routes {
+        r.weight = r.rps / served[r.class];
+    }
+    let engines = (0..model.n_engines())
+        .map(|j| {
+            let load = repaired.load[j];
+            let curve = &model.curves[j];
+            EnginePlan {
+                load_rps: load,
+                expected_latency_ms: curve.latency(load),
+                marginal_price_ms: if model.engine_on[j] { run.pass.q[j] } else { curve.base_price() },
+                capacity_binds: model.engine_on[j] && load >= curve.cap() * (1.0 - 1e-6),
+            }
+        })
+        .collect();
+    let total: f64 = model.demand.iter().sum();
+    let traffic_moved =
+        previous.map(|(prev, lost)| traffic_moved(model, cand, &repaired.x, prev, lost, total));
+    Solution {
+        routes,
+        shed_rps: repaired.shed.clone(),
+        engines,
+        objective: repaired.objective,
+        lower_bound: repaired.lower_bound,
+        gap: repaired.gap(),
+        mean_latency_ms: if total > 0.0 { repaired.objective / total } else { 0.0 },
+        traffic_moved,
+        newton_steps: run.steps,
+        passes: run.passes,
+        rebuilds: run.rebuilds,
+        epsilon: eps,
+    }
+}
+
+fn engine_major_routes(solution: &Solution) -> Vec<(u32, u32, f64)> {
+    let mut routes: Vec<(u32, u32, f64)> =
+        solution.routes.iter().map(|r| (r.class as u32, r.engine as u32, r.rps)).collect();
+    routes.sort_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(&b.0)));
+    routes
+}

@@ -1,0 +1,168 @@
+//! Where a solve starts: cold prices from one common engine price level, or the previous
+//! solve's prices and routes matched by class and engine id; and the traffic moved between the
+//! previous routes and the new ones.
+
+use crate::pass::{Candidates, Model, PrevRoutes};
+use crate::solution::WarmStart;
+
+/// Cold start: the common engine price p0 at which the engines' best responses add up to the
+/// demand (or 90 % of the capacity), and u_k = min(P_k, min_j n_kj + p0).
+pub(crate) fn cold_prices(model: &Model) -> Vec<f64> {
+    let n = model.n_classes();
+    let total_demand: f64 = (0..n).filter(|&k| model.class_on[k]).map(|k| model.demand[k]).sum();
+    let total_cap: f64 = model.curves.iter().map(|c| c.cap()).sum();
+    let target = total_demand.min(0.9 * total_cap);
+    let load_at = |p: f64| -> f64 { model.curves.iter().map(|c| c.response(p).0).sum() };
+    let mut lo = model.curves.iter().map(|c| c.base_price()).fold(f64::INFINITY, f64::min);
+    let mut hi = if lo.is_finite() { lo.max(1.0) * 2.0 } else { 0.0 };
+    let mut p0 = 0.0;
+    if target > 0.0 && lo.is_finite() {
+        for _ in 0..200 {
+            if load_at(hi) >= target {
+                break;
+            }
+            lo = hi;
+            hi *= 2.0;
+        }
+        for _ in 0..60 {
+            let mid = 0.5 * (lo + hi);
+            if load_at(mid) < target {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        p0 = hi;
+    }
+    let mut nearest = vec![f64::INFINITY; n];
+    for j in 0..model.n_engines() {
+        if !model.engine_on[j] {
+            continue;
+        }
+        let column = model.problem.network_ms.engine_column(j);
+        for k in 0..n {
+            nearest[k] = nearest[k].min(column[k]);
+        }
+    }
+    (0..n)
+        .map(|k| if model.class_on[k] { model.penalty[k].min(nearest[k] + p0) } else { f64::NEG_INFINITY })
+        .collect()
+}
+
+/// A warm start translated to the indices of the new problem.
+pub(crate) struct MappedWarm {
+    pub prices: Vec<f64>,
+    pub prev: PrevRoutes,
+    pub epsilon: f64,
+    /// Previous rps on classes or engines that no longer exist (it has to move).
+    pub lost_rps: f64,
+}
+
+fn index_map<'a>(old: &'a [String], new: impl Iterator<Item = &'a str>) -> Vec<Option<usize>> {
+    let mut sorted: Vec<(&str, usize)> = new.enumerate().map(|(i, id)| (id, i)).collect();
+    sorted.sort_unstable();
+    old.iter()
+        .map(|id| sorted.binary_search_by(|(s, _)| (*s).cmp(id.as_str())).ok().map(|pos| sorted[pos].1))
+        .collect()
+}
+
+pub(crate) fn map_warm_start(model: &Model, warm: &WarmStart) -> MappedWarm {
+    let problem = model.problem;
+    let same_classes = warm.class_ids.len() == problem.classes.len()
+        && warm.class_ids.iter().zip(&problem.classes).all(|(a, b)| *a == b.id);
+    let same_engines = warm.engine_ids.len() == problem.engines.len()
+        && warm.engine_ids.iter().zip(&problem.engines).all(|(a, b)| *a == b.id);
+    let class_map: Vec<Option<usize>> = if same_classes {
+        (0..warm.class_ids.len()).map(Some).collect()
+    } else {
+        index_map(&warm.class_ids, problem.classes.iter().map(|c| c.id.as_str()))
+    };
+    let engine_map: Vec<Option<usize>> = if same_engines {
+        (0..warm.engine_ids.len()).map(Some).collect()
+    } else {
+        index_map(&warm.engine_ids, problem.engines.iter().map(|e| e.id.as_str()))
+    };
+    let cold = cold_prices_if_needed(model, warm, &class_map);
+    let mut prices = cold;
+    for (old, new) in class_map.iter().enumerate() {
+        if let (Some(k), Some(Some(p))) = (new, warm.prices.get(old)) {
+            if model.class_on[*k] {
+                prices[*k] = *p;
+            }
+        }
+    }
+    let mut triples: Vec<(usize, usize, f64)> = Vec::with_capacity(warm.routes.len());
+    let mut lost_rps = 0.0;
+    for &(k, j, rps) in &warm.routes {
+        match (class_map.get(k as usize).copied().flatten(), engine_map.get(j as usize).copied().flatten()) {
+            (Some(k), Some(j)) => triples.push((j, k, rps)),
+            _ => lost_rps += rps,
+        }
+    }
+    if !(same_classes && same_engines) {
+        triples.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+    }
+    let m = model.n_engines();
+    let mut prev = PrevRoutes { start: vec![0; m + 1], class: Vec::new(), rps: Vec::new() };
+    for &(j, k, rps) in &triples {
+        prev.start[j + 1] += 1;
+        prev.class.push(k as u32);
+        prev.rps.push(rps);
+    }
+    for j in 0..m {
+        prev.start[j + 1] += prev.start[j];
+    }
+    MappedWarm { prices, prev, epsilon: warm.epsilon, lost_rps }
+}
+
+/// Cold prices for the new problem, computed only when some active class has no old price.
+fn cold_prices_if_needed(model: &Model, warm: &WarmStart, class_map: &[Option<usize>]) -> Vec<f64> {
+    let n = model.n_classes();
+    let mut has_price = vec![false; n];
+    for (old, new) in class_map.iter().enumerate() {
+        if let (Some(k), Some(Some(_))) = (new, warm.prices.get(old)) {
+            has_price[*k] = true;
+        }
+    }
+    if (0..n).all(|k| has_price[k] || !model.class_on[k]) {
+        (0..n).map(|_| f64::NEG_INFINITY).collect()
+    } else {
+        cold_prices(model)
+    }
+}
+
+/// Σ|x − x_prev| / 2 / Σd, merging the previous routes with the candidate entries engine by
+/// engine (both sorted by class within an engine).
+pub(crate) fn traffic_moved(
+    model: &Model,
+    cand: &Candidates,
+    x: &[f64],
+    prev: &PrevRoutes,
+    lost: f64,
+    total_demand: f64,
+) -> f64 {
+    if total_demand <= 0.0 {
+        return 0.0;
+    }
+    let mut moved = lost;
+    for j in 0..model.n_engines() {
+        let (mut e, e_end) = (cand.start[j], cand.start[j + 1]);
+        let (mut p, p_end) = (prev.start[j], prev.start[j + 1]);
+        while e < e_end || p < p_end {
+            let ke = if e < e_end { cand.class[e] } else { u32::MAX };
+            let kp = if p < p_end { prev.class[p] } else { u32::MAX };
+            if ke == kp {
+                moved += (x[e] - prev.rps[p]).abs();
+                e += 1;
+                p += 1;
+            } else if ke < kp {
+                moved += x[e];
+                e += 1;
+            } else {
+                moved += prev.rps[p];
+                p += 1;
+            }
+        }
+    }
+    moved / 2.0 / total_demand
+}
