@@ -21,6 +21,12 @@ pub struct DataPlaneConfig {
     pub guard: GuardConfig,
     /// How often ejected engines are checked for a due health probe.
     pub probe_interval: Duration,
+    pub retry_budget: crate::budget::RetryBudgetConfig,
+    /// Longest a request waits for a slot when every candidate engine is at its
+    /// `max_in_flight`; critical requests wait twice as long. Then it is shed (503).
+    pub queue_wait: Duration,
+    /// Most requests waiting for a slot at once; beyond it, non-critical requests are shed at once.
+    pub max_waiting: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -60,6 +66,9 @@ impl DataPlaneConfig {
             timeouts: Timeouts::default(),
             guard: GuardConfig::default(),
             probe_interval: Duration::from_millis(250),
+            retry_budget: Default::default(),
+            queue_wait: Duration::from_secs(2),
+            max_waiting: 1024,
         }
     }
 }

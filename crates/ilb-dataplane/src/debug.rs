@@ -68,7 +68,7 @@ fn explain(shared: &Shared, query: &str) -> Result<serde_json::Value, ProxyError
             })
         })
         .collect();
-    let chosen = choose(&installed, class, &constraints, key_hash, &[]);
+    let chosen = choose(&installed, class, &constraints, key_hash, &[]).ok();
     Ok(json!({
         "snapshot": installed.table.version,
         "cluster": installed.table.cluster,

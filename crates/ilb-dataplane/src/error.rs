@@ -33,6 +33,8 @@ pub enum ProxyError {
     NoHealthyEngine { model: String, detail: String },
     #[error("request shed: {0}")]
     Shed(String),
+    #[error("every engine for model '{model}' is at its concurrency limit; waited {waited_ms} ms")]
+    Overloaded { model: String, waited_ms: u64 },
     #[error("engine '{engine}' did not respond within {timeout_ms} ms")]
     EngineTimeout { engine: String, timeout_ms: u64 },
     #[error("engine '{engine}' failed: {detail}")]
@@ -48,9 +50,10 @@ impl ProxyError {
             | ProxyError::UnknownModel(_)
             | ProxyError::NotFound { .. } => Blame::Client,
             ProxyError::EngineTimeout { .. } | ProxyError::EngineFailed { .. } => Blame::Engine,
-            ProxyError::NoSnapshot | ProxyError::NoHealthyEngine { .. } | ProxyError::Shed(_) => {
-                Blame::Internal
-            }
+            ProxyError::NoSnapshot
+            | ProxyError::NoHealthyEngine { .. }
+            | ProxyError::Shed(_)
+            | ProxyError::Overloaded { .. } => Blame::Internal,
         }
     }
 
@@ -60,7 +63,9 @@ impl ProxyError {
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ProxyError::UnknownModel(_) | ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
-            ProxyError::NoSnapshot | ProxyError::NoHealthyEngine { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::NoSnapshot | ProxyError::NoHealthyEngine { .. } | ProxyError::Overloaded { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ProxyError::Shed(_) => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::EngineTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::EngineFailed { .. } => StatusCode::BAD_GATEWAY,
@@ -78,6 +83,7 @@ impl ProxyError {
             ProxyError::NoSnapshot => ("service_unavailable", "no_snapshot"),
             ProxyError::NoHealthyEngine { .. } => ("service_unavailable", "no_healthy_engine"),
             ProxyError::Shed(_) => ("rate_limit_exceeded", "shed"),
+            ProxyError::Overloaded { .. } => ("service_unavailable", "overloaded"),
             ProxyError::EngineTimeout { .. } => ("upstream_error", "engine_timeout"),
             ProxyError::EngineFailed { .. } => ("upstream_error", "engine_failed"),
         }
@@ -86,7 +92,10 @@ impl ProxyError {
     /// Seconds a client should wait before retrying, where that is meaningful.
     fn retry_after_s(&self) -> Option<u32> {
         match self {
-            ProxyError::NoSnapshot | ProxyError::NoHealthyEngine { .. } | ProxyError::Shed(_) => Some(1),
+            ProxyError::NoSnapshot
+            | ProxyError::NoHealthyEngine { .. }
+            | ProxyError::Shed(_)
+            | ProxyError::Overloaded { .. } => Some(1),
             _ => None,
         }
     }

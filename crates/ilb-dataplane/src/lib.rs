@@ -9,7 +9,9 @@
 //! **Invariant:** the data plane never talks to the control plane on the request path, never
 //! scrapes engine metrics, and never forwards to an address that is not in its snapshot.
 
+pub mod admission;
 mod body;
+pub mod budget;
 mod clock;
 pub mod config;
 mod debug;
@@ -75,6 +77,7 @@ impl DataPlane {
         let mut tasks = JoinSet::new();
         tasks.spawn(server::serve(listener, Arc::clone(&shared), shutdown_rx.clone()));
         tasks.spawn(sources::probe_ejected(Arc::clone(&shared), shutdown_rx.clone()));
+        tasks.spawn(admission::plan_shedding(Arc::clone(&shared), shutdown_rx.clone()));
         if let Some(reports) = reports {
             tasks.spawn(report::run(Arc::clone(&shared), reports, shutdown_rx.clone()));
         }

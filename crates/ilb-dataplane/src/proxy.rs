@@ -3,6 +3,7 @@
 
 use crate::body::{ProxyBody, UpstreamBody};
 use crate::error::ProxyError;
+use crate::admission;
 use crate::server::Shared;
 use crate::state::Installed;
 use bytes::Bytes;
@@ -93,6 +94,7 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         self.engine.in_flight.fetch_sub(1, Relaxed);
         self.class.in_flight.fetch_sub(1, Relaxed);
+        self.shared.waiters.slot_freed();
     }
 }
 
@@ -111,25 +113,68 @@ async fn forward(
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let (parts, body) = req.into_parts();
     let body = read_body(shared, &parts.headers, body).await?;
-    let request = classify_request(endpoint, &parts.headers, &body, shared.next_request_id())?;
+    let request_id = shared.next_request_id();
+    let request = classify_request(endpoint, &parts.headers, &body, request_id)?;
     let installed = shared.routing.load().ok_or(ProxyError::NoSnapshot)?;
-    let model = installed
-        .table
-        .model(&request.model)
-        .ok_or_else(|| ProxyError::UnknownModel(request.model.to_string()))?;
+    let model =
+        installed.table.model(&request.model).ok_or_else(|| ProxyError::UnknownModel(request.model.to_string()))?;
     let constraints = Constraints { require: &request.require, residency: request.residency };
     let class = model.class_for(&constraints);
-    installed.classes[class.seq].arrivals.fetch_add(1, Relaxed);
+    let class_state = &installed.classes[class.seq];
+    let priority = admission::priority_index(request.priority);
+    class_state.arrivals.fetch_add(1, Relaxed);
+    class_state.priority.priority_arrivals[priority].fetch_add(1, Relaxed);
 
+    // Planned shedding: the control plane says this class is over capacity.
+    let shed_probability = f64::from_bits(class_state.priority.shed_probability[priority].load(Relaxed));
+    if shed_probability > 0.0 && unit_interval(request_id) < shed_probability {
+        class_state.shed.fetch_add(1, Relaxed);
+        return Err(ProxyError::Shed(format!(
+            "class '{}' of model '{}' is over capacity and sheds {} priority traffic first",
+            class.id,
+            model.name,
+            request.priority.as_str()
+        )));
+    }
+
+    shared.budget.record_request(shared.uptime());
     let max_attempts = shared.config.max_attempts.max(1) as usize;
     let mut tried: Vec<usize> = Vec::new();
     let mut last_error: Option<ProxyError> = None;
     // The last engine error response, passed on as is when no retry is left.
     let mut last_response: Option<(Response<Incoming>, InFlight)> = None;
-    while tried.len() < max_attempts {
-        let Some(candidate) = choose(&installed, class, &constraints, request.key_hash, &tried) else {
-            break;
+    let mut budget_exhausted = false;
+    let started = Instant::now();
+    loop {
+        let candidate = match choose(&installed, class, &constraints, request.key_hash, &tried) {
+            Ok(candidate) => candidate,
+            Err(NoCandidate::Saturated) if last_error.is_none() => {
+                // Every usable engine is at its concurrency limit: wait (bounded) for a slot.
+                let limit = shared.config.queue_wait * if priority == 3 { 2 } else { 1 };
+                let waited = started.elapsed();
+                let full = shared.waiters.total() >= shared.config.max_waiting && priority < 3;
+                if full || waited >= limit {
+                    class_state.shed.fetch_add(1, Relaxed);
+                    return Err(ProxyError::Overloaded {
+                        model: model.name.to_string(),
+                        waited_ms: waited.as_millis() as u64,
+                    });
+                }
+                shared.waiters.wait(priority, limit - waited).await;
+                continue;
+            }
+            Err(_) => break,
         };
+        if !tried.is_empty() {
+            if !shared.budget.try_retry(shared.uptime(), installed.table.utilisation) {
+                budget_exhausted = true;
+                break;
+            }
+            // Jittered back-off, deterministic per request: up to 10 ms, doubling per retry.
+            let cap_us = 10_000u64 << (tried.len() - 1).min(4);
+            let jitter = ilb_core::slots::mix(request_id ^ tried.len() as u64) % cap_us;
+            tokio::time::sleep(std::time::Duration::from_micros(jitter)).await;
+        }
         tried.push(candidate);
         let engine_idx = class.candidates[candidate].engine_idx;
         let mut in_flight = InFlight::start(shared, &installed, engine_idx, class.seq);
@@ -142,39 +187,58 @@ async fn forward(
                 if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
                     // 429 means busy, not broken: retry elsewhere but do not count it against the engine.
                     in_flight.finish(status == StatusCode::TOO_MANY_REQUESTS);
-                    last_error =
-                        Some(ProxyError::EngineFailed { engine, detail: format!("status {status}") });
+                    last_error = Some(ProxyError::EngineFailed { engine, detail: format!("status {status}") });
                     last_response = Some((response, in_flight));
-                    continue;
+                } else {
+                    let route = route_header(&installed, model, class, candidate, tried.len(), false);
+                    return Ok(stream_back(shared, response, in_flight, route));
                 }
-                let route = route_header(&installed, model, class, candidate, tried.len());
-                return Ok(stream_back(shared, response, in_flight, route));
             }
             Ok(Err(e)) => {
                 in_flight.finish(false);
                 last_error = Some(ProxyError::EngineFailed { engine, detail: error_chain(&e) });
+                last_response = None;
             }
             Err(_elapsed) => {
                 in_flight.finish(false);
                 let timeout_ms = shared.config.timeouts.first_byte.as_millis() as u64;
                 last_error = Some(ProxyError::EngineTimeout { engine, timeout_ms });
+                last_response = None;
             }
         }
-        last_response = None;
+        if tried.len() >= max_attempts {
+            break;
+        }
     }
     if let Some((response, in_flight)) = last_response {
         let candidate = tried.last().copied().unwrap_or_default();
-        let route = route_header(&installed, model, class, candidate, tried.len());
+        let route = route_header(&installed, model, class, candidate, tried.len(), budget_exhausted);
         return Ok(stream_back(shared, response, in_flight, route));
     }
-    Err(last_error.unwrap_or_else(|| ProxyError::NoHealthyEngine {
-        model: request.model.to_string(),
-        detail: if constraints.is_empty() {
-            String::new()
-        } else {
-            " satisfying the request's constraints".into()
-        },
-    }))
+    match last_error {
+        Some(ProxyError::EngineFailed { engine, detail }) if budget_exhausted => {
+            Err(ProxyError::EngineFailed { engine, detail: format!("{detail}; not retried: retry budget exhausted") })
+        }
+        Some(error) => Err(error),
+        None => Err(ProxyError::NoHealthyEngine {
+            model: request.model.to_string(),
+            detail: if constraints.is_empty() { String::new() } else { " satisfying the request's constraints".into() },
+        }),
+    }
+}
+
+/// A uniform number in [0, 1) from a request id (shedding decisions; no global RNG).
+fn unit_interval(request_id: u64) -> f64 {
+    (ilb_core::slots::mix(request_id ^ 0x5EED) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Why no candidate could be picked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoCandidate {
+    /// Usable engines exist but every one is at its `max_in_flight`.
+    Saturated,
+    /// No engine is usable: all ejected, already tried, or failing the constraints.
+    Unavailable,
 }
 
 /// Picks a candidate: weighted consistent hashing on the key, skipping engines that fail the
@@ -186,24 +250,33 @@ pub(crate) fn choose(
     constraints: &Constraints<'_>,
     key_hash: u64,
     tried: &[usize],
-) -> Option<usize> {
+) -> Result<usize, NoCandidate> {
     let class_load = installed.classes[class.seq].in_flight.load(Relaxed) as f64;
-    let usable = |candidate: usize| {
+    let healthy = |candidate: usize| {
         let c = &class.candidates[candidate];
-        let entry = &installed.table.engines[c.engine_idx];
-        let state = &installed.engines[c.engine_idx];
         !tried.contains(&candidate)
-            && !state.is_ejected()
-            && (entry.max_in_flight == 0 || state.in_flight.load(Relaxed) < entry.max_in_flight)
-            && (constraints.is_empty() || constraints.allow(entry))
+            && !installed.engines[c.engine_idx].is_ejected()
+            && (constraints.is_empty() || constraints.allow(&installed.table.engines[c.engine_idx]))
+    };
+    let has_room = |candidate: usize| {
+        let c = &class.candidates[candidate];
+        let limit = installed.table.engines[c.engine_idx].max_in_flight;
+        limit == 0 || installed.engines[c.engine_idx].in_flight.load(Relaxed) < limit
     };
     let bounded = |candidate: usize| {
         let c = &class.candidates[candidate];
         let in_flight = installed.engines[c.engine_idx].in_flight.load(Relaxed) as f64;
         let bound = (LOAD_BOUND * c.weight * (class_load + 1.0)).ceil();
-        in_flight < bound && usable(candidate)
+        in_flight < bound && healthy(candidate) && has_room(candidate)
     };
-    class.pick(key_hash, bounded).or_else(|| class.pick(key_hash, usable)).map(|p| p.candidate)
+    if let Some(p) = class.pick(key_hash, bounded).or_else(|| class.pick(key_hash, |c| healthy(c) && has_room(c))) {
+        return Ok(p.candidate);
+    }
+    if class.pick(key_hash, healthy).is_some() {
+        Err(NoCandidate::Saturated)
+    } else {
+        Err(NoCandidate::Unavailable)
+    }
 }
 
 /// An engine may hold up to (1 + ε) times its weighted share of the class's in-flight requests
@@ -298,13 +371,17 @@ fn route_header(
     class: &ClassTable,
     candidate: usize,
     attempts: usize,
+    budget_exhausted: bool,
 ) -> HeaderValue {
     let c = &class.candidates[candidate];
     let engine = &installed.table.engines[c.engine_idx].id;
-    let value = format!(
+    let mut value = format!(
         "engine={engine}; class={}; weight={:.4}; snapshot={}; model={}; attempts={attempts}",
         class.id, c.weight, installed.table.version, model.name
     );
+    if budget_exhausted {
+        value.push_str("; retry=budget-exhausted");
+    }
     HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("engine=?"))
 }
 

@@ -27,6 +27,8 @@ pub struct Shared {
     pub config: DataPlaneConfig,
     pub routing: RoutingState,
     pub client: HttpClient,
+    pub budget: crate::budget::RetryBudget,
+    pub waiters: crate::admission::Waiters,
     epoch: Instant,
     requests: AtomicU64,
 }
@@ -44,6 +46,8 @@ impl Shared {
             .timer(TokioTimer::new())
             .build(connector);
         Shared {
+            budget: crate::budget::RetryBudget::new(config.retry_budget.clone()),
+            waiters: crate::admission::Waiters::default(),
             config,
             routing: RoutingState::default(),
             client,
@@ -55,6 +59,11 @@ impl Shared {
     /// Milliseconds since this data plane started (monotonic).
     pub fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Time since this data plane started (monotonic).
+    pub fn uptime(&self) -> std::time::Duration {
+        self.epoch.elapsed()
     }
 
     pub fn next_request_id(&self) -> u64 {

@@ -61,6 +61,8 @@ pub struct ClassState {
     pub arrivals: AtomicU64,
     /// Requests shed, cumulative.
     pub shed: AtomicU64,
+    /// Arrivals and shed probabilities per priority.
+    pub priority: crate::admission::PriorityCounters,
 }
 
 impl RoutingState {
