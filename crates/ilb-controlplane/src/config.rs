@@ -208,6 +208,10 @@ pub struct Engine {
     /// Overrides the profile's per-replica capacity, req/s.
     #[serde(default)]
     pub capacity_rps: Option<f64>,
+    /// Most requests one data plane may have in flight to this engine (local overload
+    /// protection; beyond it requests wait briefly, then are shed). Default: no limit.
+    #[serde(default)]
+    pub max_in_flight: Option<u32>,
 }
 
 fn one() -> u32 {

@@ -201,7 +201,7 @@ pub fn snapshots(
                     region: e.region.clone(),
                     capabilities: e.capabilities.clone(),
                     residency: e.residency.clone(),
-                    max_in_flight: 0,
+                    max_in_flight: e.max_in_flight.unwrap_or(0),
                 }
             })
             .collect();

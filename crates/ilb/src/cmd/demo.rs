@@ -258,6 +258,7 @@ fn fleet_config(
                 capabilities: Vec::new(),
                 residency: Vec::new(),
                 capacity_rps: None,
+                max_in_flight: None,
             })
             .collect(),
     }
