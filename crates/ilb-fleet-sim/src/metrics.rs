@@ -1,0 +1,418 @@
+//! What a run measures: latency distributions (TTFT and end-to-end, network included),
+//! prefix-cache hit rate, goodput, shed and failed requests, engine utilisation, and from
+//! periodic samples of each policy's intended weights, weight churn (traffic moved per period)
+//! and oscillation (reversals of each engine's traffic share per hour).
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Reversals smaller than this fraction of an engine's mean traffic share are noise, not
+/// oscillation (zig-zag threshold).
+pub const OSCILLATION_THRESHOLD: f64 = 0.1;
+
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq)]
+pub struct LatencySummary {
+    pub mean: f64,
+    pub p50: f64,
+    pub p99: f64,
+}
+
+impl LatencySummary {
+    fn of(values: &mut [f32]) -> LatencySummary {
+        if values.is_empty() {
+            return LatencySummary::default();
+        }
+        let mean = values.iter().map(|&v| f64::from(v)).sum::<f64>() / values.len() as f64;
+        values.sort_unstable_by(f32::total_cmp);
+        let at = |q: f64| f64::from(values[((values.len() - 1) as f64 * q).round() as usize]);
+        LatencySummary { mean, p50: at(0.5), p99: at(0.99) }
+    }
+}
+
+/// Per-priority counts (the overload scenario checks that low priority is shed first).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct PriorityStats {
+    pub arrivals: u64,
+    pub shed: u64,
+    pub shed_rate: f64,
+    pub completed: u64,
+    pub e2e_p99_ms: f64,
+}
+
+/// One policy's results. The first fields are the documented JSON contract.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PolicyResult {
+    pub e2e_ms: LatencySummary,
+    pub ttft_ms: LatencySummary,
+    /// Prompt tokens served from the prefix cache / prompt tokens, completed requests.
+    pub cache_hit_rate: f64,
+    /// Completed requests with TTFT (network included) within the SLO, per measured second.
+    pub goodput_rps: f64,
+    /// Shed requests / arrivals.
+    pub shed_rate: f64,
+    /// Requests lost: in flight on an engine that failed, no allowed engine up, or refused.
+    pub failed: u64,
+    /// Mean share of traffic whose intended engine changed from one sample period to the next.
+    pub weight_churn: f64,
+    /// Reversals of an engine's traffic-share trend per hour, mean over engines.
+    pub oscillation: f64,
+    pub arrivals: u64,
+    pub completed: u64,
+    pub shed: u64,
+    pub failed_in_flight: u64,
+    pub failed_no_engine: u64,
+    pub failed_refused: u64,
+    /// Requests of residency-bound classes served by an engine outside their zone.
+    pub residency_violations: u64,
+    /// Mean busy fraction of engines and its standard deviation across engines.
+    pub utilisation_mean: f64,
+    pub utilisation_spread: f64,
+    /// ilb: the optimizer's predicted mean latency of admitted traffic, mean over samples, ms.
+    pub predicted_e2e_ms: Option<f64>,
+    /// Policies with a control loop: longest time from an engine failure to the first plan
+    /// that gives the failed engines no traffic, seconds.
+    pub replan_s: Option<f64>,
+    /// Engine-side means (no network): TTFT and time between tokens, ms.
+    pub engine_ttft_ms: f64,
+    pub engine_tbot_ms: f64,
+    /// Mean prompt and output tokens of completed requests.
+    pub mean_prompt_tokens: f64,
+    pub mean_output_tokens: f64,
+    pub by_priority: BTreeMap<String, PriorityStats>,
+    #[serde(skip)]
+    pub series: Series,
+}
+
+/// Time series for plots.
+#[derive(Clone, Debug, Default)]
+pub struct Series {
+    pub t_s: Vec<f64>,
+    /// Mean end-to-end latency of requests finished in each sample period, ms (NaN if none).
+    pub e2e_ms: Vec<f64>,
+    /// `[sample][engine]` requests in flight.
+    pub in_flight: Vec<Vec<f32>>,
+    /// `[sample][engine]` intended share of all traffic.
+    pub share: Vec<Vec<f32>>,
+    /// The last sampled weight matrix, `[stream * n_engines + engine]`.
+    pub final_weights: Vec<f64>,
+}
+
+/// Collects one run's measurements.
+#[derive(Debug)]
+pub struct Recorder {
+    warmup_s: f64,
+    slo_ms: f64,
+    priorities: Vec<String>,
+    stream_priority: Vec<usize>,
+    ttft: Vec<f32>,
+    e2e: Vec<f32>,
+    e2e_by_priority: Vec<Vec<f32>>,
+    arrivals_by_priority: Vec<u64>,
+    shed_by_priority: Vec<u64>,
+    prompt_tokens: u64,
+    cached_tokens: u64,
+    output_tokens: u64,
+    good: u64,
+    engine_ttft_sum: f64,
+    decode_ns: f64,
+    decode_tokens: f64,
+    pub result: PolicyResult,
+    bin: (f64, u64),
+    previous_weights: Option<Vec<f64>>,
+    churn: (f64, u64),
+    util_sum: Vec<f64>,
+    util_samples: u64,
+    predicted: (f64, u64),
+}
+
+/// One finished request.
+pub struct Completion {
+    pub stream: usize,
+    pub finished_s: f64,
+    pub ttft_ms: f64,
+    pub e2e_ms: f64,
+    pub engine_ttft_ms: f64,
+    pub decode_ns: f64,
+    pub output_tokens: u32,
+    pub prompt_tokens: u32,
+    pub cached_tokens: u32,
+}
+
+impl Recorder {
+    pub fn new(warmup_s: f64, slo_ms: f64, stream_priority_names: &[String], n_engines: usize) -> Recorder {
+        let mut priorities: Vec<String> = stream_priority_names.to_vec();
+        priorities.sort();
+        priorities.dedup();
+        let stream_priority =
+            stream_priority_names.iter().map(|p| priorities.iter().position(|q| q == p).unwrap_or(0)).collect();
+        let n = priorities.len();
+        Recorder {
+            warmup_s,
+            slo_ms,
+            priorities,
+            stream_priority,
+            ttft: Vec::new(),
+            e2e: Vec::new(),
+            e2e_by_priority: vec![Vec::new(); n],
+            arrivals_by_priority: vec![0; n],
+            shed_by_priority: vec![0; n],
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            output_tokens: 0,
+            good: 0,
+            engine_ttft_sum: 0.0,
+            decode_ns: 0.0,
+            decode_tokens: 0.0,
+            result: PolicyResult::default(),
+            bin: (0.0, 0),
+            previous_weights: None,
+            churn: (0.0, 0),
+            util_sum: vec![0.0; n_engines],
+            util_samples: 0,
+            predicted: (0.0, 0),
+        }
+    }
+
+    fn measured(&self, t_s: f64) -> bool {
+        t_s >= self.warmup_s
+    }
+
+    pub fn arrival(&mut self, stream: usize, t_s: f64) {
+        if self.measured(t_s) {
+            self.result.arrivals += 1;
+            self.arrivals_by_priority[self.stream_priority[stream]] += 1;
+        }
+    }
+
+    pub fn shed(&mut self, stream: usize, t_s: f64) {
+        if self.measured(t_s) {
+            self.result.shed += 1;
+            self.shed_by_priority[self.stream_priority[stream]] += 1;
+        }
+    }
+
+    pub fn no_engine(&mut self, t_s: f64) {
+        if self.measured(t_s) {
+            self.result.failed_no_engine += 1;
+        }
+    }
+
+    pub fn refused(&mut self, t_s: f64) {
+        if self.measured(t_s) {
+            self.result.failed_refused += 1;
+        }
+    }
+
+    /// Requests lost when their engine failed are counted whenever it happens.
+    pub fn failed_in_flight(&mut self, n: u64) {
+        self.result.failed_in_flight += n;
+    }
+
+    pub fn residency_violation(&mut self) {
+        self.result.residency_violations += 1;
+    }
+
+    pub fn complete(&mut self, c: &Completion) {
+        self.bin.0 += c.e2e_ms;
+        self.bin.1 += 1;
+        if !self.measured(c.finished_s) {
+            return;
+        }
+        self.result.completed += 1;
+        self.ttft.push(c.ttft_ms as f32);
+        self.e2e.push(c.e2e_ms as f32);
+        self.e2e_by_priority[self.stream_priority[c.stream]].push(c.e2e_ms as f32);
+        self.prompt_tokens += u64::from(c.prompt_tokens);
+        self.cached_tokens += u64::from(c.cached_tokens);
+        self.output_tokens += u64::from(c.output_tokens);
+        self.good += u64::from(c.ttft_ms <= self.slo_ms);
+        self.engine_ttft_sum += c.engine_ttft_ms;
+        if c.output_tokens > 1 {
+            self.decode_ns += c.decode_ns;
+            self.decode_tokens += f64::from(c.output_tokens - 1);
+        }
+    }
+
+    /// A periodic sample: `weights` stream-major, `demand` per stream (the scenario's curve),
+    /// `utilisation` per engine over the period.
+    pub fn sample(
+        &mut self,
+        t_s: f64,
+        in_flight: &[u32],
+        weights: Vec<f64>,
+        demand: &[f64],
+        utilisation: &[f64],
+        predicted_ms: Option<f64>,
+    ) {
+        let n = in_flight.len();
+        let series = &mut self.result.series;
+        series.t_s.push(t_s);
+        series.e2e_ms.push(if self.bin.1 > 0 { self.bin.0 / self.bin.1 as f64 } else { f64::NAN });
+        self.bin = (0.0, 0);
+        series.in_flight.push(in_flight.iter().map(|&x| x as f32).collect());
+        let total: f64 = demand.iter().sum();
+        let mut share = vec![0f32; n];
+        if total > 0.0 {
+            for (row, d) in weights.chunks(n).zip(demand) {
+                for (s, w) in share.iter_mut().zip(row) {
+                    *s += (w * d / total) as f32;
+                }
+            }
+        }
+        series.share.push(share);
+        let measured = t_s >= self.warmup_s;
+        if let (true, Some(previous)) = (measured, &self.previous_weights) {
+            if total > 0.0 {
+                let moved: f64 = weights
+                    .chunks(n)
+                    .zip(previous.chunks(n))
+                    .zip(demand)
+                    .map(|((now, before), d)| d * 0.5 * now.iter().zip(before).map(|(a, b)| (a - b).abs()).sum::<f64>())
+                    .sum();
+                self.churn.0 += moved / total;
+                self.churn.1 += 1;
+            }
+        }
+        if measured {
+            for (sum, u) in self.util_sum.iter_mut().zip(utilisation) {
+                *sum += u;
+            }
+            self.util_samples += 1;
+            if let Some(p) = predicted_ms {
+                self.predicted.0 += p;
+                self.predicted.1 += 1;
+            }
+        }
+        self.previous_weights = Some(weights);
+    }
+
+    pub fn finish(mut self, duration_s: f64, replan_s: Option<f64>) -> PolicyResult {
+        let window = (duration_s - self.warmup_s).max(1e-9);
+        let r = &mut self.result;
+        r.ttft_ms = LatencySummary::of(&mut self.ttft);
+        r.e2e_ms = LatencySummary::of(&mut self.e2e);
+        r.cache_hit_rate =
+            if self.prompt_tokens > 0 { self.cached_tokens as f64 / self.prompt_tokens as f64 } else { 0.0 };
+        r.goodput_rps = self.good as f64 / window;
+        r.shed_rate = if r.arrivals > 0 { r.shed as f64 / r.arrivals as f64 } else { 0.0 };
+        r.failed = r.failed_in_flight + r.failed_no_engine + r.failed_refused;
+        r.weight_churn = if self.churn.1 > 0 { self.churn.0 / self.churn.1 as f64 } else { 0.0 };
+        r.replan_s = replan_s;
+        r.predicted_e2e_ms = (self.predicted.1 > 0).then(|| self.predicted.0 / self.predicted.1 as f64);
+        if r.completed > 0 {
+            r.engine_ttft_ms = self.engine_ttft_sum / r.completed as f64;
+            r.mean_prompt_tokens = self.prompt_tokens as f64 / r.completed as f64;
+            r.mean_output_tokens = self.output_tokens as f64 / r.completed as f64;
+        }
+        r.engine_tbot_ms = if self.decode_tokens > 0.0 { self.decode_ns / self.decode_tokens / 1e6 } else { 0.0 };
+        if self.util_samples > 0 {
+            let utils: Vec<f64> = self.util_sum.iter().map(|s| s / self.util_samples as f64).collect();
+            let mean = utils.iter().sum::<f64>() / utils.len().max(1) as f64;
+            let var = utils.iter().map(|u| (u - mean).powi(2)).sum::<f64>() / utils.len().max(1) as f64;
+            r.utilisation_mean = mean;
+            r.utilisation_spread = var.sqrt();
+        }
+        for (p, name) in self.priorities.iter().enumerate() {
+            let mut e2e = std::mem::take(&mut self.e2e_by_priority[p]);
+            let (arrivals, shed) = (self.arrivals_by_priority[p], self.shed_by_priority[p]);
+            r.by_priority.insert(
+                name.clone(),
+                PriorityStats {
+                    arrivals,
+                    shed,
+                    shed_rate: if arrivals > 0 { shed as f64 / arrivals as f64 } else { 0.0 },
+                    completed: e2e.len() as u64,
+                    e2e_p99_ms: LatencySummary::of(&mut e2e).p99,
+                },
+            );
+        }
+        let first_measured = r.series.t_s.iter().position(|&t| t >= self.warmup_s).unwrap_or(0);
+        r.oscillation = oscillation(&r.series.share[first_measured..], window / 3600.0);
+        r.series.final_weights = self.previous_weights.take().unwrap_or_default();
+        self.result
+    }
+}
+
+/// Mean over engines of the reversals per hour of each engine's share series, counting a
+/// reversal only once the share moved back by more than [`OSCILLATION_THRESHOLD`] × its mean
+/// share (a zig-zag filter, so sampling noise is not oscillation).
+pub fn oscillation(share: &[Vec<f32>], hours: f64) -> f64 {
+    let Some(first) = share.first() else { return 0.0 };
+    let n = first.len();
+    let mut total = 0.0;
+    let mut engines = 0usize;
+    for j in 0..n {
+        let series: Vec<f64> = share.iter().map(|row| f64::from(row[j])).collect();
+        let mean = series.iter().sum::<f64>() / series.len() as f64;
+        if mean <= 1e-9 {
+            continue;
+        }
+        engines += 1;
+        total += reversals(&series, OSCILLATION_THRESHOLD * mean) as f64;
+    }
+    if engines == 0 || hours <= 0.0 {
+        0.0
+    } else {
+        total / engines as f64 / hours
+    }
+}
+
+/// Zig-zag reversals of `series` with threshold `h`.
+pub fn reversals(series: &[f64], h: f64) -> u32 {
+    let Some(&start) = series.first() else { return 0 };
+    let (mut extreme, mut direction, mut count) = (start, 0i8, 0u32);
+    for &x in &series[1..] {
+        match direction {
+            0 => {
+                if x >= extreme + h {
+                    direction = 1;
+                    extreme = x;
+                } else if x <= extreme - h {
+                    direction = -1;
+                    extreme = x;
+                }
+            }
+            1 => {
+                if x > extreme {
+                    extreme = x;
+                } else if extreme - x >= h {
+                    count += 1;
+                    direction = -1;
+                    extreme = x;
+                }
+            }
+            _ => {
+                if x < extreme {
+                    extreme = x;
+                } else if x - extreme >= h {
+                    count += 1;
+                    direction = 1;
+                    extreme = x;
+                }
+            }
+        }
+    }
+    count
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zigzag_ignores_noise_and_counts_swings() {
+        let noisy: Vec<f64> = (0..100).map(|i| 1.0 + if i % 2 == 0 { 0.01 } else { -0.01 }).collect();
+        assert_eq!(reversals(&noisy, 0.1), 0);
+        let swinging: Vec<f64> = (0..100).map(|i| if (i / 5) % 2 == 0 { 1.0 } else { 1.5 }).collect();
+        assert_eq!(reversals(&swinging, 0.1), 18);
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let mut v: Vec<f32> = (1..=100).map(|x| x as f32).collect();
+        let s = LatencySummary::of(&mut v);
+        assert_eq!(s.mean, 50.5);
+        assert_eq!(s.p99, 99.0);
+        assert_eq!(s.p50, 51.0);
+    }
+}

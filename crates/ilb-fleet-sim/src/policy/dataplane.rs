@@ -1,0 +1,139 @@
+//! The simulated data planes of snapshot-driven policies (`feedback`, `ilb`): snapshots arrive
+//! one pull after they are published, are compiled with the real
+//! [`RoutingTable::compile`] (slot layouts carried over from the previous table), and requests
+//! are picked with the real [`ClassTable::pick`](ilb_core::table::ClassTable::pick) under the
+//! data plane's bounded-load rule.
+
+use super::{Decision, Load, Topology};
+use ilb_core::snapshot::Snapshot;
+use ilb_core::table::{Constraints, RoutingTable};
+use ilb_engine_sim::Nanos;
+use rand::Rng;
+use rand_pcg::Pcg64Mcg;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+/// An engine may hold up to this many times its weighted share of the class's in-flight
+/// requests before keys walk on: the same constant as `ilb_dataplane::proxy::LOAD_BOUND`
+/// (the data plane crate is an async proxy, so the simulator does not depend on it).
+pub const LOAD_BOUND: f64 = 1.25;
+
+struct Installed {
+    table: RoutingTable,
+    /// Table engine index → simulator engine index.
+    engine_map: Vec<usize>,
+    /// Per stream (of this cluster): index of its class in the model's classes.
+    stream_class: Vec<Option<usize>>,
+}
+
+/// Every cluster's data plane.
+pub struct DataPlanes {
+    installed: Vec<Option<Installed>>,
+    pending: VecDeque<(Nanos, BTreeMap<String, Snapshot>)>,
+    engine_index: HashMap<String, usize>,
+    /// Snapshots that failed to compile (kept out, as a data plane keeps its last good one).
+    pub rejected: u64,
+}
+
+impl DataPlanes {
+    pub fn new(topology: &Topology) -> DataPlanes {
+        DataPlanes {
+            installed: (0..topology.n_clusters).map(|_| None).collect(),
+            pending: VecDeque::new(),
+            engine_index: topology.engine_entries.iter().enumerate().map(|(j, e)| (e.id.to_string(), j)).collect(),
+            rejected: 0,
+        }
+    }
+
+    /// Snapshots published now, installed by data planes at `at`.
+    pub fn publish(&mut self, at: Nanos, snapshots: BTreeMap<String, Snapshot>) {
+        self.pending.push_back((at, snapshots));
+    }
+
+    /// Installs every publication due at `now`.
+    pub fn install_due(&mut self, now: Nanos, topology: &Topology) {
+        while self.pending.front().is_some_and(|(at, _)| *at <= now) {
+            if let Some((_, snapshots)) = self.pending.pop_front() {
+                self.install(&snapshots, topology);
+            }
+        }
+    }
+
+    /// Compiles each cluster's snapshot against its previous table. Off the request path.
+    pub fn install(&mut self, snapshots: &BTreeMap<String, Snapshot>, topology: &Topology) {
+        for (c, cluster) in topology.cluster_ids.iter().enumerate() {
+            let Some(snapshot) = snapshots.get(cluster) else { continue };
+            let previous = self.installed[c].as_ref().map(|i| &i.table);
+            let table = match RoutingTable::compile(snapshot, previous) {
+                Ok(table) => table,
+                Err(_) => {
+                    self.rejected += 1;
+                    continue;
+                }
+            };
+            let engine_map =
+                table.engines.iter().map(|e| self.engine_index.get(e.id.as_str()).copied().unwrap_or(0)).collect();
+            let stream_class = (0..topology.stream_cluster.len())
+                .map(|s| {
+                    if topology.stream_cluster[s] != c {
+                        return None;
+                    }
+                    let model = table.model(&topology.stream_model[s])?;
+                    let require: Vec<&str> = topology.stream_require[s].iter().map(String::as_str).collect();
+                    let constraints =
+                        Constraints { require: &require, residency: topology.stream_residency[s].as_deref() };
+                    let class = model.class_for(&constraints);
+                    model.classes.iter().position(|c| c.seq == class.seq)
+                })
+                .collect();
+            self.installed[c] = Some(Installed { table, engine_map, stream_class });
+        }
+    }
+
+    /// Picks an engine for one request, as `ilb_dataplane::proxy::choose` does: weighted
+    /// consistent hashing on the key, admitting a candidate while its in-flight count from this
+    /// data plane is below ⌈1.25 · weight · (class in-flight + 1)⌉, then without the bound.
+    /// Candidates that are down or violate the stream's constraints are never admitted.
+    /// Requests are shed first with the class's planned `shed_fraction`. Hot path.
+    pub fn route(&self, topology: &Topology, load: &Load, stream: usize, key_hash: u64, rng: &mut Pcg64Mcg) -> Decision {
+        let c = topology.stream_cluster[stream];
+        let Some(installed) = &self.installed[c] else { return Decision::NoEngine };
+        let Some(model) = installed.table.model(&topology.stream_model[stream]) else { return Decision::NoEngine };
+        let Some(class) = installed.stream_class[stream].map(|i| &model.classes[i]) else {
+            return Decision::NoEngine;
+        };
+        if class.shed_fraction > 0.0 && rng.gen::<f64>() < class.shed_fraction {
+            return Decision::Shed;
+        }
+        let n = topology.n_engines;
+        let mask = &topology.allowed_mask[stream];
+        let class_load = f64::from(load.stream_in_flight[stream]);
+        let usable = |candidate: usize| {
+            let j = installed.engine_map[class.candidates[candidate].engine_idx];
+            load.up[j] && mask[j]
+        };
+        let bounded = |candidate: usize| {
+            let cand = &class.candidates[candidate];
+            let j = installed.engine_map[cand.engine_idx];
+            let in_flight = f64::from(load.cluster_in_flight[c * n + j]);
+            in_flight < (LOAD_BOUND * cand.weight * (class_load + 1.0)).ceil() && usable(candidate)
+        };
+        match class.pick(key_hash, bounded).or_else(|| class.pick(key_hash, usable)) {
+            Some(picked) => Decision::Engine(installed.engine_map[class.candidates[picked.candidate].engine_idx]),
+            None => Decision::NoEngine,
+        }
+    }
+
+    /// Installed weights, stream-major.
+    pub fn weights(&self, topology: &Topology, out: &mut [f64]) {
+        let n = topology.n_engines;
+        for (stream, row) in out.chunks_mut(n).enumerate() {
+            row.iter_mut().for_each(|w| *w = 0.0);
+            let Some(installed) = &self.installed[topology.stream_cluster[stream]] else { continue };
+            let Some(model) = installed.table.model(&topology.stream_model[stream]) else { continue };
+            let Some(class) = installed.stream_class[stream].map(|i| &model.classes[i]) else { continue };
+            for cand in &class.candidates {
+                row[installed.engine_map[cand.engine_idx]] += cand.weight;
+            }
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! Routing policies. Every policy decides, for one request of one stream, which engine serves
+//! it (or that it is shed, or that no engine can take it). The baselines (`round-robin`,
+//! `random`, `nearest`, `least-loaded`) route directly; `feedback` and `ilb` publish snapshots
+//! that a simulated data plane compiles and picks from with the real `ilb-core` code.
+//!
+//! Every policy respects residency and capability constraints (a data plane filters candidates
+//! before anything else); `nearest` additionally never leaves the cluster's own region.
+
+mod baseline;
+mod dataplane;
+mod feedback;
+mod ilb;
+
+pub use baseline::Baseline;
+pub use dataplane::LOAD_BOUND;
+pub use feedback::Feedback;
+pub use ilb::Ilb;
+
+use ilb_controlplane::signals::EngineSample;
+use ilb_core::report::Report;
+use ilb_core::ModelName;
+use ilb_engine_sim::Nanos;
+use rand_pcg::Pcg64Mcg;
+
+/// What never changes during a run: which engines each stream may use, and engine capacities.
+#[derive(Clone, Debug)]
+pub struct Topology {
+    pub n_engines: usize,
+    pub n_clusters: usize,
+    /// Per stream: engines serving its model and satisfying its class (sorted).
+    pub allowed: Vec<Vec<usize>>,
+    /// Per stream: `allowed` as a mask over engines.
+    pub allowed_mask: Vec<Vec<bool>>,
+    /// Per stream: the allowed engines in the stream's own region.
+    pub local: Vec<Vec<usize>>,
+    /// Per stream: its cluster.
+    pub stream_cluster: Vec<usize>,
+    /// Per engine: nominal capacity, requests/s (calibrated).
+    pub capacity_rps: Vec<f64>,
+    /// Per stream: model name, class id, required capabilities (sorted) and residency zone.
+    pub stream_model: Vec<String>,
+    pub stream_class: Vec<String>,
+    pub stream_require: Vec<Vec<String>>,
+    pub stream_residency: Vec<Option<String>>,
+    pub cluster_ids: Vec<String>,
+    /// Per engine: the model it serves.
+    pub engine_model: Vec<String>,
+    /// What a snapshot says about each engine.
+    pub engine_entries: Vec<ilb_core::snapshot::EngineEntry>,
+}
+
+/// The fleet's load as data planes see it.
+#[derive(Clone, Debug)]
+pub struct Load {
+    pub up: Vec<bool>,
+    /// Requests in flight per engine, all clusters.
+    pub in_flight: Vec<u32>,
+    /// Requests in flight from each cluster to each engine, `[cluster * n_engines + engine]`.
+    pub cluster_in_flight: Vec<u32>,
+    /// Requests in flight per stream (= per class of a data plane).
+    pub stream_in_flight: Vec<u32>,
+}
+
+impl Load {
+    pub fn new(topology: &Topology, n_streams: usize) -> Load {
+        Load {
+            up: vec![true; topology.n_engines],
+            in_flight: vec![0; topology.n_engines],
+            cluster_in_flight: vec![0; topology.n_engines * topology.n_clusters],
+            stream_in_flight: vec![0; n_streams],
+        }
+    }
+}
+
+/// Where a request goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Engine(usize),
+    /// Refused early on purpose (429).
+    Shed,
+    /// No allowed engine is up (503).
+    NoEngine,
+}
+
+/// A routing policy under simulation.
+pub trait Policy {
+    fn route(&mut self, topology: &Topology, load: &Load, stream: usize, key_hash: u64, rng: &mut Pcg64Mcg) -> Decision;
+
+    /// Control period in seconds, for policies with a control loop.
+    fn period_s(&self) -> Option<f64> {
+        None
+    }
+
+    /// The control loop ran at `now`; returns when its output should be installed.
+    fn on_tick(&mut self, _now: Nanos, _topology: &Topology) -> Option<Nanos> {
+        None
+    }
+
+    /// Install whatever is due at `now`.
+    fn on_wake(&mut self, _now: Nanos, _topology: &Topology) {}
+
+    /// Whether scrapes and reports should be delivered.
+    fn wants_signals(&self) -> bool {
+        false
+    }
+
+    fn on_scrape(&mut self, _now: Nanos, _engine: usize, _result: Result<Vec<(ModelName, EngineSample)>, String>) {}
+
+    fn on_report(&mut self, _now: Nanos, _report: Report) {}
+
+    /// The intended split: `out[stream * n_engines + engine]`, each stream's row summing to one
+    /// (or zero when it has nowhere to go).
+    fn weights(&self, topology: &Topology, load: &Load, out: &mut [f64]);
+
+    /// Whether the latest plan gives none of `engines` any traffic (`None`: no plan).
+    fn plan_excludes(&self, _engines: &[usize]) -> Option<bool> {
+        None
+    }
+
+    /// The optimizer's predicted mean latency of the latest plan, ms.
+    fn predicted_latency_ms(&self) -> Option<f64> {
+        None
+    }
+}
+
+/// Uniform weights over `engines` that are up.
+pub(crate) fn uniform_row(engines: &[usize], up: &[bool], row: &mut [f64]) {
+    row.iter_mut().for_each(|w| *w = 0.0);
+    let n = engines.iter().filter(|&&j| up[j]).count();
+    if n > 0 {
+        for &j in engines.iter().filter(|&&j| up[j]) {
+            row[j] = 1.0 / n as f64;
+        }
+    }
+}
