@@ -101,16 +101,18 @@ pub async fn plan_shedding(shared: Arc<Shared>, mut shutdown: watch::Receiver<bo
         for model in installed.table.models() {
             for class in &model.classes {
                 let state = &installed.classes[class.seq];
-                let counts: [u64; PRIORITIES] = std::array::from_fn(|p| state.priority.priority_arrivals[p].load(Relaxed));
-                let (before, mut rates) = last.get(&class.seq).copied().unwrap_or((counts, [0.0; PRIORITIES]));
+                let counts: [u64; PRIORITIES] =
+                    std::array::from_fn(|p| state.priority.priority_arrivals[p].load(Relaxed));
+                let (before, mut rates) =
+                    last.get(&class.seq).copied().unwrap_or((counts, [0.0; PRIORITIES]));
                 for p in 0..PRIORITIES {
                     let rate = counts[p].saturating_sub(before[p]) as f64 / period.as_secs_f64();
                     rates[p] += alpha * (rate - rates[p]);
                 }
                 last.insert(class.seq, (counts, rates));
                 let probabilities = shed_probabilities(class.shed_fraction, rates);
-                for p in 0..PRIORITIES {
-                    state.priority.shed_probability[p].store(probabilities[p].to_bits(), Relaxed);
+                for (slot, probability) in state.priority.shed_probability.iter().zip(probabilities) {
+                    slot.store(probability.to_bits(), Relaxed);
                 }
             }
         }

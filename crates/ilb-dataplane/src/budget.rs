@@ -35,7 +35,8 @@ impl RetryBudgetConfig {
     /// The retry ratio at fleet utilisation `u`: full below the knee, the floor above
     /// saturation, linear in between.
     pub fn ratio_at(&self, u: f64) -> f64 {
-        if !(u > self.knee) {
+        // NaN (no utilisation known) gets the full ratio.
+        if u.is_nan() || u <= self.knee {
             return self.ratio;
         }
         if u >= self.saturation {
@@ -93,7 +94,8 @@ impl RetryBudget {
                 retries += b.retries.load(Relaxed);
             }
         }
-        let allowed = self.config.min_per_sec * BUCKETS as f64 + self.config.ratio_at(utilisation) * requests as f64;
+        let allowed =
+            self.config.min_per_sec * BUCKETS as f64 + self.config.ratio_at(utilisation) * requests as f64;
         if (retries + 1) as f64 <= allowed {
             current.retries.fetch_add(1, Relaxed);
             true

@@ -16,6 +16,10 @@ pub struct GuardConfig {
     /// First ejection; doubles with every ejection in a row, up to `max_ejection`.
     pub base_ejection: Duration,
     pub max_ejection: Duration,
+    /// Most of the installed engines that may be ejected at once (Envoy's max ejection
+    /// percent): past it, failing engines stay in rotation, so a fleet-wide problem (or a bug in
+    /// the guard) can never take every engine out. Default 0.5.
+    pub max_ejected_fraction: f64,
 }
 
 impl Default for GuardConfig {
@@ -24,6 +28,7 @@ impl Default for GuardConfig {
             consecutive_failures: 3,
             base_ejection: Duration::from_millis(500),
             max_ejection: Duration::from_secs(30),
+            max_ejected_fraction: 0.5,
         }
     }
 }
@@ -86,11 +91,21 @@ impl EngineState {
         }
     }
 
-    /// Counts a failure; returns true when this failure ejected the engine.
-    pub fn record_failure(&self, now_ms: u64, config: &GuardConfig) -> bool {
+    /// Counts a failure; returns true when this failure ejected the engine. `may_eject` is
+    /// asked only when the threshold is reached (it checks the fleet-wide ejection cap).
+    pub fn record_failure(
+        &self,
+        now_ms: u64,
+        config: &GuardConfig,
+        may_eject: impl FnOnce() -> bool,
+    ) -> bool {
         self.counters.failures.fetch_add(1, Relaxed);
         let failures = self.consecutive_failures.fetch_add(1, Relaxed) + 1;
         if failures < config.consecutive_failures {
+            return false;
+        }
+        if !may_eject() {
+            self.consecutive_failures.store(0, Relaxed);
             return false;
         }
         self.eject(now_ms, config)
@@ -138,11 +153,11 @@ mod tests {
         let config = GuardConfig::default();
         let e = EngineState::new(EngineId::new("e"), "http://127.0.0.1:1/");
         assert_eq!(e.base_url, "http://127.0.0.1:1");
-        assert!(!e.record_failure(0, &config));
+        assert!(!e.record_failure(0, &config, || true));
         e.record_success();
-        assert!(!e.record_failure(0, &config));
-        assert!(!e.record_failure(0, &config));
-        assert!(e.record_failure(0, &config), "third failure in a row ejects");
+        assert!(!e.record_failure(0, &config, || true));
+        assert!(!e.record_failure(0, &config, || true));
+        assert!(e.record_failure(0, &config, || true), "third failure in a row ejects");
         assert!(e.is_ejected());
         assert!(!e.probe_due(499));
         assert!(e.probe_due(500));
@@ -153,8 +168,13 @@ mod tests {
         assert!(!e.is_ejected());
         e.record_success();
         for _ in 0..3 {
-            e.record_failure(2000, &config);
+            e.record_failure(2000, &config, || true);
         }
         assert!(e.probe_due(2500), "a success resets the back-off");
+        let capped = EngineState::new(EngineId::new("c"), "http://127.0.0.1:2");
+        for _ in 0..10 {
+            assert!(!capped.record_failure(0, &config, || false), "the cap forbids ejection");
+        }
+        assert!(!capped.is_ejected());
     }
 }

@@ -1,9 +1,9 @@
 //! The request path: read and classify the request, pick an engine on the installed table,
 //! forward, retry on another engine while nothing has reached the client, and stream back.
 
+use crate::admission;
 use crate::body::{ProxyBody, UpstreamBody};
 use crate::error::ProxyError;
-use crate::admission;
 use crate::server::Shared;
 use crate::state::Installed;
 use bytes::Bytes;
@@ -116,8 +116,10 @@ async fn forward(
     let request_id = shared.next_request_id();
     let request = classify_request(endpoint, &parts.headers, &body, request_id)?;
     let installed = shared.routing.load().ok_or(ProxyError::NoSnapshot)?;
-    let model =
-        installed.table.model(&request.model).ok_or_else(|| ProxyError::UnknownModel(request.model.to_string()))?;
+    let model = installed
+        .table
+        .model(&request.model)
+        .ok_or_else(|| ProxyError::UnknownModel(request.model.to_string()))?;
     let constraints = Constraints { require: &request.require, residency: request.residency };
     let class = model.class_for(&constraints);
     let class_state = &installed.classes[class.seq];
@@ -187,7 +189,8 @@ async fn forward(
                 if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
                     // 429 means busy, not broken: retry elsewhere but do not count it against the engine.
                     in_flight.finish(status == StatusCode::TOO_MANY_REQUESTS);
-                    last_error = Some(ProxyError::EngineFailed { engine, detail: format!("status {status}") });
+                    last_error =
+                        Some(ProxyError::EngineFailed { engine, detail: format!("status {status}") });
                     last_response = Some((response, in_flight));
                 } else {
                     let route = route_header(&installed, model, class, candidate, tried.len(), false);
@@ -217,12 +220,19 @@ async fn forward(
     }
     match last_error {
         Some(ProxyError::EngineFailed { engine, detail }) if budget_exhausted => {
-            Err(ProxyError::EngineFailed { engine, detail: format!("{detail}; not retried: retry budget exhausted") })
+            Err(ProxyError::EngineFailed {
+                engine,
+                detail: format!("{detail}; not retried: retry budget exhausted"),
+            })
         }
         Some(error) => Err(error),
         None => Err(ProxyError::NoHealthyEngine {
             model: request.model.to_string(),
-            detail: if constraints.is_empty() { String::new() } else { " satisfying the request's constraints".into() },
+            detail: if constraints.is_empty() {
+                String::new()
+            } else {
+                " satisfying the request's constraints".into()
+            },
         }),
     }
 }
@@ -269,7 +279,9 @@ pub(crate) fn choose(
         let bound = (LOAD_BOUND * c.weight * (class_load + 1.0)).ceil();
         in_flight < bound && healthy(candidate) && has_room(candidate)
     };
-    if let Some(p) = class.pick(key_hash, bounded).or_else(|| class.pick(key_hash, |c| healthy(c) && has_room(c))) {
+    if let Some(p) =
+        class.pick(key_hash, bounded).or_else(|| class.pick(key_hash, |c| healthy(c) && has_room(c)))
+    {
         return Ok(p.candidate);
     }
     if class.pick(key_hash, healthy).is_some() {

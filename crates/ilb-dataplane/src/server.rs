@@ -76,7 +76,16 @@ impl Shared {
 
     /// A failed attempt: the local guard may eject the engine.
     pub fn engine_failed(&self, engine: &EngineState) {
-        if engine.record_failure(self.now_ms(), &self.config.guard) {
+        let under_cap = || {
+            self.routing.load().is_none_or(|installed| {
+                // As Envoy does, one engine may always be ejected, whatever the fraction.
+                let ejected = installed.engines.iter().filter(|e| e.is_ejected()).count();
+                ejected == 0
+                    || (ejected + 1) as f64
+                        <= self.config.guard.max_ejected_fraction * installed.engines.len() as f64
+            })
+        };
+        if engine.record_failure(self.now_ms(), &self.config.guard, under_cap) {
             tracing::warn!(engine = %engine.id, "engine ejected after consecutive failures");
         }
     }
