@@ -60,6 +60,8 @@ pub struct ControlPlaneSettings {
     pub demand_floor_rps: f64,
     /// Bearer token required by mutating endpoints (`POST /v1/reports`); none if empty.
     pub token: String,
+    /// `[control_plane.outliers]`: detection of outlier engines and their penalties.
+    pub outliers: OutlierSettings,
 }
 
 impl Default for ControlPlaneSettings {
@@ -85,6 +87,72 @@ impl Default for ControlPlaneSettings {
             .collect(),
             demand_floor_rps: 0.1,
             token: String::new(),
+            outliers: OutlierSettings::default(),
+        }
+    }
+}
+
+/// `[control_plane.outliers]`: which engines count as outliers and how hard they are penalised.
+///
+/// Every `interval_ms`, each engine with enough requests in its window is judged: an **error
+/// outlier** has a success rate below its model's mean − `success_rate_stdev_factor`·σ (as
+/// Envoy's success-rate outlier detection), from its own failure counters or the data planes'
+/// observed errors, whichever is worse; a **latency outlier** has a mean TTFT at least
+/// `latency_ratio` times what its offline profile predicts at its observed load. A penalty
+/// withholds that share of the engine's capacity from the optimizer; it grows while the engine
+/// stays an outlier and halves every healthy interval.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutlierSettings {
+    /// Detect outliers and penalise them. Default true.
+    pub enabled: bool,
+    /// Length of one evaluation interval, ms. Default 10000 (Envoy's default interval).
+    pub interval_ms: u64,
+    /// Requests an engine needs in its window before it is judged, e.g. 20. Default 20.
+    pub min_requests: u64,
+    /// Requests a penalised engine (whose traffic the penalty throttles) needs to be judged
+    /// again. Default 5.
+    pub probe_requests: u64,
+    /// A window without enough requests is given up after this many intervals; a penalised
+    /// engine then recovers one step on the benefit of the doubt. Default 6.
+    pub max_window_intervals: u32,
+    /// k in the success-rate threshold mean − k·σ. Default 1.9.
+    pub success_rate_stdev_factor: f64,
+    /// A success rate must also be this far below the mean (a fraction, 0.05 = 5 points)
+    /// to count, so that a fleet at 100 % with σ ≈ 0 does not flag an engine at 99.9 %.
+    /// Default 0.05.
+    pub success_rate_min_gap: f64,
+    /// Engines of a model with enough requests needed to compute success-rate statistics.
+    /// Default 3.
+    pub success_rate_min_engines: usize,
+    /// Observed / profile-predicted TTFT (and TBOT, when the objective uses it) at which an
+    /// engine is a latency outlier, > 1. Default 2.
+    pub latency_ratio: f64,
+    /// Largest share of a model's nominal capacity whose engines may be penalised at once,
+    /// in [0, 1]. Default 0.15.
+    pub max_penalised_share: f64,
+    /// Largest penalty, in (0, 1): the share of an engine's capacity that may be withheld.
+    /// Default 0.95.
+    pub max_penalty: f64,
+    /// A recovering penalty below this is removed, in (0, 1). Default 0.05.
+    pub min_penalty: f64,
+}
+
+impl Default for OutlierSettings {
+    fn default() -> Self {
+        OutlierSettings {
+            enabled: true,
+            interval_ms: 10_000,
+            min_requests: 20,
+            probe_requests: 5,
+            max_window_intervals: 6,
+            success_rate_stdev_factor: 1.9,
+            success_rate_min_gap: 0.05,
+            success_rate_min_engines: 3,
+            latency_ratio: 2.0,
+            max_penalised_share: 0.15,
+            max_penalty: 0.95,
+            min_penalty: 0.05,
         }
     }
 }
@@ -227,6 +295,48 @@ fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
     Err(ConfigError(msg.into()))
 }
 
+impl OutlierSettings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let field = "control_plane.outliers";
+        for (name, v) in [
+            ("interval_ms", self.interval_ms),
+            ("min_requests", self.min_requests),
+            ("probe_requests", self.probe_requests),
+            ("max_window_intervals", u64::from(self.max_window_intervals)),
+            ("success_rate_min_engines", self.success_rate_min_engines as u64),
+        ] {
+            if v == 0 {
+                return err(format!("{field}.{name}: must be positive"));
+            }
+        }
+        if !(self.success_rate_stdev_factor.is_finite() && self.success_rate_stdev_factor >= 0.0) {
+            return err(format!("{field}.success_rate_stdev_factor: must be a non-negative number"));
+        }
+        if !(0.0..=1.0).contains(&self.success_rate_min_gap) {
+            return err(format!(
+                "{field}.success_rate_min_gap: {} is not in [0, 1]",
+                self.success_rate_min_gap
+            ));
+        }
+        if !(self.latency_ratio.is_finite() && self.latency_ratio > 1.0) {
+            return err(format!("{field}.latency_ratio: {} must be a number > 1", self.latency_ratio));
+        }
+        if !(0.0..=1.0).contains(&self.max_penalised_share) {
+            return err(format!(
+                "{field}.max_penalised_share: {} is not in [0, 1]",
+                self.max_penalised_share
+            ));
+        }
+        if !(self.max_penalty > 0.0 && self.max_penalty < 1.0) {
+            return err(format!("{field}.max_penalty: {} is not in (0, 1)", self.max_penalty));
+        }
+        if !(self.min_penalty > 0.0 && self.min_penalty < self.max_penalty) {
+            return err(format!("{field}.min_penalty: {} is not in (0, max_penalty)", self.min_penalty));
+        }
+        Ok(())
+    }
+}
+
 impl FleetConfig {
     /// Checks ranges and cross-references.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -271,6 +381,7 @@ impl FleetConfig {
                 "control_plane.shed_penalty_ms.{extra}: unknown priority (low, normal, high, critical)"
             ));
         }
+        cp.outliers.validate()?;
         let mut regions = HashSet::new();
         for r in &self.regions {
             if !regions.insert(r.id.as_str()) {

@@ -162,6 +162,7 @@ async fn control_loop(
             }
             Event::Tick => {
                 fleet.expire(now());
+                fleet.update_penalties(now());
                 // At most one solve at a time: a tick during a solve is skipped.
                 let Some(taken) = solvers.take() else { continue };
                 let plans = plan::build(&fleet, now());

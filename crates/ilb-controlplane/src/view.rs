@@ -73,6 +73,8 @@ pub struct EngineView {
     pub effective_capacity_rps: f64,
     pub health: f64,
     pub penalty: f64,
+    /// Why the engine is penalised ("ttft 3.1× its profile at 42 req/s"), if it is.
+    pub penalty_reason: Option<String>,
     pub planned_load_rps: f64,
     pub expected_latency_ms: f64,
     pub marginal_price_ms: f64,
@@ -163,6 +165,7 @@ pub fn build(
                         effective_capacity_rps: plan.capacity_rps[j],
                         health: fleet.health(idx, now),
                         penalty: rt.penalty,
+                        penalty_reason: rt.penalty_reason.clone(),
                         planned_load_rps: plan_j.map_or(0.0, |p| p.load_rps),
                         expected_latency_ms: plan_j.map_or(0.0, |p| p.expected_latency_ms),
                         marginal_price_ms: plan_j.map_or(0.0, |p| p.marginal_price_ms),

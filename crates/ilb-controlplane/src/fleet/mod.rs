@@ -5,6 +5,13 @@
 //!
 //! Pure state: every update takes `now` (time since the control plane started), so the fleet
 //! simulator can drive it in virtual time. Only the control loop owns a `Fleet`.
+//!
+//! [`outliers`] judges engines against their model's fleet and their offline profiles and sets
+//! their penalties ([`Fleet::update_penalties`]).
+
+mod outliers;
+
+pub use outliers::OutlierWindow;
 
 use crate::config::FleetConfig;
 use crate::profile::{combine, fit_queueing, LatencyProfile, Observation, QueueingPrior};
@@ -12,7 +19,7 @@ use crate::signals::{window, EngineSample, WindowStats};
 use crate::smoothing::Ewma;
 use ilb_core::report::Report;
 use ilb_core::ModelName;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 
 /// Time since the control plane started.
@@ -47,9 +54,18 @@ pub struct EngineRuntime {
     pub request_rate: Ewma<Now>,
     pub cache_hit_rate: Ewma<Now>,
     pub error_rate: Ewma<Now>,
-    observations: VecDeque<Observation>,
+    /// (when, what) for the latency-profile fit. Nothing is added while the engine is
+    /// penalised (see [`outliers`] for why).
+    observations: VecDeque<(Now, Observation)>,
     /// Share of capacity withheld because the engine behaves as an outlier, in [0, 1).
     pub penalty: f64,
+    /// Why the engine is penalised, for people: "ttft 3.1× its profile at 42 req/s".
+    pub penalty_reason: Option<String>,
+    /// The engine qualified as an outlier in the last evaluation but the share of its
+    /// model's capacity that may be penalised at once was used up; why it qualified.
+    pub outlier_waiting: Option<String>,
+    /// What the engine did since it was last judged.
+    pub outlier_window: OutlierWindow,
 }
 
 impl EngineRuntime {
@@ -70,6 +86,9 @@ impl EngineRuntime {
             error_rate: Ewma::new(tau),
             observations: VecDeque::new(),
             penalty: 0.0,
+            penalty_reason: None,
+            outlier_waiting: None,
+            outlier_window: OutlierWindow::default(),
         }
     }
 }
@@ -95,6 +114,10 @@ pub struct Fleet {
     instances: BTreeMap<(String, String), InstanceState>,
     /// Smoothed measured round trip per (cluster, engine id), ms.
     rtt: BTreeMap<(String, String), Ewma<Now>>,
+    /// Engine id → index into `engines`.
+    engine_index: HashMap<String, usize>,
+    /// When outliers were last evaluated.
+    last_outlier_evaluation: Option<Now>,
 }
 
 impl Fleet {
@@ -102,7 +125,15 @@ impl Fleet {
     pub fn new(config: FleetConfig) -> Fleet {
         let tau = Duration::from_millis(config.control_plane.smoothing_ms);
         let engines = config.engines.iter().map(|_| EngineRuntime::new(tau)).collect();
-        Fleet { config, engines, instances: BTreeMap::new(), rtt: BTreeMap::new() }
+        let engine_index = config.engines.iter().enumerate().map(|(idx, e)| (e.id.clone(), idx)).collect();
+        Fleet {
+            config,
+            engines,
+            instances: BTreeMap::new(),
+            rtt: BTreeMap::new(),
+            engine_index,
+            last_outlier_evaluation: None,
+        }
     }
 
     fn tau(&self) -> Duration {
@@ -140,17 +171,16 @@ impl Fleet {
         e.kv_usage = sample.kv_usage.unwrap_or(0.0);
         if let Some((then, previous)) = e.previous.take() {
             if let Some(w) = window(&previous, &sample, now.saturating_sub(then)) {
+                e.outlier_window.add_scrape(now, &w);
                 if let Some(rate) = w.request_rate {
                     e.request_rate.update(now, rate);
                 }
                 if let Some(ttft) = w.ttft {
                     e.ttft_ms.update(now, ttft.mean_ms);
-                    if let Some(rate) = w.request_rate {
-                        e.observations.push_back(Observation {
-                            load_rps: rate,
-                            latency_ms: ttft.mean_ms,
-                            weight: ttft.count,
-                        });
+                    if let (Some(rate), true) = (w.request_rate, e.penalty == 0.0) {
+                        let observation =
+                            Observation { load_rps: rate, latency_ms: ttft.mean_ms, weight: ttft.count };
+                        e.observations.push_back((now, observation));
                         if e.observations.len() > MAX_OBSERVATIONS {
                             e.observations.pop_front();
                         }
@@ -188,6 +218,9 @@ impl Fleet {
         }
         let tau = self.tau();
         for obs in &report.engines {
+            if let Some(&idx) = self.engine_index.get(obs.engine.as_str()) {
+                self.engines[idx].outlier_window.add_report(now, obs.requests, obs.errors);
+            }
             if let Some(rtt) = obs.rtt_ms.filter(|r| r.is_finite() && *r >= 0.0) {
                 self.rtt
                     .entry((report.cluster.to_string(), obs.engine.to_string()))
@@ -257,7 +290,7 @@ impl Fleet {
         let e = &self.config.engines[idx];
         let p = &self.config.profiles[&e.profile];
         let capacity = self.nominal_capacity(idx);
-        let observations: Vec<Observation> = self.engines[idx].observations.iter().copied().collect();
+        let observations: Vec<Observation> = self.engines[idx].observations.iter().map(|(_, o)| *o).collect();
         let prior = QueueingPrior { t0_ms: p.ttft_t0_ms, b_ms: p.ttft_b_ms, weight: PRIOR_WEIGHT };
         let ttft = fit_queueing(prior, capacity, &observations);
         let tbot = LatencyProfile::Queueing { t0_ms: p.tbot_t0_ms, b_ms: p.tbot_b_ms };
@@ -279,12 +312,13 @@ impl Fleet {
         self.config.region_latency_ms(region, &engine.region)
     }
 
-    /// Data-plane observed error counts per engine id over the live reports: (requests, errors).
+    /// What the data planes saw of engine `engine_id` in its current outlier window (since it
+    /// was last judged), summed over every report received: (requests, errors). Each report
+    /// counts one period, so the sum covers the window once whatever the reporting period.
     pub fn proxy_errors(&self, engine_id: &str) -> (u64, u64) {
-        self.instances
-            .values()
-            .flat_map(|i| &i.report.engines)
-            .filter(|o| o.engine.as_str() == engine_id)
-            .fold((0, 0), |(r, e), o| (r + o.requests, e + o.errors))
+        self.engine_index.get(engine_id).map_or((0, 0), |&idx| {
+            let w = &self.engines[idx].outlier_window;
+            (w.proxy_requests, w.proxy_errors)
+        })
     }
 }

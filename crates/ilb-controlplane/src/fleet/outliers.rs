@@ -1,0 +1,333 @@
+//! Outlier engines and their penalties: the "protect" step of the control plane.
+//!
+//! Each engine accumulates an [`OutlierWindow`] from its scrapes (finished and failed
+//! requests, TTFT and TBOT histograms) and from the data planes' reports (attempts and errors
+//! seen through the proxy, one period per report). Every `interval_ms`
+//! ([`Fleet::update_penalties`]) each engine with enough requests in its window is judged
+//! against its model's fleet and its own offline profile:
+//!
+//! - **error outlier**: its success rate (the worse of the engine's own counters and the
+//!   proxies' view) is below the model's mean − k·σ over engines with at least `min_requests`
+//!   (Envoy's success-rate outlier detection), and at least `success_rate_min_gap` below it;
+//! - **latency outlier**: its mean TTFT over the window is at least `latency_ratio` times the
+//!   *offline* profile's TTFT at its observed load (and TBOT likewise when the objective counts
+//!   decode time). The offline profile, not the fitted one: the fit refines the curve from
+//!   observations, so it would learn a grey engine's slowness as its normal and stop seeing it.
+//!
+//! A penalty withholds a share of the engine's capacity from the optimizer, so its traffic
+//! moves in a planned way. A new outlier starts at max(0.5, severity) — severity 1 − 1/ratio for
+//! latency (a 3× slower engine has about a third of its capacity), 1 − rate/mean for errors —
+//! and while it stays an outlier the capacity it keeps halves every interval, up to
+//! `max_penalty`. Every healthy interval halves the penalty; under `min_penalty` it is removed.
+//! A penalised engine gets little traffic by design, so it is judged again after only
+//! `probe_requests`; a window that gathers too few requests for `max_window_intervals` is given
+//! up, and a penalised engine then recovers one step on the benefit of the doubt, so a penalty
+//! can never starve an engine of the evidence it needs to recover.
+//!
+//! At most `max_penalised_share` of a model's nominal capacity may belong to penalised engines
+//! at once. When more engines qualify, the most severe are penalised first and the rest wait
+//! (`outlier_waiting`), so a fleet-wide problem never ejects everything; already penalised
+//! engines are not displaced, which would move traffic back and forth.
+//!
+//! The fit: while an engine is penalised its observations are kept out of its latency profile,
+//! and the observations of the window that got it penalised are dropped. Otherwise the grey
+//! period would become its curve; the optimizer would then avoid it twice (through the
+//! penalty and through the curve), and after recovery the pessimistic curve would linger for
+//! the length of the observation history, longest exactly when the engine gets little traffic
+//! to replace it. An engine that only waits behind the cap is planned as normal, so its
+//! observations do refine its curve: the optimizer should see how slow it really is.
+
+use super::{Fleet, Now};
+use crate::config::OutlierSettings;
+use crate::profile::{LatencyProfile, Objective};
+use crate::signals::WindowStats;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// The smallest penalty a newly detected outlier gets.
+const INITIAL_PENALTY: f64 = 0.5;
+/// Each healthy interval multiplies the penalty by this.
+const RECOVERY_FACTOR: f64 = 0.5;
+/// Prefix of the reason of a penalty that is decaying.
+const RECOVERING: &str = "recovering after ";
+
+/// What one engine did since it was last judged.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OutlierWindow {
+    /// When the window opened (the last verdict); `None`: at start.
+    pub started: Option<Now>,
+    /// Evaluations this window has lasted without enough requests for a verdict.
+    pub intervals: u32,
+    /// Time covered by the scrape windows added, seconds.
+    pub elapsed_s: f64,
+    /// Requests the engine finished (its own counters), and how many of them failed.
+    pub finished: f64,
+    pub failed: f64,
+    /// Attempts and errors the data planes saw through their proxies.
+    pub proxy_requests: u64,
+    pub proxy_errors: u64,
+    /// TTFT observations and their sum, ms.
+    pub ttft_count: f64,
+    pub ttft_sum_ms: f64,
+    /// TBOT observations (tokens) and their sum, ms.
+    pub tbot_count: f64,
+    pub tbot_sum_ms: f64,
+}
+
+impl OutlierWindow {
+    /// Folds in one scrape window of the engine.
+    pub fn add_scrape(&mut self, _now: Now, w: &WindowStats) {
+        let finished = w.request_rate.map_or(0.0, |rate| rate * w.elapsed_s);
+        if !(finished.is_finite() && w.elapsed_s.is_finite()) {
+            return;
+        }
+        self.elapsed_s += w.elapsed_s;
+        self.finished += finished;
+        self.failed += w.error_rate.map_or(0.0, |e| e * finished);
+        if let Some(t) = w.ttft.filter(|t| t.count > 0.0 && t.mean_ms.is_finite()) {
+            self.ttft_count += t.count;
+            self.ttft_sum_ms += t.count * t.mean_ms;
+        }
+        if let Some(t) = w.tbot.filter(|t| t.count > 0.0 && t.mean_ms.is_finite()) {
+            self.tbot_count += t.count;
+            self.tbot_sum_ms += t.count * t.mean_ms;
+        }
+    }
+
+    /// Folds in one data-plane report's counts for the engine (one reporting period).
+    pub fn add_report(&mut self, _now: Now, requests: u64, errors: u64) {
+        self.proxy_requests = self.proxy_requests.saturating_add(requests);
+        self.proxy_errors = self.proxy_errors.saturating_add(errors.min(requests));
+    }
+
+    fn reset(&mut self, now: Now) {
+        *self = OutlierWindow { started: Some(now), ..OutlierWindow::default() };
+    }
+
+    /// Requests seen in the window by whichever source saw more.
+    fn volume(&self) -> f64 {
+        self.finished.max(self.proxy_requests as f64)
+    }
+}
+
+/// What an engine's window says.
+#[derive(Debug)]
+enum Verdict {
+    /// Not enough requests yet: keep accumulating.
+    Pending,
+    /// Not enough requests for too long (or the engine is down): give the window up.
+    Expired,
+    Healthy,
+    Outlier {
+        severity: f64,
+        reason: String,
+    },
+}
+
+/// The worse success rate of an engine's window and where it comes from.
+fn success_rate(w: &OutlierWindow, required: f64) -> Option<(f64, &'static str)> {
+    let engine = (w.finished >= required && w.finished > 0.0)
+        .then(|| (1.0 - (w.failed / w.finished).clamp(0.0, 1.0), "engine"));
+    let proxy = (w.proxy_requests as f64 >= required && w.proxy_requests > 0)
+        .then(|| (1.0 - w.proxy_errors as f64 / w.proxy_requests as f64, "proxy"));
+    match (engine, proxy) {
+        (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Mean and population standard deviation.
+fn mean_and_sigma(values: &[f64]) -> (f64, f64) {
+    let n = values.len().max(1) as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let variance = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
+    (mean, variance.max(0.0).sqrt())
+}
+
+impl Fleet {
+    /// Judges every engine whose window has enough requests, once per
+    /// `control_plane.outliers.interval_ms` (calls in between do nothing), and updates
+    /// penalties and their reasons. Call it before planning, e.g. on every solve tick.
+    pub fn update_penalties(&mut self, now: Now) {
+        let settings = self.config.control_plane.outliers.clone();
+        if !settings.enabled {
+            for e in &mut self.engines {
+                e.penalty = 0.0;
+                e.penalty_reason = None;
+                e.outlier_waiting = None;
+            }
+            return;
+        }
+        let last = self.last_outlier_evaluation.unwrap_or(Duration::ZERO);
+        if now.saturating_sub(last) < Duration::from_millis(settings.interval_ms) {
+            return;
+        }
+        self.last_outlier_evaluation = Some(now);
+        let mut models: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for (idx, engine) in self.config.engines.iter().enumerate() {
+            models.entry(engine.model.clone()).or_default().push(idx);
+        }
+        for engine_idx in models.values() {
+            let verdicts = self.judge_model(engine_idx, now, &settings);
+            self.apply(engine_idx, verdicts, now, &settings);
+        }
+    }
+
+    /// One verdict per engine of one model (same order as `engine_idx`).
+    fn judge_model(&mut self, engine_idx: &[usize], now: Now, s: &OutlierSettings) -> Vec<Verdict> {
+        let uses_tbot = matches!(self.config.objective(), Objective::TtftPlusDecode { .. });
+        let min_requests = s.min_requests as f64;
+        // The fleet's success-rate statistics, over engines with the full volume.
+        let rates: Vec<f64> = engine_idx
+            .iter()
+            .filter(|&&j| self.health(j, now) > 0.0)
+            .filter_map(|&j| success_rate(&self.engines[j].outlier_window, min_requests))
+            .map(|(rate, _)| rate)
+            .collect();
+        let fleet_rate = (rates.len() >= s.success_rate_min_engines).then(|| mean_and_sigma(&rates));
+        engine_idx
+            .iter()
+            .map(|&j| {
+                if self.health(j, now) <= 0.0 {
+                    // Down engines get no capacity through health; a penalty would only take
+                    // budget from engines that are up.
+                    return Verdict::Expired;
+                }
+                let penalised = self.engines[j].penalty > 0.0;
+                let required = if penalised { s.probe_requests.min(s.min_requests) } else { s.min_requests };
+                let required = required as f64;
+                let w = &mut self.engines[j].outlier_window;
+                if w.volume() < required {
+                    w.intervals += 1;
+                    return if w.intervals >= s.max_window_intervals {
+                        Verdict::Expired
+                    } else {
+                        Verdict::Pending
+                    };
+                }
+                let w = &self.engines[j].outlier_window;
+                let mut severity: f64 = 0.0;
+                let mut reasons = Vec::new();
+                if let (Some((rate, source)), Some((mean, sigma))) = (success_rate(w, required), fleet_rate) {
+                    let threshold = mean - (s.success_rate_stdev_factor * sigma).max(s.success_rate_min_gap);
+                    if rate < threshold {
+                        severity =
+                            severity.max(if mean > 0.0 { (1.0 - rate / mean).clamp(0.0, 1.0) } else { 0.0 });
+                        reasons.push(format!(
+                            "success rate {:.0} % vs fleet {:.0} % ± {:.0} % ({source})",
+                            rate * 100.0,
+                            mean * 100.0,
+                            sigma * 100.0
+                        ));
+                    }
+                }
+                for (name, ratio, load) in self.latency_ratios(j, uses_tbot, required) {
+                    if ratio >= s.latency_ratio {
+                        severity = severity.max(1.0 - 1.0 / ratio);
+                        reasons.push(format!("{name} {ratio:.1}× its profile at {load:.0} req/s"));
+                    }
+                }
+                if reasons.is_empty() {
+                    Verdict::Healthy
+                } else {
+                    Verdict::Outlier { severity, reason: reasons.join("; ") }
+                }
+            })
+            .collect()
+    }
+
+    /// Observed / offline-profile latency over engine `j`'s window: (signal, ratio, load).
+    fn latency_ratios(&self, j: usize, uses_tbot: bool, required: f64) -> Vec<(&'static str, f64, f64)> {
+        let w = &self.engines[j].outlier_window;
+        let profile = &self.config.profiles[&self.config.engines[j].profile];
+        let capacity = self.nominal_capacity(j);
+        if w.elapsed_s <= 0.0 {
+            return Vec::new();
+        }
+        let finished = if w.finished > 0.0 { w.finished } else { w.ttft_count };
+        let load = finished / w.elapsed_s;
+        let mut out = Vec::new();
+        let mut check = |name, count: f64, sum_ms: f64, t0_ms, b_ms| {
+            let offline = LatencyProfile::Queueing { t0_ms, b_ms };
+            let predicted = offline.latency_ms(load, capacity);
+            // Beyond capacity the offline curve is infinite: an overloaded engine is the
+            // optimizer's business, not an outlier.
+            if count >= required && predicted.is_finite() && predicted > 0.0 {
+                out.push((name, sum_ms / count / predicted, load));
+            }
+        };
+        check("ttft", w.ttft_count, w.ttft_sum_ms, profile.ttft_t0_ms, profile.ttft_b_ms);
+        // TBOT is only judged when the objective counts it: otherwise its profile is not
+        // something the operator had to get right (its defaults are placeholders).
+        if uses_tbot {
+            check("tbot", w.tbot_count, w.tbot_sum_ms, profile.tbot_t0_ms, profile.tbot_b_ms);
+        }
+        out
+    }
+
+    /// Turns verdicts into penalties, within the model's cap.
+    fn apply(&mut self, engine_idx: &[usize], verdicts: Vec<Verdict>, now: Now, s: &OutlierSettings) {
+        let mut candidates = Vec::new();
+        for (&j, verdict) in engine_idx.iter().zip(verdicts) {
+            let e = &mut self.engines[j];
+            match verdict {
+                Verdict::Pending => continue,
+                Verdict::Expired | Verdict::Healthy => {
+                    if e.penalty > 0.0 {
+                        e.penalty *= RECOVERY_FACTOR;
+                        if e.penalty < s.min_penalty {
+                            tracing::info!(engine = %self.config.engines[j].id, "penalty removed");
+                            e.penalty = 0.0;
+                            e.penalty_reason = None;
+                        } else if let Some(reason) = &mut e.penalty_reason {
+                            if !reason.starts_with(RECOVERING) {
+                                *reason = format!("{RECOVERING}{reason}");
+                            }
+                        }
+                    }
+                    e.outlier_waiting = None;
+                }
+                Verdict::Outlier { severity, reason } => {
+                    if e.penalty > 0.0 {
+                        let escalated = 1.0 - (1.0 - e.penalty) / 2.0;
+                        e.penalty = severity.max(escalated).min(s.max_penalty);
+                        e.penalty_reason = Some(reason);
+                    } else {
+                        let started = e.outlier_window.started.unwrap_or(Duration::ZERO);
+                        candidates.push((severity, j, reason, started));
+                    }
+                }
+            }
+            self.engines[j].outlier_window.reset(now);
+        }
+        if candidates.is_empty() {
+            return;
+        }
+        // Most severe first; ties by engine order so that equal inputs give equal penalties.
+        candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let total: f64 = engine_idx.iter().map(|&j| self.nominal_capacity(j)).sum();
+        let allowed = s.max_penalised_share * total;
+        let mut used: f64 = engine_idx
+            .iter()
+            .filter(|&&j| self.engines[j].penalty > 0.0)
+            .map(|&j| self.nominal_capacity(j))
+            .sum();
+        for (severity, j, reason, started) in candidates {
+            let nominal = self.nominal_capacity(j);
+            let id = self.config.engines[j].id.clone();
+            let e = &mut self.engines[j];
+            if used + nominal <= allowed * (1.0 + 1e-12) {
+                used += nominal;
+                e.penalty = severity.max(INITIAL_PENALTY).clamp(s.min_penalty, s.max_penalty);
+                tracing::info!(engine = %id, penalty = e.penalty, %reason, "engine penalised");
+                e.penalty_reason = Some(reason);
+                e.outlier_waiting = None;
+                // The window that got it penalised is not its normal behaviour.
+                e.observations.retain(|(t, _)| *t <= started);
+            } else {
+                tracing::debug!(engine = %id, %reason, "outlier waits: penalised share at its cap");
+                e.outlier_waiting = Some(reason);
+            }
+        }
+    }
+}

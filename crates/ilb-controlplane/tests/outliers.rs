@@ -1,0 +1,338 @@
+//! Outlier detection and penalties on virtual time: a [`Fleet`] fed with synthetic cumulative
+//! engine samples (counters and TTFT histograms, as scraped) and data-plane reports. A grey
+//! engine (TTFT 3× its profile) is penalised and recovers, an engine with failing requests is
+//! found from the proxies' reports, a fleet-wide slowdown penalises at most the cap, and no
+//! sequence of random degradations takes the penalised share over the cap.
+
+use ilb_controlplane::config::FleetConfig;
+use ilb_controlplane::fleet::Fleet;
+use ilb_controlplane::signals::{EngineSample, Histogram};
+use ilb_core::report::{EngineObservation, Report};
+use ilb_core::{ClusterId, EngineId, ModelName};
+use proptest::prelude::*;
+use std::time::Duration;
+
+/// Offline profile of every engine: TTFT = 50 + 10·y/(c − y) ms.
+const T0_MS: f64 = 50.0;
+const B_MS: f64 = 10.0;
+/// Load each engine gets when it is not penalised, req/s.
+const BASE_RPS: f64 = 40.0;
+
+fn config(n: usize, replicas: &[u32], outliers: &str) -> FleetConfig {
+    let mut text = format!(
+        "[control_plane]\n[control_plane.outliers]\n{outliers}\n[[clusters]]\nid = \"a\"\nregion = \"r\"\n\
+         [profiles.gpu]\ncapacity_rps = 100.0\nttft_t0_ms = {T0_MS}\nttft_b_ms = {B_MS}\n"
+    );
+    for i in 0..n {
+        text += &format!(
+            "[[engines]]\nid = \"e{i}\"\nurl = \"http://127.0.0.1:{}\"\nmodel = \"m\"\nregion = \"r\"\n\
+             profile = \"gpu\"\nreplicas = {}\n",
+            9000 + i,
+            replicas.get(i).copied().unwrap_or(1)
+        );
+    }
+    let config: FleetConfig = toml::from_str(&text).unwrap();
+    config.validate().unwrap();
+    config
+}
+
+fn offline_ms(load: f64, capacity: f64) -> f64 {
+    T0_MS + B_MS * load / (capacity - load)
+}
+
+/// How one engine behaves during an interval.
+#[derive(Clone, Copy, Debug)]
+struct Behaviour {
+    /// Observed TTFT / offline profile.
+    slowdown: f64,
+    /// Share of requests the engine itself counts as failed.
+    engine_failures: f64,
+    /// Share of attempts the data planes see failing.
+    proxy_failures: f64,
+}
+
+const HEALTHY: Behaviour = Behaviour { slowdown: 1.1, engine_failures: 0.0, proxy_failures: 0.0 };
+
+/// A fleet of synthetic engines with cumulative counters, scraped every second and reported on
+/// every 250 ms, in virtual time.
+struct Sim {
+    fleet: Fleet,
+    now: Duration,
+    finished: Vec<f64>,
+    failed: Vec<f64>,
+    ttft: Vec<Histogram>,
+    sequence: u64,
+}
+
+impl Sim {
+    fn new(config: FleetConfig) -> Sim {
+        let n = config.engines.len();
+        let empty = Histogram {
+            buckets: vec![(0.05, 0.0), (0.1, 0.0), (0.5, 0.0), (f64::INFINITY, 0.0)],
+            sum: 0.0,
+            count: 0.0,
+        };
+        let mut sim = Sim {
+            fleet: Fleet::new(config),
+            now: Duration::ZERO,
+            finished: vec![0.0; n],
+            failed: vec![0.0; n],
+            ttft: vec![empty; n],
+            sequence: 0,
+        };
+        sim.scrape_all();
+        sim
+    }
+
+    fn scrape_all(&mut self) {
+        for j in 0..self.finished.len() {
+            let sample = EngineSample {
+                requests_finished: Some(self.finished[j]),
+                requests_failed: Some(self.failed[j]),
+                ttft: Some(self.ttft[j].clone()),
+                ..EngineSample::default()
+            };
+            self.fleet.on_scrape(j, self.now, Ok(vec![(ModelName::new("m"), sample)]));
+        }
+    }
+
+    /// The load engine `j` gets: its base load, less what its penalty withholds.
+    fn load(&self, j: usize) -> f64 {
+        BASE_RPS * f64::from(self.fleet.config.engines[j].replicas) * (1.0 - self.fleet.engines[j].penalty)
+    }
+
+    /// One second of traffic with `behaviour(j)`, four reports, one scrape, one tick.
+    fn second(&mut self, behaviour: &dyn Fn(usize) -> Behaviour) {
+        let n = self.finished.len();
+        let mut observations = Vec::new();
+        for j in 0..n {
+            let b = behaviour(j);
+            let load = self.load(j);
+            let ttft_s = b.slowdown * offline_ms(load, self.fleet.nominal_capacity(j)) / 1000.0;
+            let h = &mut self.ttft[j];
+            for bucket in h.buckets.iter_mut().filter(|(le, _)| ttft_s <= *le) {
+                bucket.1 += load;
+            }
+            h.count += load;
+            h.sum += load * ttft_s;
+            self.finished[j] += load;
+            self.failed[j] += load * b.engine_failures;
+            observations.push((j, load, b.proxy_failures));
+        }
+        for _ in 0..4 {
+            self.now += Duration::from_millis(250);
+            self.sequence += 1;
+            let engines = observations
+                .iter()
+                .map(|&(j, load, failures)| EngineObservation {
+                    engine: EngineId::new(format!("e{j}")),
+                    requests: (load / 4.0).round() as u64,
+                    errors: (load / 4.0 * failures).round() as u64,
+                    ttfb_ms: None,
+                    duration_ms: None,
+                    rtt_ms: None,
+                    in_flight: 0,
+                })
+                .collect();
+            let report = Report {
+                cluster: ClusterId::new("a"),
+                instance: "a-1".into(),
+                sequence: self.sequence,
+                period_ms: 250,
+                snapshot_version: 0,
+                demand: vec![],
+                engines,
+            };
+            self.fleet.on_report(self.now, report).unwrap();
+        }
+        self.scrape_all();
+        self.fleet.update_penalties(self.now);
+    }
+
+    /// Runs whole seconds until `done` holds (checked after each), at most `limit`; returns the
+    /// seconds it took, or `None`.
+    fn until(
+        &mut self,
+        limit: u32,
+        behaviour: &dyn Fn(usize) -> Behaviour,
+        done: &dyn Fn(&Fleet) -> bool,
+    ) -> Option<u32> {
+        (1..=limit).find(|_| {
+            self.second(behaviour);
+            done(&self.fleet)
+        })
+    }
+
+    fn penalties(&self) -> Vec<f64> {
+        self.fleet.engines.iter().map(|e| e.penalty).collect()
+    }
+}
+
+#[test]
+fn grey_engine_is_penalised_and_recovers() {
+    // Eight equal engines: one is 12.5 % of the model, within the default 15 % cap.
+    let mut sim = Sim::new(config(8, &[], ""));
+    let grey = 3;
+    sim.until(30, &|_| HEALTHY, &|_| false);
+    assert!(sim.penalties().iter().all(|&p| p == 0.0), "healthy fleet penalised: {:?}", sim.penalties());
+    let healthy_curve = sim.fleet.latency_profile(0);
+
+    let slow = |j: usize| if j == grey { Behaviour { slowdown: 3.0, ..HEALTHY } } else { HEALTHY };
+    // Default interval 10 s: the first full window with the slowdown convicts it.
+    let took = sim.until(30, &slow, &|f| f.engines[grey].penalty > 0.0).expect("grey engine never penalised");
+    eprintln!("grey engine penalised {took} s after it slowed down");
+    assert!(took <= 20, "penalised after {took} s");
+    let e = &sim.fleet.engines[grey];
+    assert!(e.penalty >= 0.5, "penalty {}", e.penalty);
+    let reason = e.penalty_reason.clone().unwrap();
+    assert!(reason.starts_with("ttft 3.0× its profile at 40 req/s"), "{reason}");
+    assert!(sim.fleet.engines.iter().enumerate().all(|(j, e)| (j == grey) == (e.penalty > 0.0)));
+
+    // Staying slow, it loses more; the slowness never enters its fitted curve.
+    sim.until(20, &slow, &|_| false);
+    let penalty = sim.fleet.engines[grey].penalty;
+    assert!(penalty >= 0.9 && penalty <= 0.95, "penalty {penalty} after staying slow");
+    let reason = sim.fleet.engines[grey].penalty_reason.clone().unwrap();
+    eprintln!("penalty {penalty:.3} after staying slow: {reason}");
+    // Its load is what the penalty leaves it: 40 × (1 − penalty) req/s.
+    assert!(reason.starts_with("ttft 3.0× its profile at "), "{reason}");
+    let (load, capacity) = (30.0, 100.0);
+    let grey_curve = sim.fleet.latency_profile(grey).latency_ms(load, capacity);
+    let healthy = healthy_curve.latency_ms(load, capacity);
+    assert!(grey_curve < 1.2 * healthy, "grey curve {grey_curve} ms vs healthy {healthy} ms");
+
+    // Behaving again, it recovers step by step and the penalty is removed.
+    let previous = std::cell::Cell::new(penalty);
+    let took = sim
+        .until(120, &|_| HEALTHY, &|f| {
+            let p = f.engines[grey].penalty;
+            assert!(p <= previous.get(), "penalty rose while healthy");
+            previous.set(p);
+            p == 0.0
+        })
+        .expect("penalty never removed");
+    eprintln!("penalty removed {took} s after the engine behaved");
+    assert!(took <= 70, "recovered after {took} s");
+    assert_eq!(sim.fleet.engines[grey].penalty_reason, None);
+}
+
+#[test]
+fn error_outlier_found_from_proxy_reports_per_window() {
+    let mut sim = Sim::new(config(8, &[], "interval_ms = 2000"));
+    sim.until(4, &|_| HEALTHY, &|_| false);
+    // Engine 5 answers but 40 % of attempts fail at the proxy (e.g. broken streams); its own
+    // counters see nothing. Engine 6 fails a little more than the rest, within the noise floor.
+    let failing = |j: usize| match j {
+        5 => Behaviour { proxy_failures: 0.4, ..HEALTHY },
+        6 => Behaviour { proxy_failures: 0.02, ..HEALTHY },
+        _ => HEALTHY,
+    };
+    sim.until(4, &failing, &|f| f.engines[5].penalty > 0.0).expect("error outlier not penalised");
+    let reason = sim.fleet.engines[5].penalty_reason.clone().unwrap();
+    assert!(reason.starts_with("success rate 60 % vs fleet 95 % ± 13 % (proxy)"), "{reason}");
+    assert_eq!(sim.fleet.engines[6].penalty, 0.0);
+    // The report figures are per window: right after a verdict the window is (nearly) empty.
+    let (requests, errors) = sim.fleet.proxy_errors("e5");
+    assert!(requests <= 2 * 40 && errors <= requests, "({requests}, {errors}) is not one window");
+}
+
+#[test]
+fn engine_own_failure_counters_count_too() {
+    let mut sim = Sim::new(config(5, &[], "interval_ms = 2000"));
+    let failing = |j: usize| if j == 0 { Behaviour { engine_failures: 0.3, ..HEALTHY } } else { HEALTHY };
+    // Five equal engines: one is 20 %, over the default cap, so it waits.
+    sim.until(6, &failing, &|_| false);
+    assert_eq!(sim.fleet.engines[0].penalty, 0.0);
+    let waiting = sim.fleet.engines[0].outlier_waiting.clone().expect("qualifies but waits");
+    assert!(waiting.contains("(engine)"), "{waiting}");
+    // With room under a larger cap it is penalised.
+    let mut sim = Sim::new(config(5, &[], "interval_ms = 2000\nmax_penalised_share = 0.2"));
+    sim.until(6, &failing, &|f| f.engines[0].penalty > 0.0).expect("not penalised under a 20 % cap");
+}
+
+#[test]
+fn fleet_wide_slowdown_penalises_at_most_the_cap_most_severe_first() {
+    let mut sim = Sim::new(config(8, &[], ""));
+    sim.until(10, &|_| HEALTHY, &|_| false);
+    // Every engine is slow; engine 6 the slowest.
+    let slow = |j: usize| Behaviour { slowdown: if j == 6 { 5.0 } else { 3.0 }, ..HEALTHY };
+    sim.until(60, &slow, &|_| false);
+    let penalised: Vec<usize> = (0..8).filter(|&j| sim.fleet.engines[j].penalty > 0.0).collect();
+    assert_eq!(penalised, [6], "only the most severe engine fits in 15 % of eight");
+    for j in (0..8).filter(|&j| j != 6) {
+        assert!(sim.fleet.engines[j].outlier_waiting.is_some(), "engine {j} is not marked as waiting");
+    }
+}
+
+#[test]
+fn disabled_detection_penalises_nothing() {
+    let mut sim = Sim::new(config(8, &[], "enabled = false"));
+    let slow =
+        |j: usize| if j == 0 { Behaviour { slowdown: 4.0, proxy_failures: 0.5, ..HEALTHY } } else { HEALTHY };
+    sim.until(40, &slow, &|_| false);
+    assert!(sim.penalties().iter().all(|&p| p == 0.0));
+}
+
+#[test]
+fn bad_outlier_settings_name_the_field() {
+    for (setting, expected) in [
+        ("latency_ratio = 1.0", "control_plane.outliers.latency_ratio"),
+        ("max_penalty = 1.0", "control_plane.outliers.max_penalty"),
+        ("max_penalised_share = 1.5", "control_plane.outliers.max_penalised_share"),
+        ("min_requests = 0", "control_plane.outliers.min_requests"),
+        ("min_penalty = 0.99", "control_plane.outliers.min_penalty"),
+        ("success_rate_stdev_factor = -1.0", "control_plane.outliers.success_rate_stdev_factor"),
+        ("surprise = 1", "unknown field `surprise`"),
+    ] {
+        let text = format!(
+            "[control_plane.outliers]\n{setting}\n[[clusters]]\nid = \"a\"\nregion = \"r\"\n\
+             [profiles.gpu]\ncapacity_rps = 1.0\nttft_t0_ms = 1.0\nttft_b_ms = 1.0\n\
+             [[engines]]\nid = \"e\"\nurl = \"http://127.0.0.1:1\"\nmodel = \"m\"\nregion = \"r\"\nprofile = \"gpu\"\n"
+        );
+        let error = match toml::from_str::<FleetConfig>(&text) {
+            Err(e) => e.to_string(),
+            Ok(c) => c.validate().unwrap_err().to_string(),
+        };
+        assert!(error.contains(expected), "{error:?} does not mention {expected:?}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Whatever degrades, and however the degradations change, the engines with a penalty
+    /// never hold more than the cap's share of the model's nominal capacity, and every penalty
+    /// is within bounds and has a reason.
+    #[test]
+    fn penalised_share_never_exceeds_the_cap(
+        replicas in proptest::collection::vec(1u32..4, 3..9),
+        share in 0.0f64..0.6,
+        phases in proptest::collection::vec(
+            proptest::collection::vec((1.0f64..6.0, 0.0f64..0.6, 0.0f64..0.6), 8),
+            1..4,
+        ),
+    ) {
+        let n = replicas.len();
+        let outliers = format!("interval_ms = 2000\nmax_penalised_share = {share}");
+        let mut sim = Sim::new(config(n, &replicas, &outliers));
+        let total: f64 = (0..n).map(|j| sim.fleet.nominal_capacity(j)).sum();
+        for phase in &phases {
+            let behaviour = |j: usize| {
+                let (slowdown, engine_failures, proxy_failures) = phase[j];
+                Behaviour { slowdown, engine_failures, proxy_failures }
+            };
+            for _ in 0..8 {
+                sim.second(&behaviour);
+                let penalised: f64 = (0..n)
+                    .filter(|&j| sim.fleet.engines[j].penalty > 0.0)
+                    .map(|j| sim.fleet.nominal_capacity(j))
+                    .sum();
+                prop_assert!(penalised <= share * total + 1e-9, "{penalised} of {total} penalised, cap {share}");
+                for e in &sim.fleet.engines {
+                    prop_assert!((0.0..=0.95).contains(&e.penalty));
+                    prop_assert_eq!(e.penalty > 0.0, e.penalty_reason.is_some());
+                }
+            }
+        }
+    }
+}
