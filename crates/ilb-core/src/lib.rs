@@ -11,6 +11,7 @@
 
 pub mod classify;
 pub mod ids;
+pub mod metrics;
 pub mod report;
 pub mod slots;
 pub mod snapshot;

@@ -60,11 +60,18 @@ pub struct RetryBudget {
     buckets: [Bucket; BUCKETS],
     /// Retries refused since start.
     pub exhausted_total: AtomicU64,
+    /// Retries granted since start.
+    pub retries_total: AtomicU64,
 }
 
 impl RetryBudget {
     pub fn new(config: RetryBudgetConfig) -> RetryBudget {
-        RetryBudget { config, buckets: Default::default(), exhausted_total: AtomicU64::new(0) }
+        RetryBudget {
+            config,
+            buckets: Default::default(),
+            exhausted_total: AtomicU64::new(0),
+            retries_total: AtomicU64::new(0),
+        }
     }
 
     fn bucket(&self, now: Duration) -> &Bucket {
@@ -98,6 +105,7 @@ impl RetryBudget {
             self.config.min_per_sec * BUCKETS as f64 + self.config.ratio_at(utilisation) * requests as f64;
         if (retries + 1) as f64 <= allowed {
             current.retries.fetch_add(1, Relaxed);
+            self.retries_total.fetch_add(1, Relaxed);
             true
         } else {
             self.exhausted_total.fetch_add(1, Relaxed);

@@ -27,6 +27,9 @@ pub struct DataPlaneConfig {
     pub queue_wait: Duration,
     /// Most requests waiting for a slot at once; beyond it, non-critical requests are shed at once.
     pub max_waiting: usize,
+    /// Add a W3C `traceparent` header to requests that arrive without one (existing ones pass
+    /// through unchanged). Default true.
+    pub create_traceparent: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -69,6 +72,7 @@ impl DataPlaneConfig {
             retry_budget: Default::default(),
             queue_wait: Duration::from_secs(2),
             max_waiting: 1024,
+            create_traceparent: true,
         }
     }
 }

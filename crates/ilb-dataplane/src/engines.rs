@@ -4,6 +4,7 @@
 //! resets a count and a request finishing after its engine left the snapshot still decrements
 //! the right counter.
 
+use ilb_core::metrics::Histogram;
 use ilb_core::EngineId;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
@@ -56,10 +57,10 @@ pub struct EngineCounters {
     pub attempts: AtomicU64,
     pub failures: AtomicU64,
     pub ejections_total: AtomicU64,
-    pub ttfb_us_sum: AtomicU64,
-    pub ttfb_count: AtomicU64,
-    pub duration_us_sum: AtomicU64,
-    pub duration_count: AtomicU64,
+    /// Request sent → response headers.
+    pub ttfb: Histogram,
+    /// Request sent → last byte of the response body.
+    pub duration: Histogram,
 }
 
 impl EngineState {

@@ -22,6 +22,7 @@ pub mod report;
 mod server;
 pub mod sources;
 pub mod state;
+mod telemetry;
 
 pub use config::{DataPlaneConfig, Timeouts};
 pub use sources::SnapshotSource;
@@ -39,7 +40,14 @@ impl Shared {
     /// Installs a snapshot, logging the outcome (not on the request path).
     pub fn install(&self, snapshot: &Snapshot) -> Result<(), InstallError> {
         let expected = self.config.cluster.as_ref().map(|c| c.as_str());
-        let installed = self.routing.install(snapshot, expected, clock::unix_ms())?;
+        let installed = match self.routing.install(snapshot, expected, clock::unix_ms()) {
+            Ok(installed) => installed,
+            Err(e) => {
+                self.snapshot_rejections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                return Err(e);
+            }
+        };
+        self.snapshot_installs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::debug!(
             version = %installed.table.version,
             engines = installed.table.engines.len(),

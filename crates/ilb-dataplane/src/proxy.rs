@@ -73,9 +73,7 @@ impl InFlight {
         if std::mem::replace(&mut self.finished, true) {
             return;
         }
-        let c = &self.engine.counters;
-        c.duration_us_sum.fetch_add(self.started.elapsed().as_micros() as u64, Relaxed);
-        c.duration_count.fetch_add(1, Relaxed);
+        self.engine.counters.duration.observe_micros(self.started.elapsed().as_micros() as u64);
         if ok {
             self.engine.record_success();
         } else {
@@ -84,9 +82,7 @@ impl InFlight {
     }
 
     fn first_byte(&self) {
-        let c = &self.engine.counters;
-        c.ttfb_us_sum.fetch_add(self.started.elapsed().as_micros() as u64, Relaxed);
-        c.ttfb_count.fetch_add(1, Relaxed);
+        self.engine.counters.ttfb.observe_micros(self.started.elapsed().as_micros() as u64);
     }
 }
 
@@ -156,7 +152,7 @@ async fn forward(
                 let waited = started.elapsed();
                 let full = shared.waiters.total() >= shared.config.max_waiting && priority < 3;
                 if full || waited >= limit {
-                    class_state.shed.fetch_add(1, Relaxed);
+                    class_state.overloaded.fetch_add(1, Relaxed);
                     return Err(ProxyError::Overloaded {
                         model: model.name.to_string(),
                         waited_ms: waited.as_millis() as u64,
@@ -180,7 +176,10 @@ async fn forward(
         tried.push(candidate);
         let engine_idx = class.candidates[candidate].engine_idx;
         let mut in_flight = InFlight::start(shared, &installed, engine_idx, class.seq);
-        let upstream = build_upstream(&installed, engine_idx, &parts.uri, &parts.headers, body.clone())?;
+        let mut upstream = build_upstream(&installed, engine_idx, &parts.uri, &parts.headers, body.clone())?;
+        if shared.config.create_traceparent && !parts.headers.contains_key(TRACEPARENT) {
+            upstream.headers_mut().insert(TRACEPARENT, traceparent(shared.trace_seed, request_id));
+        }
         let engine = installed.table.engines[engine_idx].id.to_string();
         match tokio::time::timeout(shared.config.timeouts.first_byte, shared.client.request(upstream)).await {
             Ok(Ok(response)) => {
@@ -193,6 +192,7 @@ async fn forward(
                         Some(ProxyError::EngineFailed { engine, detail: format!("status {status}") });
                     last_response = Some((response, in_flight));
                 } else {
+                    class_state.ok.fetch_add(1, Relaxed);
                     let route = route_header(&installed, model, class, candidate, tried.len(), false);
                     return Ok(stream_back(shared, response, in_flight, route));
                 }
@@ -213,6 +213,7 @@ async fn forward(
             break;
         }
     }
+    class_state.failed.fetch_add(1, Relaxed);
     if let Some((response, in_flight)) = last_response {
         let candidate = tried.last().copied().unwrap_or_default();
         let route = route_header(&installed, model, class, candidate, tried.len(), budget_exhausted);
@@ -235,6 +236,20 @@ async fn forward(
             },
         }),
     }
+}
+
+const TRACEPARENT: &str = "traceparent";
+
+/// A W3C trace context for a request that came without one: version 00, a 128-bit trace id and a
+/// 64-bit parent id derived from this process's seed and the request id, sampled.
+fn traceparent(seed: u64, request_id: u64) -> HeaderValue {
+    let hi = ilb_core::slots::mix(seed ^ request_id);
+    let lo = ilb_core::slots::mix(hi ^ 0x7472_6163_6569_6421);
+    let span = ilb_core::slots::mix(lo ^ request_id).max(1);
+    let value = format!("00-{hi:016x}{lo:016x}-{span:016x}-01");
+    HeaderValue::from_str(&value).unwrap_or_else(|_| {
+        HeaderValue::from_static("00-00000000000000000000000000000001-0000000000000001-01")
+    })
 }
 
 /// A uniform number in [0, 1) from a request id (shedding decisions; no global RNG).

@@ -131,10 +131,10 @@ pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch:
                 let current = EngineMark {
                     attempts: c.attempts.load(Relaxed),
                     failures: c.failures.load(Relaxed),
-                    ttfb_us: c.ttfb_us_sum.load(Relaxed),
-                    ttfb_n: c.ttfb_count.load(Relaxed),
-                    duration_us: c.duration_us_sum.load(Relaxed),
-                    duration_n: c.duration_count.load(Relaxed),
+                    ttfb_us: c.ttfb.sum_micros(),
+                    ttfb_n: c.ttfb.count(),
+                    duration_us: c.duration.sum_micros(),
+                    duration_n: c.duration.count(),
                 };
                 let before = engines.insert(engine.id.clone(), current).unwrap_or(current);
                 let mean_ms = |sum: u64, n: u64| (n > 0).then(|| sum as f64 / n as f64 / 1000.0);

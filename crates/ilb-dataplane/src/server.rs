@@ -31,6 +31,10 @@ pub struct Shared {
     pub waiters: crate::admission::Waiters,
     epoch: Instant,
     requests: AtomicU64,
+    pub snapshot_installs: AtomicU64,
+    pub snapshot_rejections: AtomicU64,
+    /// Distinguishes this process's generated trace ids from other data planes'.
+    pub trace_seed: u64,
 }
 
 impl Shared {
@@ -53,6 +57,9 @@ impl Shared {
             client,
             epoch: Instant::now(),
             requests: AtomicU64::new(0),
+            snapshot_installs: AtomicU64::new(0),
+            snapshot_rejections: AtomicU64::new(0),
+            trace_seed: ilb_core::slots::mix(crate::clock::unix_ms() ^ u64::from(std::process::id()) << 32),
         }
     }
 
@@ -145,6 +152,12 @@ async fn dispatch(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Proxy
         (&Method::POST, Some(endpoint)) => crate::proxy::proxy(shared, endpoint, req).await,
         (&Method::GET, None) if path == "/v1/models" => models(&shared),
         (&Method::GET, None) if path == "/health" => health(&shared),
+        (&Method::GET, None) if path == "/metrics" => {
+            let mut r = Response::new(ProxyBody::from(Bytes::from(crate::telemetry::render(&shared))));
+            r.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+            r
+        }
         (&Method::GET, None) if path == "/debug/route" => crate::debug::route(&shared, req.uri().query()),
         _ => ProxyError::NotFound { method: req.method().to_string(), path: path.to_owned() }.into_response(),
     }

@@ -59,8 +59,14 @@ pub struct ClassState {
     pub in_flight: AtomicU32,
     /// Requests that arrived (admitted or shed), cumulative.
     pub arrivals: AtomicU64,
-    /// Requests shed, cumulative.
+    /// Requests shed by plan (the class is over capacity), cumulative.
     pub shed: AtomicU64,
+    /// Requests refused because every engine stayed at its concurrency limit, cumulative.
+    pub overloaded: AtomicU64,
+    /// Requests answered by an engine with a success status, cumulative.
+    pub ok: AtomicU64,
+    /// Requests that failed after every attempt (engine errors, timeouts, nothing healthy).
+    pub failed: AtomicU64,
     /// Arrivals and shed probabilities per priority.
     pub priority: crate::admission::PriorityCounters,
 }

@@ -22,6 +22,7 @@ async fn forwards_body_unchanged_and_explains_the_route() {
     assert!(route.starts_with("engine=e1; class=default; weight=1.0000; snapshot=3"), "{route}");
     let seen = headers["x-seen-headers"].to_str().unwrap();
     assert!(seen.contains("x-custom"), "{seen}");
+    assert!(seen.contains("traceparent"), "a traceparent is created when absent: {seen}");
     assert!(!seen.contains("\"connection\""), "hop-by-hop header forwarded: {seen}");
 }
 
@@ -301,4 +302,40 @@ async fn quick_mode_discovers_models() {
     assert!(body.contains("\"id\":\"m\""), "{body}");
     let (s, _, _) = send(&client, post(&dp.url(), "/v1/chat/completions", &chat_body("a"), &[])).await;
     assert_eq!(s, 200);
+}
+
+#[tokio::test]
+async fn metrics_are_exposed_with_ilb_names() {
+    let e1 = MockEngine::start("e1").await;
+    let dp = data_plane(config(), &snapshot(9, &[("e1", e1.url(), 1.0)])).await;
+    let client = client();
+    send(&client, post(&dp.url(), "/v1/chat/completions", &chat_body("a"), &[])).await;
+    send(&client, post(&dp.url(), "/v1/chat/completions", &chat_body("a"), &[("x-mock-status", "500")]))
+        .await;
+    let (status, text) = get(&client, &format!("{}/metrics", dp.url())).await;
+    assert_eq!(status, 200);
+    for line in [
+        "ilb_dataplane_snapshot_version 9",
+        "ilb_dataplane_requests_total{model=\"m\",class=\"default\",outcome=\"ok\"} 1",
+        "ilb_dataplane_requests_total{model=\"m\",class=\"default\",outcome=\"failed\"} 1",
+        "ilb_dataplane_engine_attempts_total{engine=\"e1\",outcome=\"ok\"} 1",
+        "ilb_dataplane_ttfb_seconds_count{engine=\"e1\"} 2",
+        "ilb_dataplane_engine_in_flight{engine=\"e1\"} 0",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in:\n{text}");
+    }
+    for name in text.lines().filter(|l| !l.starts_with('#')).map(|l| l.split(['{', ' ']).next().unwrap()) {
+        assert!(name.starts_with("ilb_"), "{name} lacks the ilb_ prefix");
+    }
+}
+
+#[tokio::test]
+async fn an_incoming_traceparent_passes_through_unchanged() {
+    let e1 = MockEngine::start("e1").await;
+    let dp = data_plane(config(), &snapshot(1, &[("e1", e1.url(), 1.0)])).await;
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let (_, headers, _) =
+        send(&client(), post(&dp.url(), "/v1/chat/completions", &chat_body("a"), &[("traceparent", tp)]))
+            .await;
+    assert_eq!(headers["x-seen-traceparent"], tp);
 }

@@ -106,11 +106,15 @@ async fn respond(
     let die_after = header_u64(&req, "x-mock-die-after");
     let gated = req.headers().contains_key("x-mock-gate");
     let echo_headers = format!("{:?}", req.headers().keys().map(|k| k.as_str()).collect::<Vec<_>>());
+    let traceparent = req.headers().get("traceparent").cloned();
     let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
     let mut builder = Response::builder()
         .status(StatusCode::from_u16(status).unwrap())
         .header("x-engine", name)
         .header("x-seen-headers", echo_headers);
+    if let Some(tp) = traceparent {
+        builder = builder.header("x-seen-traceparent", tp);
+    }
     let Some(chunks) = chunks else {
         // Non-streaming: echo the request body so tests can check it arrived unchanged.
         builder = builder.header("content-type", "application/json");

@@ -1,0 +1,164 @@
+//! The data plane's Prometheus metrics, every name in one place (`GET /metrics`). Everything is
+//! rendered at scrape time from the atomics the request path already keeps; see
+//! `docs/metrics.md` for the list with meanings.
+
+use crate::server::Shared;
+use ilb_core::metrics::TextWriter;
+use std::sync::atomic::Ordering::Relaxed;
+
+pub fn render(shared: &Shared) -> String {
+    let mut w = TextWriter::new();
+    let installed = shared.routing.load();
+
+    w.family(
+        "ilb_dataplane_snapshot_version",
+        "gauge",
+        "Version of the installed routing snapshot (0 = none).",
+    );
+    w.sample(
+        "ilb_dataplane_snapshot_version",
+        &[],
+        installed.as_ref().map_or(0.0, |i| i.table.version.0 as f64),
+    );
+    w.family(
+        "ilb_dataplane_snapshot_age_seconds",
+        "gauge",
+        "Age of the installed snapshot since the control plane created it.",
+    );
+    let age = installed.as_ref().map_or(f64::NAN, |i| {
+        crate::clock::unix_ms().saturating_sub(i.table.created_unix_ms) as f64 / 1000.0
+    });
+    w.sample("ilb_dataplane_snapshot_age_seconds", &[], age);
+    w.family("ilb_dataplane_snapshot_installs_total", "counter", "Snapshots installed.");
+    w.sample("ilb_dataplane_snapshot_installs_total", &[], shared.snapshot_installs.load(Relaxed) as f64);
+    w.family(
+        "ilb_dataplane_snapshot_rejections_total",
+        "counter",
+        "Snapshots rejected as invalid, stale or for another cluster.",
+    );
+    w.sample("ilb_dataplane_snapshot_rejections_total", &[], shared.snapshot_rejections.load(Relaxed) as f64);
+    w.family(
+        "ilb_dataplane_utilisation",
+        "gauge",
+        "Fleet utilisation planned by the control plane (from the snapshot).",
+    );
+    w.sample("ilb_dataplane_utilisation", &[], installed.as_ref().map_or(f64::NAN, |i| i.table.utilisation));
+
+    let budget = &shared.budget;
+    let (window_requests, window_retries) = budget.window(shared.uptime());
+    w.family("ilb_dataplane_retries_total", "counter", "Retries sent to another engine.");
+    w.sample("ilb_dataplane_retries_total", &[], budget.retries_total.load(Relaxed) as f64);
+    w.family(
+        "ilb_dataplane_retry_budget_exhausted_total",
+        "counter",
+        "Retries refused because the budget was spent.",
+    );
+    w.sample("ilb_dataplane_retry_budget_exhausted_total", &[], budget.exhausted_total.load(Relaxed) as f64);
+    w.family(
+        "ilb_dataplane_retry_budget_ratio",
+        "gauge",
+        "Retries allowed per request at the current utilisation.",
+    );
+    let utilisation = installed.as_ref().map_or(0.0, |i| i.table.utilisation);
+    w.sample("ilb_dataplane_retry_budget_ratio", &[], budget.config().ratio_at(utilisation));
+    w.family("ilb_dataplane_retry_window_requests", "gauge", "Requests in the retry budget's 10 s window.");
+    w.sample("ilb_dataplane_retry_window_requests", &[], window_requests as f64);
+    w.family("ilb_dataplane_retry_window_retries", "gauge", "Retries in the retry budget's 10 s window.");
+    w.sample("ilb_dataplane_retry_window_retries", &[], window_retries as f64);
+    w.family("ilb_dataplane_waiting", "gauge", "Requests waiting for a free engine slot.");
+    w.sample("ilb_dataplane_waiting", &[], shared.waiters.total() as f64);
+
+    let Some(installed) = installed else { return w.finish() };
+    w.family(
+        "ilb_dataplane_requests_total",
+        "counter",
+        "Requests by model, class and outcome (ok, failed, shed, overloaded).",
+    );
+    for model in installed.table.models() {
+        for class in &model.classes {
+            let s = &installed.classes[class.seq];
+            for (outcome, value) in
+                [("ok", &s.ok), ("failed", &s.failed), ("shed", &s.shed), ("overloaded", &s.overloaded)]
+            {
+                let labels =
+                    [("model", model.name.as_str()), ("class", class.id.as_str()), ("outcome", outcome)];
+                w.sample("ilb_dataplane_requests_total", &labels, value.load(Relaxed) as f64);
+            }
+        }
+    }
+    w.family("ilb_dataplane_class_in_flight", "gauge", "Requests in flight per class.");
+    for model in installed.table.models() {
+        for class in &model.classes {
+            let labels = [("model", model.name.as_str()), ("class", class.id.as_str())];
+            w.sample(
+                "ilb_dataplane_class_in_flight",
+                &labels,
+                installed.classes[class.seq].in_flight.load(Relaxed) as f64,
+            );
+        }
+    }
+    w.family("ilb_dataplane_engine_attempts_total", "counter", "Attempts sent to each engine, by outcome.");
+    for e in &installed.engines {
+        let (attempts, failures) = (e.counters.attempts.load(Relaxed), e.counters.failures.load(Relaxed));
+        let id = e.id.as_str();
+        w.sample(
+            "ilb_dataplane_engine_attempts_total",
+            &[("engine", id), ("outcome", "ok")],
+            attempts.saturating_sub(failures) as f64,
+        );
+        w.sample(
+            "ilb_dataplane_engine_attempts_total",
+            &[("engine", id), ("outcome", "failed")],
+            failures as f64,
+        );
+    }
+    w.family(
+        "ilb_dataplane_engine_in_flight",
+        "gauge",
+        "Requests in flight to each engine (until the last response byte).",
+    );
+    for e in &installed.engines {
+        w.sample(
+            "ilb_dataplane_engine_in_flight",
+            &[("engine", e.id.as_str())],
+            e.in_flight.load(Relaxed) as f64,
+        );
+    }
+    w.family("ilb_dataplane_engine_ejected", "gauge", "1 while the local guard keeps the engine out.");
+    for e in &installed.engines {
+        w.sample(
+            "ilb_dataplane_engine_ejected",
+            &[("engine", e.id.as_str())],
+            if e.is_ejected() { 1.0 } else { 0.0 },
+        );
+    }
+    w.family("ilb_dataplane_guard_ejections_total", "counter", "Times the local guard ejected the engine.");
+    for e in &installed.engines {
+        w.sample(
+            "ilb_dataplane_guard_ejections_total",
+            &[("engine", e.id.as_str())],
+            e.counters.ejections_total.load(Relaxed) as f64,
+        );
+    }
+    w.family(
+        "ilb_dataplane_ttfb_seconds",
+        "histogram",
+        "Time from sending a request to an engine to its response headers.",
+    );
+    for e in &installed.engines {
+        w.histogram("ilb_dataplane_ttfb_seconds", &[("engine", e.id.as_str())], &e.counters.ttfb);
+    }
+    w.family(
+        "ilb_dataplane_request_duration_seconds",
+        "histogram",
+        "Time from sending a request to an engine to the last response byte.",
+    );
+    for e in &installed.engines {
+        w.histogram(
+            "ilb_dataplane_request_duration_seconds",
+            &[("engine", e.id.as_str())],
+            &e.counters.duration,
+        );
+    }
+    w.finish()
+}
