@@ -104,7 +104,7 @@ impl Selector {
     }
 
     fn matches(&self, e: &Element) -> bool {
-        self.tag.as_ref().map_or(true, |t| *t == e.tag)
+        self.tag.as_ref().is_none_or(|t| *t == e.tag)
             && self.attrs.iter().all(|(k, v)| match (e.attr(k), v) {
                 (Some(_), None) => true,
                 (Some(have), Some(want)) => have == want,
