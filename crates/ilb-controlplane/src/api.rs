@@ -8,6 +8,7 @@
 //! | `GET /v1/state` | the whole latest plan and fleet view |
 //! | `GET /health` | liveness |
 //! | `GET /` | the live dashboard |
+//! | `GET /metrics` | Prometheus metrics (`ilb_controlplane_*`) |
 
 use crate::publish::Publisher;
 use crate::run::Event;
@@ -92,6 +93,11 @@ async fn dispatch(state: Arc<ApiState>, req: Request<Incoming>) -> Response<Body
             r
         }
         (&Method::GET, "/health") => json(StatusCode::OK, &serde_json::json!({"status": "ok"})),
+        (&Method::GET, "/metrics") => {
+            let mut r = Response::new(Full::new(Bytes::from(crate::telemetry::render(&state.view()))));
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+            r
+        }
         (&Method::GET, "/v1/state") => json(StatusCode::OK, &*state.view()),
         (&Method::GET, "/v1/explain/weights") => explain(&state, &query),
         (&Method::POST, "/v1/reports") => report(&state, req).await,

@@ -26,6 +26,7 @@ pub mod fleet;
 pub mod plan;
 pub mod publish;
 pub mod run;
+pub mod telemetry;
 pub mod view;
 
 pub use config::FleetConfig;

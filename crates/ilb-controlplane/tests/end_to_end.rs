@@ -222,6 +222,21 @@ async fn worked_example_end_to_end() {
         assert!(e.planned_load_rps <= 0.95 * e.effective_capacity_rps + 1e-6, "{} planned over capacity", e.id);
     }
 
+    // The plan is visible in the control plane's metrics.
+    let metrics = client
+        .request(http::Request::get(format!("{}/metrics", cp.url())).body(Full::new(Bytes::new())).unwrap())
+        .await
+        .unwrap()
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes();
+    let metrics = String::from_utf8_lossy(&metrics);
+    assert!(metrics.contains(r#"ilb_controlplane_weight{model="m",cluster="b",class="default",engine="engine-c"}"#));
+    assert!(metrics.contains("ilb_controlplane_solve_gap{model=\"m\"}"), "{metrics}");
+    assert!(metrics.lines().filter(|l| !l.starts_with('#')).all(|l| l.starts_with("ilb_controlplane_")));
+
     let (ilb_latencies, failures) = load(&client, &targets, Duration::from_secs(6), 100).await;
     assert_eq!(failures, 0);
 
