@@ -56,7 +56,6 @@ pub(crate) fn repair(
     }
     // Scale down classes that receive more than their demand.
     let mut scale = vec![1.0; n];
-    let mut short = Vec::new();
     for k in 0..n {
         let d = model.demand[k];
         if !model.class_on[k] {
@@ -68,17 +67,31 @@ pub(crate) fn repair(
         if total > d {
             scale[k] = d / total;
             shed[k] *= scale[k];
-        } else if total < d {
-            short.push(k);
         }
     }
+    // Then engines above their usable capacity (by rounding in the per-engine solve).
     let mut load = vec![0.0; m];
+    flow.iter_mut().for_each(|f| *f = 0.0);
     for j in 0..m {
         for e in cand.start[j]..cand.start[j + 1] {
             x[e] *= scale[cand.class[e] as usize];
             load[j] += x[e];
         }
+        let cap = model.curves[j].cap();
+        if load[j] > cap {
+            let shrink = cap / load[j];
+            load[j] = 0.0;
+            for e in cand.start[j]..cand.start[j + 1] {
+                x[e] = (x[e] * shrink).min(cap - load[j]).max(0.0);
+                load[j] += x[e];
+            }
+        }
+        for e in cand.start[j]..cand.start[j + 1] {
+            flow[cand.class[e] as usize] += x[e];
+        }
     }
+    let short: Vec<usize> =
+        (0..n).filter(|&k| model.class_on[k] && flow[k] + shed[k] < model.demand[k]).collect();
     if !short.is_empty() {
         // Class → entries index, only needed when some class is short.
         let mut by_class: Vec<Vec<(f64, usize, usize)>> = vec![Vec::new(); n];

@@ -117,6 +117,8 @@ struct Run<'m, 'p> {
     trial: Pass,
     hessian: Vec<f64>,
     best: Option<(Repaired, Candidates, Vec<f64>)>,
+    /// Step length (ms) the damping aims at; grows while full steps succeed (trust region).
+    radius: f64,
     steps: usize,
     passes: usize,
     rebuilds: usize,
@@ -136,6 +138,7 @@ impl<'m, 'p> Run<'m, 'p> {
             trial: Pass::default(),
             hessian: Vec::new(),
             best: None,
+            radius: 0.05 * scale,
             steps: 0,
             passes: 0,
             rebuilds: 0,
@@ -207,6 +210,13 @@ impl<'m, 'p> Run<'m, 'p> {
             for k in 0..n {
                 max_diag = max_diag.max(self.hessian[k * n + k]);
             }
+            // Levenberg–Marquardt damping: where capacity binds on every engine a group of classes
+            // shares, the matrix is singular along "raise all their prices"; the damping turns the
+            // step there into one of about `radius` ms. It vanishes with the gradient, so the final
+            // steps are pure Newton.
+            let radius = self.radius.max(10.0 * eps);
+            let max_grad = (0..n).filter(|&k| self.model.class_on[k]).fold(0.0f64, |a, k| a.max(self.pass.grad[k].abs()));
+            let damping = max_grad / radius;
             let mut idle_classes = Vec::new();
             for k in 0..n {
                 delta[k] = self.pass.grad[k];
@@ -220,13 +230,13 @@ impl<'m, 'p> Run<'m, 'p> {
                     self.hessian[k * n + k] = 1.0;
                     idle_classes.push(k);
                 } else {
-                    self.hessian[k * n + k] += 1e-10 * diag;
+                    self.hessian[k * n + k] += 1e-10 * diag + damping;
                 }
             }
             if !idle_classes.is_empty() {
-                let targets = self.activation_prices(&idle_classes);
+                let targets = self.jump_targets(&idle_classes);
                 for (&k, target) in idle_classes.iter().zip(targets) {
-                    delta[k] = (target - self.u[k]).max(0.0) + 0.1 * eps;
+                    delta[k] = target - self.u[k];
                 }
             }
             cholesky_solve(&mut self.hessian, &mut delta, n, 1e-12);
@@ -248,16 +258,27 @@ impl<'m, 'p> Run<'m, 'p> {
                 self.trial.run(self.model, lists, &u_trial, eps);
                 self.passes += 1;
                 let noise = 1e-13 * (self.pass.dual.abs() + self.trial.dual.abs());
-                if self.trial.dual >= self.pass.dual + 1e-4 * t * slope.max(0.0) - noise {
+                // Slope of the dual along the step at t; ≥ 0 means the maximum along the line is
+                // not yet passed, so (concavity) the value went up: accept without trusting the
+                // value difference, which is at rounding level near convergence.
+                let slope_at_t: f64 = (0..n)
+                    .filter(|&k| self.model.class_on[k])
+                    .map(|k| delta[k] * self.trial.grad[k])
+                    .sum();
+                if slope_at_t >= 0.0 || self.trial.dual >= self.pass.dual + 1e-4 * t * slope.max(0.0) - noise {
                     if rebuilt {
                         std::mem::swap(&mut self.cand, &mut self.spare);
                     }
                     std::mem::swap(&mut self.pass, &mut self.trial);
                     std::mem::swap(&mut self.u, &mut u_trial);
                     accepted = true;
+                    // Trust-region update: widen after a full step, narrow after a cut one.
+                    self.radius = if t >= 1.0 { self.radius * 4.0 } else { (self.radius * t).max(0.05 * self.scale) };
                     break;
                 }
-                t *= if t > 1e-3 { 0.5 } else { 0.1 };
+                // Overshoot: the secant zero of the slope, kept within [0.05 t, 0.9 t].
+                let secant = t * slope / (slope - slope_at_t);
+                t = if secant.is_finite() { secant.clamp(0.05 * t, 0.9 * t) } else { 0.5 * t };
             }
             if !accepted {
                 break;
@@ -265,20 +286,61 @@ impl<'m, 'p> Run<'m, 'p> {
         }
     }
 
-    /// For classes with no flow: min(P_k, min_j n_kj + q_j) over all engines (a column scan each).
-    fn activation_prices(&self, classes: &[usize]) -> Vec<f64> {
-        let mut targets: Vec<f64> = classes.iter().map(|&k| self.model.penalty[k]).collect();
-        for j in 0..self.model.n_engines() {
-            if !self.model.engine_on[j] {
+    /// For classes where the dual is locally linear (no flow, or only flow to saturated engines
+    /// where they are alone, and no shedding), the price at which the next change happens: when
+    /// short of demand, the cheapest engine it does not use yet (n_kj + q_j above u_k) or its
+    /// shed penalty; when over-served, the price at which a saturated engine it uses desaturates.
+    fn jump_targets(&self, classes: &[usize]) -> Vec<f64> {
+        let model = self.model;
+        let mut targets = Vec::with_capacity(classes.len());
+        let mut position = vec![usize::MAX; model.n_classes()];
+        for (i, &k) in classes.iter().enumerate() {
+            position[k] = i;
+            let u = self.u[k];
+            targets.push(if self.pass.grad[k] >= 0.0 {
+                if u < model.penalty[k] { model.penalty[k] } else { f64::INFINITY }
+            } else {
+                f64::NEG_INFINITY
+            });
+        }
+        for j in 0..model.n_engines() {
+            if !model.engine_on[j] {
                 continue;
             }
-            let column = self.model.problem.network_ms.engine_column(j);
-            let q = self.pass.q[j].max(self.model.curves[j].base_price());
-            for (target, &k) in targets.iter_mut().zip(classes) {
-                *target = target.min(column[k] + q);
+            let q = self.pass.q[j];
+            let column = model.problem.network_ms.engine_column(j);
+            for (i, &k) in classes.iter().enumerate() {
+                if self.pass.grad[k] >= 0.0 && column[k] + q > self.u[k] {
+                    targets[i] = targets[i].min(column[k] + q);
+                }
+            }
+            if self.pass.load[j] >= model.curves[j].cap() {
+                // Desaturation: q_j falls to the marginal cost just below the capacity.
+                let drop = q - model.curves[j].marginal(model.curves[j].cap() * (1.0 - 1e-12));
+                for e in self.cand.start[j]..self.cand.start[j + 1] {
+                    let k = self.cand.class[e] as usize;
+                    if position[k] != usize::MAX && self.pass.grad[k] < 0.0 && self.pass.x[e] > 0.0 {
+                        let i = position[k];
+                        targets[i] = targets[i].max(self.u[k] - drop.max(0.0));
+                    }
+                }
             }
         }
-        targets
+        let eps_push = 0.1 * self.radius.min(1.0);
+        classes
+            .iter()
+            .zip(targets)
+            .map(|(&k, t)| {
+                let u = self.u[k];
+                if self.pass.grad[k] >= 0.0 {
+                    if t.is_finite() { t + eps_push } else { u + self.radius }
+                } else if t.is_finite() {
+                    t - eps_push
+                } else {
+                    u - self.radius
+                }
+            })
+            .collect()
     }
 }
 

@@ -5,35 +5,12 @@
 use crate::pass::{Candidates, Model, PrevRoutes};
 use crate::solution::WarmStart;
 
-/// Cold start: the common engine price p0 at which the engines' best responses add up to the
-/// demand (or 90 % of the capacity), and u_k = min(P_k, min_j n_kj + p0).
+/// Cold start: one common engine price p0 where supply meets demand: engines supply
+/// Σ_j y_j(p0) (their best responses), and the classes that would rather pay n_k + p0 than shed
+/// (P_k ≥ nearest n_kj + p0) demand their d_k. Then u_k = min(P_k, nearest n_kj + p0). Under
+/// overload this puts p0 near the shed penalty of the marginal priority, where it belongs.
 pub(crate) fn cold_prices(model: &Model) -> Vec<f64> {
     let n = model.n_classes();
-    let total_demand: f64 = (0..n).filter(|&k| model.class_on[k]).map(|k| model.demand[k]).sum();
-    let total_cap: f64 = model.curves.iter().map(|c| c.cap()).sum();
-    let target = total_demand.min(0.9 * total_cap);
-    let load_at = |p: f64| -> f64 { model.curves.iter().map(|c| c.response(p).0).sum() };
-    let mut lo = model.curves.iter().map(|c| c.base_price()).fold(f64::INFINITY, f64::min);
-    let mut hi = if lo.is_finite() { lo.max(1.0) * 2.0 } else { 0.0 };
-    let mut p0 = 0.0;
-    if target > 0.0 && lo.is_finite() {
-        for _ in 0..200 {
-            if load_at(hi) >= target {
-                break;
-            }
-            lo = hi;
-            hi *= 2.0;
-        }
-        for _ in 0..60 {
-            let mid = 0.5 * (lo + hi);
-            if load_at(mid) < target {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        p0 = hi;
-    }
     let mut nearest = vec![f64::INFINITY; n];
     for j in 0..model.n_engines() {
         if !model.engine_on[j] {
@@ -43,6 +20,35 @@ pub(crate) fn cold_prices(model: &Model) -> Vec<f64> {
         for k in 0..n {
             nearest[k] = nearest[k].min(column[k]);
         }
+    }
+    let supply = |p: f64| -> f64 { model.curves.iter().map(|c| c.response(p).0).sum() };
+    let demand = |p: f64| -> f64 {
+        (0..n)
+            .filter(|&k| model.class_on[k] && model.penalty[k] >= nearest[k] + p)
+            .map(|k| model.demand[k])
+            .sum::<f64>()
+            * 1.05 // aim a little above: engines near full are priced steeply
+    };
+    let mut lo = model.curves.iter().map(|c| c.base_price()).fold(f64::INFINITY, f64::min);
+    let mut p0 = 0.0;
+    if lo.is_finite() {
+        let mut hi = lo.max(1.0) * 2.0;
+        for _ in 0..200 {
+            if supply(hi) >= demand(hi) {
+                break;
+            }
+            lo = hi;
+            hi *= 2.0;
+        }
+        for _ in 0..60 {
+            let mid = 0.5 * (lo + hi);
+            if supply(mid) < demand(mid) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        p0 = hi;
     }
     (0..n)
         .map(|k| if model.class_on[k] { model.penalty[k].min(nearest[k] + p0) } else { f64::NEG_INFINITY })
