@@ -6,6 +6,7 @@
 //! | `POST /v1/reports` | a data plane's report (bearer token if configured) |
 //! | `GET /v1/explain/weights?cluster=C&model=M` | every weight of the cluster and model, with the numbers behind it |
 //! | `GET /v1/state` | the whole latest plan and fleet view |
+//! | `GET /v1/problems/{model}` | the optimizer input of the latest solve, as `ilb optimize` reads it |
 //! | `GET /health` | liveness |
 //! | `GET /` | the live dashboard |
 //! | `GET /metrics` | Prometheus metrics (`ilb_controlplane_*`) |
@@ -20,6 +21,8 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use ilb_core::report::Report;
 use std::convert::Infallible;
+use ilb_optimizer::Problem;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -34,6 +37,8 @@ pub struct ApiState {
     pub publisher: Publisher,
     pub events: mpsc::Sender<Event>,
     pub view: Mutex<Arc<View>>,
+    /// The optimizer input of the latest solve per model, as `ilb optimize` reads it.
+    pub problems: Mutex<Arc<BTreeMap<String, Problem>>>,
     pub token: String,
 }
 
@@ -44,6 +49,14 @@ impl ApiState {
 
     pub fn set_view(&self, view: View) {
         *self.view.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(view);
+    }
+
+    pub fn set_problems(&self, problems: BTreeMap<String, Problem>) {
+        *self.problems.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(problems);
+    }
+
+    fn problems(&self) -> Arc<BTreeMap<String, Problem>> {
+        Arc::clone(&self.problems.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
 
@@ -101,6 +114,13 @@ async fn dispatch(state: Arc<ApiState>, req: Request<Incoming>) -> Response<Body
         (&Method::GET, "/v1/state") => json(StatusCode::OK, &*state.view()),
         (&Method::GET, "/v1/explain/weights") => explain(&state, &query),
         (&Method::POST, "/v1/reports") => report(&state, req).await,
+        (&Method::GET, p) if p.starts_with("/v1/problems/") => {
+            let model = p.trim_start_matches("/v1/problems/");
+            match state.problems().get(model) {
+                Some(problem) => json(StatusCode::OK, problem),
+                None => error(StatusCode::NOT_FOUND, "model_not_found", &format!("no solve for model '{model}' yet")),
+            }
+        }
         (&Method::GET, p) if p.starts_with("/v1/snapshots/") => {
             let cluster = p.trim_start_matches("/v1/snapshots/").to_owned();
             let if_none_match =

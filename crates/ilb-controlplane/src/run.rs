@@ -54,6 +54,7 @@ impl ControlPlane {
             publisher: Publisher::default(),
             events: events.clone(),
             view: Mutex::new(Arc::new(View::default())),
+            problems: Mutex::default(),
             token: config.control_plane.token.clone(),
         });
         let mut tasks = JoinSet::new();
@@ -183,6 +184,7 @@ async fn control_loop(
                 state.publisher.publish(&snapshots);
                 let view = view::build(&fleet, now(), &plans, &results, version, unix_ms);
                 state.set_view(view);
+                state.set_problems(plans.iter().map(|p| (p.model.clone(), p.problem.clone())).collect());
             }
         }
     }

@@ -25,6 +25,8 @@ enum Command {
     ControlPlane(cmd::control_plane::ControlPlaneArgs),
     /// Run the data plane: an OpenAI-compatible proxy for one front-end cluster.
     DataPlane(cmd::data_plane::DataPlaneArgs),
+    /// Explain the weights of one cluster and model, from a running control plane.
+    Explain(cmd::explain::ExplainArgs),
     /// Run one or more simulated OpenAI-compatible inference engines.
     EngineSim(cmd::engine_sim::EngineSimArgs),
     /// Run a fleet scenario in virtual time and compare routing policies.
@@ -44,6 +46,7 @@ fn main() -> std::process::ExitCode {
         Command::ControlPlane(args) => cmd::control_plane::run(args),
         Command::DataPlane(args) => cmd::data_plane::run(args),
         Command::EngineSim(args) => cmd::engine_sim::run(args),
+        Command::Explain(args) => cmd::explain::run(args),
         Command::Optimize(args) => cmd::optimize::run(args),
         Command::Simulate(args) => cmd::simulate::run(args),
     };

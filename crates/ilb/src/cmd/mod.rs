@@ -4,5 +4,6 @@ pub mod control_plane;
 pub mod data_plane;
 pub mod demo;
 pub mod engine_sim;
+pub mod explain;
 pub mod optimize;
 pub mod simulate;
