@@ -38,6 +38,24 @@ pub struct DataPlaneSection {
     pub max_attempts: Option<u32>,
     /// Most open client connections; default 10000.
     pub max_connections: Option<usize>,
+    /// Longest wait for a free engine slot when every engine is at its `max_in_flight`, ms
+    /// (critical requests wait twice as long); default 2000.
+    pub queue_wait_ms: Option<u64>,
+    /// Most requests waiting for a slot at once; default 1024.
+    pub max_waiting: Option<usize>,
+    /// Retries allowed per request while fleet utilisation is at most 0.5; default 0.2.
+    pub retry_ratio: Option<f64>,
+    /// Retries allowed per request at 95 % utilisation and above; default 0.02.
+    pub retry_floor_ratio: Option<f64>,
+    /// Retries per second always allowed; default 1.
+    pub retry_min_per_sec: Option<f64>,
+    /// Create a W3C `traceparent` for requests without one; default true.
+    pub create_traceparent: Option<bool>,
+    /// How often to report to the control plane, ms; default 1000.
+    pub report_interval_ms: Option<u64>,
+    /// Bearer token for the control plane's report endpoint, if it requires one.
+    pub token: Option<String>,
+    /// Timeouts; see `[data_plane.timeouts]`.
     #[serde(default)]
     pub timeouts: TimeoutsSection,
 }

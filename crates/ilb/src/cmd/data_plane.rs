@@ -58,7 +58,12 @@ pub fn run(args: DataPlaneArgs) -> anyhow::Result<()> {
     }
     let reports = section.control_plane.as_ref().map(|cp| {
         let instance = format!("{}-{}", section.cluster.as_deref().unwrap_or("local"), std::process::id());
-        ReportConfig::new(format!("{}/v1/reports", cp.trim_end_matches('/')), instance)
+        let mut reports = ReportConfig::new(format!("{}/v1/reports", cp.trim_end_matches('/')), instance);
+        reports.token = section.token.clone();
+        if let Some(ms) = section.report_interval_ms {
+            reports.interval = Duration::from_millis(ms.max(100));
+        }
+        reports
     });
     let (config, source, file) = section.validate()?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -132,6 +137,31 @@ impl DataPlaneSection {
         }
         if let Some(c) = self.max_connections {
             config.max_connections = c.max(1);
+        }
+        if let Some(ms) = self.queue_wait_ms {
+            config.queue_wait = Duration::from_millis(ms);
+        }
+        if let Some(n) = self.max_waiting {
+            config.max_waiting = n;
+        }
+        if let Some(t) = self.create_traceparent {
+            config.create_traceparent = t;
+        }
+        let budget = &mut config.retry_budget;
+        for (name, value, slot) in [
+            ("retry_ratio", self.retry_ratio, &mut budget.ratio),
+            ("retry_floor_ratio", self.retry_floor_ratio, &mut budget.floor_ratio),
+            ("retry_min_per_sec", self.retry_min_per_sec, &mut budget.min_per_sec),
+        ] {
+            if let Some(v) = value {
+                if !(v.is_finite() && v >= 0.0) {
+                    bail!("data_plane.{name}: must be a non-negative number");
+                }
+                *slot = v;
+            }
+        }
+        if budget.floor_ratio > budget.ratio {
+            bail!("data_plane.retry_floor_ratio: must not exceed retry_ratio");
         }
         let t = &mut config.timeouts;
         for (name, value, slot) in [
