@@ -272,3 +272,115 @@ pub async fn eventually(deadline: Duration, mut check: impl FnMut() -> bool) -> 
 pub fn engine_of(headers: &http::HeaderMap) -> String {
     headers.get("x-engine").map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default()
 }
+
+// Helpers for tests/faults.rs: simulated engines, raw sockets and SSE outcomes.
+
+/// `n` simulated engines (ids `e0`, `e1`, ...) serving model `m` on loopback, with the
+/// engine model's latency so that streams last long enough to be killed mid-way.
+pub async fn sim_engines(
+    n: usize,
+    profile: ilb_engine_sim::HardwareProfile,
+) -> Vec<ilb_engine_sim::EngineHandle> {
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let config = ilb_engine_sim::EngineConfig {
+            id: EngineId::new(format!("e{i}")),
+            model: ModelName::new("m"),
+            profile: profile.clone(),
+            latency: true,
+            seed: 100 + i as u64,
+            ..ilb_engine_sim::EngineConfig::default()
+        };
+        out.push(ilb_engine_sim::spawn(config, "127.0.0.1:0".parse().unwrap()).await.unwrap());
+    }
+    out
+}
+
+/// A snapshot routing model `m` over simulated engines at equal weights (ids `e0`, `e1`, ...).
+pub fn sim_snapshot(version: u64, engines: &[ilb_engine_sim::EngineHandle]) -> Snapshot {
+    let ids: Vec<String> = (0..engines.len()).map(|i| format!("e{i}")).collect();
+    let list: Vec<(&str, String, f64)> =
+        engines.iter().zip(&ids).map(|(e, id)| (id.as_str(), e.url(), 1.0)).collect();
+    snapshot(version, &list)
+}
+
+/// The engine id in an `x-ilb-route` header, if any.
+pub fn routed_engine(headers: &http::HeaderMap) -> Option<String> {
+    let route = headers.get("x-ilb-route")?.to_str().ok()?;
+    route.split("; ").find_map(|part| part.strip_prefix("engine=")).map(str::to_owned)
+}
+
+/// How a streamed (SSE) response body ended.
+#[derive(Debug, PartialEq)]
+pub enum StreamEnd {
+    /// Every event is `data: ...` and the last one is `data: [DONE]`.
+    Done,
+    /// Every event is `data: ...` and the last one is an OpenAI error object.
+    ErrorEvent(serde_json::Value),
+    /// Anything else (truncated, not SSE, an error event that is not the last one).
+    Malformed(String),
+}
+
+pub fn stream_end(text: &str) -> StreamEnd {
+    if !text.ends_with("\n\n") {
+        return StreamEnd::Malformed(format!("does not end at an event boundary: {:?}", tail(text)));
+    }
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    let Some((last, earlier)) = events.split_last() else {
+        return StreamEnd::Malformed("no events".into());
+    };
+    if let Some(bad) = events.iter().find(|e| !e.starts_with("data: ")) {
+        return StreamEnd::Malformed(format!("not an SSE data event: {bad:?}"));
+    }
+    if let Some(bad) = earlier.iter().find(|e| e.contains("\"error\"")) {
+        return StreamEnd::Malformed(format!("error event before the end: {bad:?}"));
+    }
+    let data = &last["data: ".len()..];
+    if data == "[DONE]" {
+        return StreamEnd::Done;
+    }
+    match serde_json::from_str::<serde_json::Value>(data) {
+        Ok(v) if v["error"]["message"].is_string() && v["error"]["code"].is_string() => {
+            StreamEnd::ErrorEvent(v)
+        }
+        _ => StreamEnd::Malformed(format!("last event is neither [DONE] nor an error: {data:?}")),
+    }
+}
+
+fn tail(text: &str) -> &str {
+    let start = text.char_indices().rev().nth(80).map_or(0, |(i, _)| i);
+    &text[start..]
+}
+
+/// Reads from a raw socket until the peer closes it (EOF or reset) or `limit` passes.
+/// Returns what was read and whether the peer closed.
+pub async fn read_until_close(stream: &mut tokio::net::TcpStream, limit: Duration) -> (Vec<u8>, bool) {
+    use tokio::io::AsyncReadExt;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let end = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(end, stream.read(&mut buf)).await {
+            Err(_) => return (out, false),
+            Ok(Ok(0)) | Ok(Err(_)) => return (out, true),
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// Status code and body of a raw HTTP/1.1 response with a `content-length` body.
+pub fn parse_raw_response(bytes: &[u8]) -> Option<(u16, String)> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    Some((status, body.to_owned()))
+}
+
+/// One chat request on a fresh connection (so it goes through the data plane's accept loop),
+/// returning its status and how long it took.
+pub async fn fresh_request(url: &str, key: &str) -> (StatusCode, Duration) {
+    let started = tokio::time::Instant::now();
+    let req = post(url, "/v1/chat/completions", &chat_body(key), &[("x-session-id", key)]);
+    let (status, _, _) = send(&client(), req).await;
+    (status, started.elapsed())
+}

@@ -1,0 +1,492 @@
+//! Fault injection on loopback: engines killed or hung under load, slow and malicious clients,
+//! and attempts to use the data plane as an open proxy or to feed it a bad snapshot. Each test
+//! prints its figures (`cargo test -p ilb-dataplane --test faults -- --nocapture`).
+
+mod support;
+
+use ilb_dataplane::DataPlane;
+use ilb_engine_sim::{Faults, HardwareProfile};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use support::*;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+
+/// Iterations of 4 ms and one token each: a 40-token stream lasts about 160 ms, long enough to
+/// be cut in the middle.
+fn quick_profile() -> HardwareProfile {
+    HardwareProfile {
+        name: "faults".into(),
+        max_num_seqs: 64,
+        max_num_batched_tokens: 4096,
+        kv_blocks: 8192,
+        iteration_base_ms: 4.0,
+        prefill_token_us: 1.0,
+        decode_seq_us: 1.0,
+        replicas: 1,
+    }
+}
+
+fn sim_body(key: &str, stream: bool, max_tokens: u32) -> String {
+    format!(
+        r#"{{"model":"m","stream":{stream},"max_tokens":{max_tokens},"messages":[{{"role":"user","content":"fault test {key}"}}]}}"#
+    )
+}
+
+/// What one client request came to.
+#[derive(Debug)]
+enum Outcome {
+    /// 200 and a complete body (`[DONE]` for streams, a completion object otherwise);
+    /// `retried` when the first engine tried failed.
+    Ok { retried: bool },
+    /// 200, part of the stream, then a well-formed SSE error event and a clean end.
+    MidStreamError { engine: String },
+    /// Anything else, including a hang past the client's deadline: the request was lost.
+    Lost(String),
+}
+
+/// Sends one request and classifies the result; never takes longer than `deadline`.
+async fn one_request(client: &TestClient, url: &str, key: &str, stream: bool, deadline: Duration) -> Outcome {
+    let req = post(url, "/v1/chat/completions", &sim_body(key, stream, 40), &[("x-session-id", key)]);
+    let attempt = async {
+        let response = client.request(req).await.map_err(|e| format!("client error: {e}"))?;
+        let (parts, body) = response.into_parts();
+        let engine = routed_engine(&parts.headers).unwrap_or_default();
+        let route = parts.headers.get("x-ilb-route").and_then(|v| v.to_str().ok()).unwrap_or_default();
+        let retried = !route.contains("attempts=1");
+        let bytes = http_body_util::BodyExt::collect(body)
+            .await
+            .map_err(|e| format!("body did not end cleanly ({engine}): {e}"))?
+            .to_bytes();
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        if parts.status != 200 {
+            return Err(format!("status {}: {text}", parts.status));
+        }
+        if !stream {
+            let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))?;
+            return if v["choices"][0]["message"]["content"].is_string() {
+                Ok(Outcome::Ok { retried })
+            } else {
+                Err(format!("not a completion: {text}"))
+            };
+        }
+        match stream_end(&text) {
+            StreamEnd::Done => Ok(Outcome::Ok { retried }),
+            StreamEnd::ErrorEvent(_) => Ok(Outcome::MidStreamError { engine }),
+            StreamEnd::Malformed(why) => Err(format!("malformed stream from {engine}: {why}")),
+        }
+    };
+    match tokio::time::timeout(deadline, attempt).await {
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(why)) => Outcome::Lost(why),
+        Err(_) => Outcome::Lost(format!("no answer within {deadline:?}")),
+    }
+}
+
+/// Closed-loop clients, half streaming, until `stop`; returns every outcome.
+fn start_load(url: String, workers: usize, stop: Arc<AtomicBool>) -> tokio::task::JoinSet<Vec<Outcome>> {
+    let client = client();
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..workers {
+        let (client, url, stop) = (client.clone(), url.clone(), stop.clone());
+        tasks.spawn(async move {
+            let mut outcomes = Vec::new();
+            let mut n = 0;
+            while !stop.load(Relaxed) {
+                n += 1;
+                let key = format!("w{w}-r{n}");
+                outcomes.push(one_request(&client, &url, &key, w % 2 == 0, Duration::from_secs(10)).await);
+            }
+            outcomes
+        });
+    }
+    tasks
+}
+
+/// What a load run came to.
+struct Tally {
+    ok: usize,
+    /// Succeeded on another engine after the first one failed.
+    retried: usize,
+    /// The engine of each stream cut by a failure.
+    mid_stream: Vec<String>,
+    lost: Vec<String>,
+}
+
+/// Joins the load tasks within `deadline` (nothing may hang) and tallies the outcomes.
+async fn finish_load(mut tasks: tokio::task::JoinSet<Vec<Outcome>>, deadline: Duration) -> Tally {
+    let mut all = Vec::new();
+    let joined = tokio::time::timeout(deadline, async {
+        while let Some(result) = tasks.join_next().await {
+            all.extend(result.unwrap());
+        }
+    })
+    .await;
+    assert!(joined.is_ok(), "clients still running {deadline:?} after the load stopped");
+    let mut tally = Tally { ok: 0, retried: 0, mid_stream: Vec::new(), lost: Vec::new() };
+    for outcome in all {
+        match outcome {
+            Outcome::Ok { retried } => {
+                tally.ok += 1;
+                tally.retried += usize::from(retried);
+            }
+            Outcome::MidStreamError { engine } => tally.mid_stream.push(engine),
+            Outcome::Lost(why) => tally.lost.push(why),
+        }
+    }
+    tally
+}
+
+fn engine_index(dp: &DataPlane, id: &str) -> usize {
+    dp.installed().unwrap().engines.iter().position(|e| e.id.as_str() == id).unwrap()
+}
+
+/// The `skip` reason `/debug/route` gives for `engine`.
+async fn debug_skip(dp: &DataPlane, engine: &str) -> serde_json::Value {
+    let (_, body) = get(&client(), &format!("{}/debug/route?model=m&key=any", dp.url())).await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let candidates = v["candidates"].as_array().unwrap();
+    candidates.iter().find(|c| c["engine"] == engine).unwrap()["skip"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_killed_under_load_fails_over_and_is_ejected() {
+    let engines = sim_engines(4, quick_profile()).await;
+    let dp = data_plane(config(), &sim_snapshot(1, &engines)).await;
+    let victim = engine_index(&dp, "e1");
+    let installed = dp.installed().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = start_load(dp.url(), 24, stop.clone());
+
+    // Kill it while it is serving several requests (streams among them, half the clients stream).
+    assert!(
+        eventually(Duration::from_secs(10), || installed.engines[victim].in_flight.load(Relaxed) >= 4).await
+    );
+    let in_flight_at_kill = installed.engines[victim].in_flight.load(Relaxed);
+    engines[1].set_faults(Faults { down: true, ..Faults::default() }).unwrap();
+    let killed = Instant::now();
+    assert!(eventually(Duration::from_secs(5), || installed.engines[victim].is_ejected()).await);
+    let ejected_after = killed.elapsed();
+    assert_eq!(debug_skip(&dp, "e1").await, "ejected by local guard");
+    // Keep the load on the three survivors for a while with the victim out.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    stop.store(true, Relaxed);
+    let Tally { ok, retried, mid_stream, lost } = finish_load(load, Duration::from_secs(12)).await;
+
+    eprintln!(
+        "engine killed under load: {in_flight_at_kill} requests in flight on it; ejected after {} ms; \
+         {ok} ok ({retried} of them after a retry), {} ended mid-stream with an SSE error event (engines {:?}), {} lost {:?}",
+        ejected_after.as_millis(),
+        mid_stream.len(),
+        mid_stream,
+        lost.len(),
+        lost.iter().take(3).collect::<Vec<_>>()
+    );
+    assert!(ejected_after < Duration::from_secs(1), "ejection took {ejected_after:?}");
+    assert!(lost.is_empty(), "requests lost: {lost:?}");
+    assert!(
+        mid_stream.iter().all(|e| e == "e1"),
+        "only streams on the killed engine may break: {mid_stream:?}"
+    );
+    assert!(!mid_stream.is_empty(), "no stream was cut: the kill did not hit a stream");
+    assert!(ok >= 50, "only {ok} requests succeeded");
+    assert!(retried >= 1, "no request was retried: the kill hit nothing not yet streaming");
+    let after_kill = installed.engines[victim].counters.attempts.load(Relaxed);
+    assert!(installed.engines[victim].is_ejected(), "a dead engine was readmitted ({after_kill} attempts)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hung_engine_times_out_fails_over_and_is_ejected() {
+    let engines = sim_engines(3, quick_profile()).await;
+    engines[2].set_faults(Faults { hang: true, ..Faults::default() }).unwrap();
+    let mut cfg = config();
+    cfg.timeouts.first_byte = Duration::from_millis(300);
+    let dp = data_plane(cfg, &sim_snapshot(1, &engines)).await;
+    let hung = engine_index(&dp, "e2");
+    let installed = dp.installed().unwrap();
+    let ejected_at = Arc::new(Mutex::new(None::<Duration>));
+    let watch = {
+        let (installed, ejected_at) = (installed.clone(), ejected_at.clone());
+        let started = Instant::now();
+        tokio::spawn(async move {
+            eventually(Duration::from_secs(10), || installed.engines[hung].is_ejected()).await;
+            *ejected_at.lock().unwrap() = Some(started.elapsed());
+        })
+    };
+    let client = client();
+    let (retried, slowest) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..6 {
+        let (client, url, retried, slowest) = (client.clone(), dp.url(), retried.clone(), slowest.clone());
+        tasks.spawn(async move {
+            for n in 0..8 {
+                let key = format!("h{w}-{n}");
+                let started = Instant::now();
+                let req =
+                    post(&url, "/v1/chat/completions", &sim_body(&key, false, 4), &[("x-session-id", &key)]);
+                let (status, headers, text) =
+                    tokio::time::timeout(Duration::from_secs(5), send(&client, req))
+                        .await
+                        .expect("request hung");
+                assert_eq!(status, 200, "{text}");
+                let route = headers["x-ilb-route"].to_str().unwrap().to_owned();
+                assert_ne!(routed_engine(&headers).as_deref(), Some("e2"), "{route}");
+                if !route.contains("attempts=1") {
+                    retried.fetch_add(1, Relaxed);
+                }
+                slowest.fetch_max(started.elapsed().as_millis() as u64, Relaxed);
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.unwrap();
+    }
+    watch.await.unwrap();
+    let ejected_at = ejected_at.lock().unwrap().expect("the hung engine was never ejected");
+    let attempts = installed.engines[hung].counters.attempts.load(Relaxed);
+    eprintln!(
+        "hung engine: 48 requests, 0 lost, {} retried after the 300 ms first-byte timeout (slowest {} ms); \
+         ejected after {} ms; {attempts} attempts reached it in all",
+        retried.load(Relaxed),
+        slowest.load(Relaxed),
+        ejected_at.as_millis()
+    );
+    assert!(retried.load(Relaxed) >= 3, "the hung engine was never tried");
+    assert!(slowest.load(Relaxed) < 1500, "a retried request took {} ms", slowest.load(Relaxed));
+    assert!(ejected_at < Duration::from_secs(3));
+}
+
+fn malicious_config() -> ilb_dataplane::DataPlaneConfig {
+    let mut cfg = config();
+    cfg.timeouts.header_read = Duration::from_millis(300);
+    cfg.timeouts.client_body = Duration::from_millis(300);
+    cfg.max_connections = 16;
+    cfg
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slowloris_headers_are_cut_off_and_normal_clients_still_served() {
+    let e1 = MockEngine::start("e1").await;
+    let dp = data_plane(malicious_config(), &snapshot(1, &[("e1", e1.url(), 1.0)])).await;
+    let head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-pad: ";
+    let mut slow = Vec::new();
+    for _ in 0..4 {
+        let stream = TcpStream::connect(dp.local_addr()).await.unwrap();
+        let (mut reader, mut writer) = stream.into_split();
+        let started = Instant::now();
+        // One byte every 20 ms, then padding forever: the head never completes.
+        let writer_task = tokio::spawn(async move {
+            for &b in head.iter().chain(std::iter::repeat(&b'a')) {
+                if writer.write_all(&[b]).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        slow.push(tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let mut buf = [0u8; 1024];
+            let closed = tokio::time::timeout(Duration::from_secs(5), async {
+                loop {
+                    match reader.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {}
+                    }
+                }
+            })
+            .await
+            .is_ok();
+            writer_task.abort();
+            (closed, started.elapsed())
+        }));
+    }
+    // While they trickle, a normal client is served at once.
+    let (status, took) = fresh_request(&dp.url(), "normal").await;
+    assert_eq!(status, 200);
+    let mut closed_after = Vec::new();
+    for s in slow {
+        let (closed, after) = s.await.unwrap();
+        assert!(closed, "a slowloris connection was still open after 5 s");
+        closed_after.push(after.as_millis());
+    }
+    eprintln!(
+        "slowloris: normal request served in {} ms; trickling connections closed after {closed_after:?} ms \
+         (header_read 300 ms)",
+        took.as_millis()
+    );
+    assert!(took < Duration::from_millis(500), "normal request took {took:?}");
+    assert!(closed_after.iter().all(|&ms| (250..1500).contains(&ms)), "{closed_after:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_body_gets_408_and_idle_flood_does_not_starve_clients() {
+    let e1 = MockEngine::start("e1").await;
+    let dp = data_plane(malicious_config(), &snapshot(1, &[("e1", e1.url(), 1.0)])).await;
+
+    // A body that never finishes: 10 of 1,000 declared bytes.
+    let mut stream = TcpStream::connect(dp.local_addr()).await.unwrap();
+    let started = Instant::now();
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+                content-length: 1000\r\n\r\n{\"model\":";
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let (bytes, _) = read_until_close(&mut stream, Duration::from_secs(5)).await;
+    let took = started.elapsed();
+    let (status, body) = parse_raw_response(&bytes).expect("no response to an unfinished body");
+    assert_eq!(status, 408, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["code"], "body_timeout");
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert!(took < Duration::from_secs(2), "408 after {took:?}");
+
+    // A flood of idle connections, 2.5 times max_connections, that never send a byte.
+    let mut idle = Vec::new();
+    for _ in 0..40 {
+        idle.push(TcpStream::connect(dp.local_addr()).await.unwrap());
+    }
+    let (status, flooded) = fresh_request(&dp.url(), "during-flood").await;
+    assert_eq!(status, 200);
+    let mut closed = 0;
+    for mut s in idle {
+        if read_until_close(&mut s, Duration::from_secs(3)).await.1 {
+            closed += 1;
+        }
+    }
+    let (status, after) = fresh_request(&dp.url(), "after-flood").await;
+    assert_eq!(status, 200);
+
+    // Kept-alive connections that sent one request and then idle hold slots too: the header
+    // timeout also bounds the wait for a connection's next request.
+    let body = chat_body("keep-alive");
+    let mut kept = Vec::new();
+    for _ in 0..16 {
+        let mut s = TcpStream::connect(dp.local_addr()).await.unwrap();
+        let request = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(request.as_bytes()).await.unwrap();
+        kept.push(s);
+    }
+    let (status, kept_alive) = fresh_request(&dp.url(), "after-keep-alive").await;
+    assert_eq!(status, 200);
+    for mut s in kept {
+        let (bytes, closed) = read_until_close(&mut s, Duration::from_secs(3)).await;
+        assert!(String::from_utf8_lossy(&bytes).starts_with("HTTP/1.1 200"));
+        assert!(closed, "an idle kept-alive connection was kept open");
+    }
+    eprintln!(
+        "unfinished body: 408 after {} ms (client_body 300 ms); idle flood of 40 connections \
+         (max_connections 16): normal request served in {} ms, {closed} of 40 idle connections closed \
+         by the data plane, next request {} ms; with 16 idle kept-alive connections {} ms",
+        took.as_millis(),
+        flooded.as_millis(),
+        after.as_millis(),
+        kept_alive.as_millis()
+    );
+    // The 16 idle connections holding slots must be closed (header_read) for the client to be
+    // accepted; the accept queue holds the other 24 ahead of it, so a few rounds of 300 ms.
+    assert!(flooded < Duration::from_secs(3), "served only after {flooded:?}");
+    assert_eq!(closed, 40, "idle connections were kept open");
+    assert!(after < Duration::from_millis(500));
+    assert!(kept_alive < Duration::from_secs(3), "served only after {kept_alive:?}");
+}
+
+#[tokio::test]
+async fn never_an_open_proxy() {
+    let e1 = MockEngine::start("e1").await;
+    let evil = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let evil_addr = evil.local_addr().unwrap();
+    let dp = data_plane(config(), &snapshot(1, &[("e1", e1.url(), 1.0)])).await;
+    let body = chat_body("p");
+    let hop = "connection: keep-alive, te\r\nkeep-alive: timeout=5\r\nte: trailers\r\nupgrade: h2c\r\n\
+               proxy-authorization: Basic c2VjcmV0\r\n";
+    let requests = [
+        format!("POST /v1/chat/completions HTTP/1.1\r\nhost: {evil_addr}\r\n{hop}"),
+        format!("POST http://{evil_addr}/v1/chat/completions HTTP/1.1\r\nhost: {evil_addr}\r\n"),
+        format!("POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-forwarded-host: {evil_addr}\r\n"),
+    ];
+    for head in requests {
+        let mut stream = TcpStream::connect(dp.local_addr()).await.unwrap();
+        let request =
+            format!("{head}content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut bytes = Vec::new();
+        let end = Instant::now() + Duration::from_secs(5);
+        while !String::from_utf8_lossy(&bytes).contains(&body) && Instant::now() < end {
+            let (more, closed) = read_until_close(&mut stream, Duration::from_millis(50)).await;
+            bytes.extend(more);
+            if closed {
+                break;
+            }
+        }
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        assert!(text.starts_with("HTTP/1.1 200"), "{head}: {text}");
+        assert!(
+            text.to_ascii_lowercase().contains("x-engine: e1"),
+            "not answered by the snapshot's engine: {text}"
+        );
+        let seen = text.lines().find(|l| l.to_ascii_lowercase().starts_with("x-seen-headers")).unwrap();
+        for name in
+            ["connection", "keep-alive", "\"te\"", "upgrade", "proxy-authorization", "transfer-encoding"]
+        {
+            assert!(!seen.contains(name), "hop-by-hop {name} reached the engine: {seen}");
+        }
+    }
+    // A chunked request body: the engine gets a plain body, never the client's transfer-encoding.
+    let mut stream = TcpStream::connect(dp.local_addr()).await.unwrap();
+    let chunked = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n\
+         {:x}\r\n{body}\r\n0\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(chunked.as_bytes()).await.unwrap();
+    let (bytes, _) = read_until_close(&mut stream, Duration::from_secs(5)).await;
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    assert!(text.starts_with("HTTP/1.1 200") && text.contains(&body), "{text}");
+    let seen = text.lines().find(|l| l.to_ascii_lowercase().starts_with("x-seen-headers")).unwrap();
+    assert!(!seen.contains("transfer-encoding"), "{seen}");
+    // Nothing ever connected to the address the requests named.
+    assert!(tokio::time::timeout(Duration::from_millis(200), evil.accept()).await.is_err());
+}
+
+#[tokio::test]
+async fn bad_snapshots_are_rejected_and_routing_continues() {
+    let e1 = MockEngine::start("e1").await;
+    let dp = data_plane(config(), &snapshot(1, &[("e1", e1.url(), 1.0)])).await;
+    let host = e1.addr;
+    let cases = [
+        (format!("http://user:pw@{host}"), "credentials"),
+        (format!("https://{host}"), "http://"),
+        (format!("ftp://{host}"), "http://"),
+        (format!("http://{host}/v1?target=evil"), "query"),
+        (format!("http://{host}/#frag"), "query or fragment"),
+    ];
+    for (url, why) in cases {
+        let error = dp.install(&snapshot(2, &[("e1", url.clone(), 1.0)])).unwrap_err().to_string();
+        assert!(error.contains(why), "{url}: {error}");
+    }
+    // 200,000 engines: over the limit, rejected by count before anything is compiled.
+    let many: Vec<(String, String)> =
+        (0..200_000).map(|i| (format!("e{i}"), format!("http://127.0.0.1:{}", 1 + i % 60_000))).collect();
+    let list: Vec<(&str, String, f64)> =
+        many.iter().map(|(id, url)| (id.as_str(), url.clone(), 1.0)).collect();
+    let big = snapshot(3, &list);
+    let error = dp.install(&big).unwrap_err().to_string();
+    assert!(error.contains("200000") && error.contains("100000"), "{error}");
+    // The same through the wire format, and a body over the byte limit.
+    let json = serde_json::to_vec(&big).unwrap();
+    let error = ilb_core::snapshot::Snapshot::from_json(&json).unwrap_err().to_string();
+    assert!(error.contains("100000"), "{error}");
+    let huge = vec![b' '; ilb_core::snapshot::MAX_SNAPSHOT_BYTES + 1];
+    let error = ilb_core::snapshot::Snapshot::from_json(&huge).unwrap_err().to_string();
+    assert!(error.contains(&ilb_core::snapshot::MAX_SNAPSHOT_BYTES.to_string()), "{error}");
+
+    assert_eq!(dp.snapshot_version().unwrap().0, 1, "a rejected snapshot replaced the good one");
+    let (status, headers, _) =
+        send(&client(), post(&dp.url(), "/v1/chat/completions", &chat_body("a"), &[])).await;
+    assert_eq!(status, 200);
+    assert_eq!(engine_of(&headers), "e1");
+}
