@@ -132,7 +132,8 @@ pub struct OutlierSettings {
     /// in [0, 1]. Default 0.15.
     pub max_penalised_share: f64,
     /// Largest penalty, in (0, 1): the share of an engine's capacity that may be withheld.
-    /// Default 0.95.
+    /// Default 0.98: an engine that ran at a fifth of its capacity or more then keeps at most
+    /// a tenth of its traffic, yet still gets a trickle that shows when it has recovered.
     pub max_penalty: f64,
     /// A recovering penalty below this is removed, in (0, 1). Default 0.05.
     pub min_penalty: f64,
@@ -151,7 +152,7 @@ impl Default for OutlierSettings {
             success_rate_min_engines: 3,
             latency_ratio: 2.0,
             max_penalised_share: 0.15,
-            max_penalty: 0.95,
+            max_penalty: 0.98,
             min_penalty: 0.05,
         }
     }

@@ -17,8 +17,10 @@
 //! A penalty withholds a share of the engine's capacity from the optimizer, so its traffic
 //! moves in a planned way. A new outlier starts at max(0.5, severity) — severity 1 − 1/ratio for
 //! latency (a 3× slower engine has about a third of its capacity), 1 − rate/mean for errors —
-//! and while it stays an outlier the capacity it keeps halves every interval, up to
+//! and while it stays an outlier the capacity it keeps is quartered every interval, up to
 //! `max_penalty`. Every healthy interval halves the penalty; under `min_penalty` it is removed.
+//! Quick to punish, quick to forgive: in capacity terms one healthy interval gives a fully
+//! penalised engine half its capacity back, and the next judgement is one interval away.
 //! A penalised engine gets little traffic by design, so it is judged again after only
 //! `probe_requests`; a window that gathers too few requests for `max_window_intervals` is given
 //! up, and a penalised engine then recovers one step on the benefit of the doubt, so a penalty
@@ -46,6 +48,9 @@ use std::time::Duration;
 
 /// The smallest penalty a newly detected outlier gets.
 const INITIAL_PENALTY: f64 = 0.5;
+/// Each interval an engine stays an outlier multiplies the capacity it keeps by this: it had
+/// an interval to get better, and it is hurting the traffic it still gets.
+const ESCALATION_FACTOR: f64 = 0.25;
 /// Each healthy interval multiplies the penalty by this.
 const RECOVERY_FACTOR: f64 = 0.5;
 /// Prefix of the reason of a penalty that is decaying.
@@ -227,7 +232,20 @@ impl Fleet {
                         reasons.push(format!("{name} {ratio:.1}× its profile at {load:.0} req/s"));
                     }
                 }
-                if reasons.is_empty() {
+                // Attempts seen by the proxies are not evidence of speed: a slow engine has many
+                // requests in flight and few first tokens. Only an engine that finishes
+                // requests without exposing TTFT at all is judged on errors alone.
+                let w = &mut self.engines[j].outlier_window;
+                let latency_evidence =
+                    w.ttft_count >= required || (w.ttft_count == 0.0 && w.finished >= required);
+                if reasons.is_empty() && !latency_evidence {
+                    w.intervals += 1;
+                    if w.intervals >= s.max_window_intervals {
+                        Verdict::Expired
+                    } else {
+                        Verdict::Pending
+                    }
+                } else if reasons.is_empty() {
                     Verdict::Healthy
                 } else {
                     Verdict::Outlier { severity, reason: reasons.join("; ") }
@@ -289,7 +307,7 @@ impl Fleet {
                 }
                 Verdict::Outlier { severity, reason } => {
                     if e.penalty > 0.0 {
-                        let escalated = 1.0 - (1.0 - e.penalty) / 2.0;
+                        let escalated = 1.0 - (1.0 - e.penalty) * ESCALATION_FACTOR;
                         e.penalty = severity.max(escalated).min(s.max_penalty);
                         e.penalty_reason = Some(reason);
                     } else {
