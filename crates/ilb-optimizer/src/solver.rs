@@ -119,6 +119,8 @@ struct Run<'m, 'p> {
     best: Option<(Repaired, Candidates, Vec<f64>)>,
     /// Step length (ms) the damping aims at; grows while full steps succeed (trust region).
     radius: f64,
+    /// No price needs to move further than the largest shed penalty plus the network span.
+    max_radius: f64,
     steps: usize,
     passes: usize,
     rebuilds: usize,
@@ -139,6 +141,7 @@ impl<'m, 'p> Run<'m, 'p> {
             hessian: Vec::new(),
             best: None,
             radius: 0.05 * scale,
+            max_radius: model.penalty.iter().fold(scale, |a, &p| a.max(p)) + 200.0,
             steps: 0,
             passes: 0,
             rebuilds: 0,
@@ -235,8 +238,14 @@ impl<'m, 'p> Run<'m, 'p> {
             }
             if !idle_classes.is_empty() {
                 let targets = self.jump_targets(&idle_classes);
+                // The dual is linear in these prices up to the next event and concave beyond:
+                // stepping at least a quarter of the trust radius lets a chain of small events
+                // (a price climbing to its shed penalty) take few steps; the line search cuts
+                // any overshoot.
                 for (&k, target) in idle_classes.iter().zip(targets) {
-                    delta[k] = target - self.u[k];
+                    let step = target - self.u[k];
+                    let reach = 0.25 * self.radius;
+                    delta[k] = if step >= 0.0 { step.max(reach) } else { step.min(-reach) };
                 }
             }
             cholesky_solve(&mut self.hessian, &mut delta, n, 1e-12);
@@ -273,7 +282,11 @@ impl<'m, 'p> Run<'m, 'p> {
                     std::mem::swap(&mut self.u, &mut u_trial);
                     accepted = true;
                     // Trust-region update: widen after a full step, narrow after a cut one.
-                    self.radius = if t >= 1.0 { self.radius * 4.0 } else { (self.radius * t).max(0.05 * self.scale) };
+                    self.radius = if t >= 1.0 {
+                        (self.radius * 4.0).min(self.max_radius)
+                    } else {
+                        (self.radius * t).max(0.05 * self.scale)
+                    };
                     break;
                 }
                 // Overshoot: the secant zero of the slope, kept within [0.05 t, 0.9 t].
