@@ -284,11 +284,24 @@ fn check_unique<'a>(kind: &'static str, ids: impl Iterator<Item = &'a str>) -> R
     }
 }
 
-/// Why a JSON problem could not be read.
+/// Why a JSON problem could not be read. The message carries the cause (no separate source, so
+/// that error chains print it once).
 #[derive(Debug, Error)]
 pub enum ParseError {
     #[error("malformed problem JSON: {0}")]
-    Json(#[from] serde_json::Error),
+    Json(serde_json::Error),
     #[error("invalid problem: {0}")]
-    Invalid(#[from] ProblemError),
+    Invalid(ProblemError),
+}
+
+impl From<serde_json::Error> for ParseError {
+    fn from(e: serde_json::Error) -> Self {
+        ParseError::Json(e)
+    }
+}
+
+impl From<ProblemError> for ParseError {
+    fn from(e: ProblemError) -> Self {
+        ParseError::Invalid(e)
+    }
 }

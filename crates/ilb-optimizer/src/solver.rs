@@ -218,7 +218,9 @@ impl<'m, 'p> Run<'m, 'p> {
             // step there into one of about `radius` ms. It vanishes with the gradient, so the final
             // steps are pure Newton.
             let radius = self.radius.max(10.0 * eps);
-            let max_grad = (0..n).filter(|&k| self.model.class_on[k]).fold(0.0f64, |a, k| a.max(self.pass.grad[k].abs()));
+            let max_grad = (0..n)
+                .filter(|&k| self.model.class_on[k])
+                .fold(0.0f64, |a, k| a.max(self.pass.grad[k].abs()));
             let damping = max_grad / radius;
             let mut idle_classes = Vec::new();
             for k in 0..n {
@@ -270,11 +272,10 @@ impl<'m, 'p> Run<'m, 'p> {
                 // Slope of the dual along the step at t; ≥ 0 means the maximum along the line is
                 // not yet passed, so (concavity) the value went up: accept without trusting the
                 // value difference, which is at rounding level near convergence.
-                let slope_at_t: f64 = (0..n)
-                    .filter(|&k| self.model.class_on[k])
-                    .map(|k| delta[k] * self.trial.grad[k])
-                    .sum();
-                if slope_at_t >= 0.0 || self.trial.dual >= self.pass.dual + 1e-4 * t * slope.max(0.0) - noise {
+                let slope_at_t: f64 =
+                    (0..n).filter(|&k| self.model.class_on[k]).map(|k| delta[k] * self.trial.grad[k]).sum();
+                if slope_at_t >= 0.0 || self.trial.dual >= self.pass.dual + 1e-4 * t * slope.max(0.0) - noise
+                {
                     if rebuilt {
                         std::mem::swap(&mut self.cand, &mut self.spare);
                     }
@@ -311,7 +312,11 @@ impl<'m, 'p> Run<'m, 'p> {
             position[k] = i;
             let u = self.u[k];
             targets.push(if self.pass.grad[k] >= 0.0 {
-                if u < model.penalty[k] { model.penalty[k] } else { f64::INFINITY }
+                if u < model.penalty[k] {
+                    model.penalty[k]
+                } else {
+                    f64::INFINITY
+                }
             } else {
                 f64::NEG_INFINITY
             });
@@ -346,7 +351,11 @@ impl<'m, 'p> Run<'m, 'p> {
             .map(|(&k, t)| {
                 let u = self.u[k];
                 if self.pass.grad[k] >= 0.0 {
-                    if t.is_finite() { t + eps_push } else { u + self.radius }
+                    if t.is_finite() {
+                        t + eps_push
+                    } else {
+                        u + self.radius
+                    }
                 } else if t.is_finite() {
                     t - eps_push
                 } else {

@@ -12,7 +12,12 @@ fn check(config: GenConfig) {
     common::check_invariants(&problem, &solution);
     let reference = common::clarabel_solve(&problem);
     let rel = (solution.objective - reference.objective) / reference.objective;
-    assert!(rel.abs() <= 1e-3, "{config:?}: objective {} vs clarabel {}", solution.objective, reference.objective);
+    assert!(
+        rel.abs() <= 1e-3,
+        "{config:?}: objective {} vs clarabel {}",
+        solution.objective,
+        reference.objective
+    );
     assert!(solution.gap <= 1e-3, "{config:?}: certified gap {}", solution.gap);
     // The certificate is a true lower bound: never above the exact optimum (up to its tolerance).
     assert!(solution.lower_bound <= reference.objective * (1.0 + 1e-7), "{config:?}: bound above optimum");

@@ -119,11 +119,9 @@ fn invalid_problems_are_rejected() {
         NetworkMatrix::from_rows(&[vec![Some(1.0)], vec![]]),
         Err(ProblemError::RaggedRow { row: 1, .. })
     ));
-    assert!(matches!(
-        NetworkMatrix::from_rows(&[vec![Some(-1.0)]]),
-        Err(ProblemError::NetworkValue { .. })
-    ));
-    assert!(Problem::from_json(r#"{"rho": 0.9, "classes": [], "engines": [], "network_ms": [], "x": 1}"#).is_err());
+    assert!(matches!(NetworkMatrix::from_rows(&[vec![Some(-1.0)]]), Err(ProblemError::NetworkValue { .. })));
+    assert!(Problem::from_json(r#"{"rho": 0.9, "classes": [], "engines": [], "network_ms": [], "x": 1}"#)
+        .is_err());
 }
 
 #[test]
