@@ -9,14 +9,16 @@
 //!    lengths and the prefix-cache hit rate `h` (sessions stay on the one engine);
 //! 2. capacity is the engine model's own closed-form estimate,
 //!    `HardwareProfile::capacity_rps(P·(1 − h), O)` per replica (computed prompt tokens);
-//! 3. six runs at 20 % … 92 % of that capacity measure mean TTFT and mean time between tokens;
+//! 3. seven runs at 30 % … 92 % of that capacity measure mean TTFT and mean time between tokens;
 //! 4. `t0` and `b` are fitted to them by the control plane's own least-squares fit
-//!    (`fit_queueing`, without a prior).
+//!    (`fit_queueing`, without a prior), weighted by the 8th power of the load fraction.
 //!
 //! Every run is this simulator with the `round-robin` policy over a one-engine fleet.
 
 use crate::policy::Baseline;
-use crate::scenario::{ClusterSpec, CurveKind, DemandSpec, EngineGroupSpec, RegionSpec, Scenario, ScenarioFile};
+use crate::scenario::{
+    ClusterSpec, CurveKind, DemandSpec, EngineGroupSpec, RegionSpec, Scenario, ScenarioFile,
+};
 use crate::sim::{self, RunSpec};
 use crate::SimError;
 use ilb_controlplane::profile::{fit_queueing, LatencyProfile, Observation, QueueingPrior};
@@ -24,7 +26,8 @@ use ilb_engine_sim::HardwareProfile;
 use serde::Serialize;
 
 /// Fractions of capacity measured.
-const LOADS: [f64; 6] = [0.2, 0.4, 0.6, 0.75, 0.85, 0.92];
+/// Denser near the top, where a planned fleet runs (the optimizer loads engines to 85–95 %).
+const LOADS: [f64; 7] = [0.3, 0.5, 0.65, 0.75, 0.82, 0.88, 0.92];
 
 /// A calibrated control-plane profile for one hardware type (and replica count).
 #[derive(Clone, Debug, Serialize)]
@@ -48,7 +51,12 @@ pub fn key(hardware: &str, profile: &HardwareProfile) -> String {
     format!("{hardware}x{}", profile.replicas)
 }
 
-fn one_engine(scenario: &Scenario, profile: &HardwareProfile, rps: f64, seconds: f64) -> Result<crate::PolicyResult, SimError> {
+fn one_engine(
+    scenario: &Scenario,
+    profile: &HardwareProfile,
+    rps: f64,
+    seconds: f64,
+) -> Result<crate::PolicyResult, SimError> {
     let file = ScenarioFile {
         name: "calibration".into(),
         description: String::new(),
@@ -94,7 +102,8 @@ fn one_engine(scenario: &Scenario, profile: &HardwareProfile, rps: f64, seconds:
     };
     let calibration = Scenario::new(file).map_err(SimError::Scenario)?;
     let topology = crate::topology(&calibration, &[1.0]);
-    let mut policy = Baseline::new("round-robin", 1).ok_or_else(|| SimError::Config("no round-robin".into()))?;
+    let mut policy =
+        Baseline::new("round-robin", 1).ok_or_else(|| SimError::Config("no round-robin".into()))?;
     let spec = RunSpec {
         duration_s: seconds,
         warmup_s: seconds * 0.25,
@@ -105,7 +114,11 @@ fn one_engine(scenario: &Scenario, profile: &HardwareProfile, rps: f64, seconds:
 }
 
 /// Calibrates one hardware profile under `scenario`'s workload.
-pub fn calibrate(scenario: &Scenario, hardware: &str, profile: &HardwareProfile) -> Result<Calibration, SimError> {
+pub fn calibrate(
+    scenario: &Scenario,
+    hardware: &str,
+    profile: &HardwareProfile,
+) -> Result<Calibration, SimError> {
     let seconds = scenario.file.control.calibration_s;
     let w = &scenario.file.workload;
     let guess_prompt = f64::from(w.system_prompt_tokens) + w.first_prompt_tokens.mean;
@@ -120,8 +133,10 @@ pub fn calibrate(scenario: &Scenario, hardware: &str, profile: &HardwareProfile)
         let r = one_engine(scenario, profile, f * capacity, seconds)?;
         let load = r.completed as f64 / (seconds * 0.75);
         points.push((load, r.engine_ttft_ms, r.engine_tbot_ms));
-        ttft_obs.push(Observation { load_rps: load, latency_ms: r.engine_ttft_ms, weight: 1.0 });
-        tbot_obs.push(Observation { load_rps: load, latency_ms: r.engine_tbot_ms, weight: 1.0 });
+        // Weighted by load to the 8th power: the fit has to be right where the fleet will run.
+        let weight = f.powi(8);
+        ttft_obs.push(Observation { load_rps: load, latency_ms: r.engine_ttft_ms, weight });
+        tbot_obs.push(Observation { load_rps: load, latency_ms: r.engine_tbot_ms, weight });
     }
     let fit = |obs: &[Observation]| {
         let first = obs.first().map_or(1.0, |o| o.latency_ms);

@@ -27,7 +27,11 @@ pub fn build(scenario: &Scenario, calibrations: &[Calibration]) -> Result<FleetC
             report_timeout_ms: ms(10.0 * control.report_period_s),
             smoothing_ms: ms(control.smoothing_s),
             rho: control.rho,
-            objective: if control.objective == "ttft" { ObjectiveSetting::Ttft } else { ObjectiveSetting::TtftPlusDecode },
+            objective: if control.objective == "ttft" {
+                ObjectiveSetting::Ttft
+            } else {
+                ObjectiveSetting::TtftPlusDecode
+            },
             // e2e = TTFT + (output − 1) × time between tokens.
             expected_output_tokens: (output - 1.0).max(0.0),
             shed_penalty_ms: control.shed_penalty_ms.clone(),

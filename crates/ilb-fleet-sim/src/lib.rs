@@ -81,7 +81,8 @@ pub fn topology(scenario: &Scenario, capacity_rps: &[f64]) -> Topology {
             (0..scenario.engines.len())
                 .filter(|&j| {
                     let e = &scenario.engines[j];
-                    e.model == s.model && s.class_rule.is_none_or(|r| validate_allows(&scenario.file.classes[r], e))
+                    e.model == s.model
+                        && s.class_rule.is_none_or(|r| validate_allows(&scenario.file.classes[r], e))
                 })
                 .collect()
         })
@@ -114,7 +115,8 @@ pub fn topology(scenario: &Scenario, capacity_rps: &[f64]) -> Topology {
         stream_require: streams
             .iter()
             .map(|s| {
-                let mut r = s.class_rule.map(|r| scenario.file.classes[r].require.clone()).unwrap_or_default();
+                let mut r =
+                    s.class_rule.map(|r| scenario.file.classes[r].require.clone()).unwrap_or_default();
                 r.sort();
                 r.dedup();
                 r
@@ -212,7 +214,9 @@ fn make_policy(
                 .streams
                 .iter()
                 .enumerate()
-                .map(|(s, stream)| (s, control.shed_penalty_ms.get(&stream.priority).copied().unwrap_or(10_000.0)))
+                .map(|(s, stream)| {
+                    (s, control.shed_penalty_ms.get(&stream.priority).copied().unwrap_or(10_000.0))
+                })
                 .collect();
             Ok(Box::new(Ilb::new(config, topology, &priorities, control.solve_period_s, delay)))
         }

@@ -67,8 +67,12 @@ pub struct PolicyResult {
     /// Mean busy fraction of engines and its standard deviation across engines.
     pub utilisation_mean: f64,
     pub utilisation_spread: f64,
-    /// ilb: the optimizer's predicted mean latency of admitted traffic, mean over samples, ms.
+    /// ilb: the optimizer's predicted mean latency of admitted traffic, mean over the plans
+    /// made after the warm-up (each for the demand measured then), ms.
     pub predicted_e2e_ms: Option<f64>,
+    /// ilb: the optimizer's prediction at the simulated steady state (the final fleet state
+    /// with each class's mean measured demand), ms. Compare with `e2e_ms.mean`.
+    pub steady_state_e2e_ms: Option<f64>,
     /// Policies with a control loop: longest time from an engine failure to the first plan
     /// that gives the failed engines no traffic, seconds.
     pub replan_s: Option<f64>,
@@ -143,8 +147,10 @@ impl Recorder {
         let mut priorities: Vec<String> = stream_priority_names.to_vec();
         priorities.sort();
         priorities.dedup();
-        let stream_priority =
-            stream_priority_names.iter().map(|p| priorities.iter().position(|q| q == p).unwrap_or(0)).collect();
+        let stream_priority = stream_priority_names
+            .iter()
+            .map(|p| priorities.iter().position(|q| q == p).unwrap_or(0))
+            .collect();
         let n = priorities.len();
         Recorder {
             warmup_s,
@@ -267,7 +273,9 @@ impl Recorder {
                     .chunks(n)
                     .zip(previous.chunks(n))
                     .zip(demand)
-                    .map(|((now, before), d)| d * 0.5 * now.iter().zip(before).map(|(a, b)| (a - b).abs()).sum::<f64>())
+                    .map(|((now, before), d)| {
+                        d * 0.5 * now.iter().zip(before).map(|(a, b)| (a - b).abs()).sum::<f64>()
+                    })
                     .sum();
                 self.churn.0 += moved / total;
                 self.churn.1 += 1;
@@ -304,7 +312,8 @@ impl Recorder {
             r.mean_prompt_tokens = self.prompt_tokens as f64 / r.completed as f64;
             r.mean_output_tokens = self.output_tokens as f64 / r.completed as f64;
         }
-        r.engine_tbot_ms = if self.decode_tokens > 0.0 { self.decode_ns / self.decode_tokens / 1e6 } else { 0.0 };
+        r.engine_tbot_ms =
+            if self.decode_tokens > 0.0 { self.decode_ns / self.decode_tokens / 1e6 } else { 0.0 };
         if self.util_samples > 0 {
             let utils: Vec<f64> = self.util_sum.iter().map(|s| s / self.util_samples as f64).collect();
             let mean = utils.iter().sum::<f64>() / utils.len().max(1) as f64;

@@ -62,14 +62,20 @@ fn latency(c: &Comparison) -> Result<String, SimError> {
         for (i, name) in c.order.iter().enumerate() {
             let Some(r) = c.policies.get(name) else { continue };
             let color = Palette99::pick(i).to_rgba();
-            let points = r.series.t_s.iter().zip(&r.series.e2e_ms).filter(|(_, v)| v.is_finite() && **v > 0.0);
+            let points =
+                r.series.t_s.iter().zip(&r.series.e2e_ms).filter(|(_, v)| v.is_finite() && **v > 0.0);
             chart
                 .draw_series(LineSeries::new(points.map(|(&t, &v)| (t, v)), color.stroke_width(2)))
                 .map_err(plot_err)?
                 .label(name.as_str())
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
         }
-        chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(plot_err)?;
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(plot_err)?;
         root.present().map_err(plot_err)?;
     }
     Ok(svg)
@@ -110,7 +116,10 @@ fn heatmap(c: &Comparison, name: &str) -> Result<String, SimError> {
         let root = SVGBackend::with_string(&mut svg, (1000, 120 + 18 * n_streams as u32)).into_drawing_area();
         root.fill(&WHITE).map_err(plot_err)?;
         let mut chart = ChartBuilder::on(&root)
-            .caption(format!("{}: weights (rows: streams, columns: engines), {name}", c.scenario), ("sans-serif", 18))
+            .caption(
+                format!("{}: weights (rows: streams, columns: engines), {name}", c.scenario),
+                ("sans-serif", 18),
+            )
             .margin(10)
             .x_label_area_size(30)
             .y_label_area_size(40)
@@ -133,7 +142,8 @@ fn weights_over_time(c: &Comparison) -> Result<String, SimError> {
     let names: Vec<&str> = ["feedback", "ilb"].into_iter().filter(|n| c.policies.contains_key(*n)).collect();
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, (900, 300 * names.len().max(1) as u32)).into_drawing_area();
+        let root =
+            SVGBackend::with_string(&mut svg, (900, 300 * names.len().max(1) as u32)).into_drawing_area();
         root.fill(&WHITE).map_err(plot_err)?;
         let panels = root.split_evenly((names.len().max(1), 1));
         for (panel, name) in panels.iter().zip(&names) {

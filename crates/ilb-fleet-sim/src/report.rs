@@ -34,11 +34,11 @@ pub fn table(c: &Comparison) -> String {
     }
     let _ = writeln!(out, "\nlatencies in ms (network included), goodput in req/s with TTFT within the SLO");
     if let Some(ilb) = c.policies.get("ilb") {
-        if let Some(p) = ilb.predicted_e2e_ms {
+        if let Some(p) = ilb.steady_state_e2e_ms.or(ilb.predicted_e2e_ms) {
             let delta = 100.0 * (ilb.e2e_ms.mean - p) / p;
             let _ = writeln!(
                 out,
-                "ilb: optimizer-predicted mean latency {p:.1} ms, simulated {:.1} ms ({delta:+.1} %)",
+                "ilb: optimizer-predicted mean latency at steady state {p:.1} ms, simulated {:.1} ms ({delta:+.1} %)",
                 ilb.e2e_ms.mean
             );
         }

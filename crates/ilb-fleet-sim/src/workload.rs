@@ -19,7 +19,7 @@ pub fn demand_rps(scenario: &Scenario, stream: usize, t_s: f64) -> f64 {
             1.0 + d.amplitude * phase.cos()
         }
     };
-    let step = d.steps.iter().filter(|step| step.at_s <= t_s).last().map_or(1.0, |step| step.factor);
+    let step = d.steps.iter().rfind(|step| step.at_s <= t_s).map_or(1.0, |step| step.factor);
     let cluster = &scenario.clusters[s.cluster].0;
     let surge: f64 = scenario
         .file

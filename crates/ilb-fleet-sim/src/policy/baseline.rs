@@ -41,7 +41,14 @@ fn load_of(load: &Load, topology: &Topology, j: usize) -> f64 {
 }
 
 impl Policy for Baseline {
-    fn route(&mut self, topology: &Topology, load: &Load, stream: usize, _key: u64, rng: &mut Pcg64Mcg) -> Decision {
+    fn route(
+        &mut self,
+        topology: &Topology,
+        load: &Load,
+        stream: usize,
+        _key: u64,
+        rng: &mut Pcg64Mcg,
+    ) -> Decision {
         let allowed = &topology.allowed[stream];
         if allowed.is_empty() {
             return Decision::NoEngine;
@@ -84,7 +91,8 @@ impl Policy for Baseline {
     fn weights(&self, topology: &Topology, load: &Load, out: &mut [f64]) {
         let n = topology.n_engines;
         for (stream, row) in out.chunks_mut(n).enumerate() {
-            let engines = if self.kind == Kind::Nearest { &topology.local[stream] } else { &topology.allowed[stream] };
+            let engines =
+                if self.kind == Kind::Nearest { &topology.local[stream] } else { &topology.allowed[stream] };
             uniform_row(engines, &load.up, row);
         }
     }

@@ -39,7 +39,12 @@ impl DataPlanes {
         DataPlanes {
             installed: (0..topology.n_clusters).map(|_| None).collect(),
             pending: VecDeque::new(),
-            engine_index: topology.engine_entries.iter().enumerate().map(|(j, e)| (e.id.to_string(), j)).collect(),
+            engine_index: topology
+                .engine_entries
+                .iter()
+                .enumerate()
+                .map(|(j, e)| (e.id.to_string(), j))
+                .collect(),
             rejected: 0,
         }
     }
@@ -70,8 +75,11 @@ impl DataPlanes {
                     continue;
                 }
             };
-            let engine_map =
-                table.engines.iter().map(|e| self.engine_index.get(e.id.as_str()).copied().unwrap_or(0)).collect();
+            let engine_map = table
+                .engines
+                .iter()
+                .map(|e| self.engine_index.get(e.id.as_str()).copied().unwrap_or(0))
+                .collect();
             let stream_class = (0..topology.stream_cluster.len())
                 .map(|s| {
                     if topology.stream_cluster[s] != c {
@@ -94,10 +102,19 @@ impl DataPlanes {
     /// data plane is below ⌈1.25 · weight · (class in-flight + 1)⌉, then without the bound.
     /// Candidates that are down or violate the stream's constraints are never admitted.
     /// Requests are shed first with the class's planned `shed_fraction`. Hot path.
-    pub fn route(&self, topology: &Topology, load: &Load, stream: usize, key_hash: u64, rng: &mut Pcg64Mcg) -> Decision {
+    pub fn route(
+        &self,
+        topology: &Topology,
+        load: &Load,
+        stream: usize,
+        key_hash: u64,
+        rng: &mut Pcg64Mcg,
+    ) -> Decision {
         let c = topology.stream_cluster[stream];
         let Some(installed) = &self.installed[c] else { return Decision::NoEngine };
-        let Some(model) = installed.table.model(&topology.stream_model[stream]) else { return Decision::NoEngine };
+        let Some(model) = installed.table.model(&topology.stream_model[stream]) else {
+            return Decision::NoEngine;
+        };
         let Some(class) = installed.stream_class[stream].map(|i| &model.classes[i]) else {
             return Decision::NoEngine;
         };
@@ -118,7 +135,9 @@ impl DataPlanes {
             in_flight < (LOAD_BOUND * cand.weight * (class_load + 1.0)).ceil() && usable(candidate)
         };
         match class.pick(key_hash, bounded).or_else(|| class.pick(key_hash, usable)) {
-            Some(picked) => Decision::Engine(installed.engine_map[class.candidates[picked.candidate].engine_idx]),
+            Some(picked) => {
+                Decision::Engine(installed.engine_map[class.candidates[picked.candidate].engine_idx])
+            }
             None => Decision::NoEngine,
         }
     }

@@ -123,7 +123,8 @@ impl Feedback {
             }
             for &(j, score) in scores {
                 let nudged = self.weight[j] * (1.0 + self.spec.gain * (1.0 - score / mean));
-                let (lo, hi) = (self.spec.min_weight * self.initial[j], self.spec.max_weight * self.initial[j]);
+                let (lo, hi) =
+                    (self.spec.min_weight * self.initial[j], self.spec.max_weight * self.initial[j]);
                 self.weight[j] = nudged.clamp(lo, hi);
             }
         }
@@ -131,7 +132,14 @@ impl Feedback {
 }
 
 impl Policy for Feedback {
-    fn route(&mut self, topology: &Topology, load: &Load, stream: usize, key_hash: u64, rng: &mut Pcg64Mcg) -> Decision {
+    fn route(
+        &mut self,
+        topology: &Topology,
+        load: &Load,
+        stream: usize,
+        key_hash: u64,
+        rng: &mut Pcg64Mcg,
+    ) -> Decision {
         self.data_planes.route(topology, load, stream, key_hash, rng)
     }
 
@@ -154,7 +162,12 @@ impl Policy for Feedback {
         true
     }
 
-    fn on_scrape(&mut self, now: Nanos, engine: usize, result: Result<Vec<(ModelName, EngineSample)>, String>) {
+    fn on_scrape(
+        &mut self,
+        now: Nanos,
+        engine: usize,
+        result: Result<Vec<(ModelName, EngineSample)>, String>,
+    ) {
         self.fleet.on_scrape(engine, Duration::from_nanos(now), result);
     }
 

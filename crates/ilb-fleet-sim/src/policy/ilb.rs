@@ -42,7 +42,13 @@ impl Ilb {
     /// `config` lists the engines in the simulator's order. Solves once at time zero (with
     /// the demand floor, as a control plane starting up does) and installs the result at once
     /// so data planes start with a snapshot.
-    pub fn new(config: FleetConfig, topology: &Topology, priorities: &[(usize, f64)], solve_period_s: f64, delay: Nanos) -> Ilb {
+    pub fn new(
+        config: FleetConfig,
+        topology: &Topology,
+        priorities: &[(usize, f64)],
+        solve_period_s: f64,
+        delay: Nanos,
+    ) -> Ilb {
         let penalties = priorities
             .iter()
             .map(|&(s, p)| {
@@ -119,8 +125,43 @@ impl Ilb {
     }
 }
 
+impl Ilb {
+    /// The optimizer's prediction at the simulated steady state: the current fleet state (the
+    /// fitted profiles, health) with each class's demand set to its mean measured rate
+    /// `mean_rps[(cluster, model, class)]`, solved warm. Mean latency of admitted traffic, ms.
+    fn steady_state(&mut self, now: Nanos, mean_rps: &HashMap<(String, String, String), f64>) -> Option<f64> {
+        let mut plans = plan::build(&self.fleet, Duration::from_nanos(now));
+        let (mut cost, mut served) = (0.0, 0.0);
+        for plan in &mut plans {
+            for (k, class) in plan.classes.iter().enumerate() {
+                let key = (class.key.cluster.clone(), class.key.model.clone(), class.key.class.clone());
+                if let Some(&rps) = mean_rps.get(&key) {
+                    plan.problem.classes[k].demand_rps = rps.max(1e-3);
+                }
+                if let Some(&penalty) = self.penalties.get(&key) {
+                    plan.problem.classes[k].shed_penalty_ms = penalty;
+                }
+            }
+            let solution = self.solvers.entry(plan.model.clone()).or_default().solve(&plan.problem).ok()?;
+            let shed_cost: f64 =
+                solution.shed_rps.iter().zip(&plan.problem.classes).map(|(s, c)| s * c.shed_penalty_ms).sum();
+            let demand: f64 = plan.problem.classes.iter().map(|c| c.demand_rps).sum();
+            cost += solution.objective - shed_cost;
+            served += demand - solution.shed_rps.iter().sum::<f64>();
+        }
+        (served > 0.0).then(|| cost / served)
+    }
+}
+
 impl Policy for Ilb {
-    fn route(&mut self, topology: &Topology, load: &Load, stream: usize, key_hash: u64, rng: &mut Pcg64Mcg) -> Decision {
+    fn route(
+        &mut self,
+        topology: &Topology,
+        load: &Load,
+        stream: usize,
+        key_hash: u64,
+        rng: &mut Pcg64Mcg,
+    ) -> Decision {
         self.data_planes.route(topology, load, stream, key_hash, rng)
     }
 
@@ -140,7 +181,12 @@ impl Policy for Ilb {
         true
     }
 
-    fn on_scrape(&mut self, now: Nanos, engine: usize, result: Result<Vec<(ModelName, EngineSample)>, String>) {
+    fn on_scrape(
+        &mut self,
+        now: Nanos,
+        engine: usize,
+        result: Result<Vec<(ModelName, EngineSample)>, String>,
+    ) {
         self.fleet.on_scrape(engine, Duration::from_nanos(now), result);
     }
 
@@ -160,5 +206,21 @@ impl Policy for Ilb {
 
     fn predicted_latency_ms(&self) -> Option<f64> {
         self.predicted_ms
+    }
+
+    fn steady_state_latency_ms(&mut self, now: Nanos, topology: &Topology, mean_rps: &[f64]) -> Option<f64> {
+        let by_class = mean_rps
+            .iter()
+            .enumerate()
+            .map(|(s, &rps)| {
+                let key = (
+                    topology.cluster_ids[topology.stream_cluster[s]].clone(),
+                    topology.stream_model[s].clone(),
+                    topology.stream_class[s].clone(),
+                );
+                (key, rps)
+            })
+            .collect();
+        self.steady_state(now, &by_class)
     }
 }

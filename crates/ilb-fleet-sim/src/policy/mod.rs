@@ -84,7 +84,14 @@ pub enum Decision {
 
 /// A routing policy under simulation.
 pub trait Policy {
-    fn route(&mut self, topology: &Topology, load: &Load, stream: usize, key_hash: u64, rng: &mut Pcg64Mcg) -> Decision;
+    fn route(
+        &mut self,
+        topology: &Topology,
+        load: &Load,
+        stream: usize,
+        key_hash: u64,
+        rng: &mut Pcg64Mcg,
+    ) -> Decision;
 
     /// Control period in seconds, for policies with a control loop.
     fn period_s(&self) -> Option<f64> {
@@ -104,7 +111,13 @@ pub trait Policy {
         false
     }
 
-    fn on_scrape(&mut self, _now: Nanos, _engine: usize, _result: Result<Vec<(ModelName, EngineSample)>, String>) {}
+    fn on_scrape(
+        &mut self,
+        _now: Nanos,
+        _engine: usize,
+        _result: Result<Vec<(ModelName, EngineSample)>, String>,
+    ) {
+    }
 
     fn on_report(&mut self, _now: Nanos, _report: Report) {}
 
@@ -119,6 +132,17 @@ pub trait Policy {
 
     /// The optimizer's predicted mean latency of the latest plan, ms.
     fn predicted_latency_ms(&self) -> Option<f64> {
+        None
+    }
+
+    /// The optimizer's predicted mean latency for the mean measured demand per stream
+    /// (`mean_rps`, requests/s), at the end of the run, ms.
+    fn steady_state_latency_ms(
+        &mut self,
+        _now: Nanos,
+        _topology: &Topology,
+        _mean_rps: &[f64],
+    ) -> Option<f64> {
         None
     }
 }

@@ -250,7 +250,12 @@ impl Default for WorkloadSpec {
             turns_mean: 4.0,
             think_s: 5.0,
             system_prompt_tokens: 128,
-            first_prompt_tokens: LengthSpec { mean: 300.0, min: 16, max: 2000, dist: LengthDist::Exponential },
+            first_prompt_tokens: LengthSpec {
+                mean: 300.0,
+                min: 16,
+                max: 2000,
+                dist: LengthDist::Exponential,
+            },
             followup_tokens: LengthSpec { mean: 60.0, min: 4, max: 500, dist: LengthDist::Exponential },
             output_tokens: LengthSpec { mean: 100.0, min: 4, max: 1000, dist: LengthDist::Exponential },
             max_context_tokens: 8000,

@@ -98,7 +98,10 @@ impl Scenario {
         let mut seen = HashSet::new();
         for p in &file.policies {
             if !super::POLICIES.contains(&p.as_str()) {
-                return err(format!("policies: unknown policy '{p}' (known: {})", super::POLICIES.join(", ")));
+                return err(format!(
+                    "policies: unknown policy '{p}' (known: {})",
+                    super::POLICIES.join(", ")
+                ));
             }
             if !seen.insert(p.as_str()) {
                 return err(format!("policies: '{p}' listed twice"));
@@ -106,7 +109,10 @@ impl Scenario {
         }
         let regions = validate_regions(&file)?;
         let region_idx = |field: String, id: &str| {
-            regions.iter().position(|r| r == id).ok_or_else(|| ScenarioError(format!("{field}: unknown region '{id}'")))
+            regions
+                .iter()
+                .position(|r| r == id)
+                .ok_or_else(|| ScenarioError(format!("{field}: unknown region '{id}'")))
         };
         let engines = validate_engines(&file, &region_idx)?;
         let mut models: Vec<String> = engines.iter().map(|e| file.engines[e.group].model.clone()).collect();
@@ -128,7 +134,8 @@ impl Scenario {
                 return err(format!("classes.{}: needs `require` or `residency`", rule.id));
             }
         }
-        let offsets: Vec<f64> = file.regions.iter().map(|r| r.utc_offset_h.unwrap_or((r.lon / 15.0).round())).collect();
+        let offsets: Vec<f64> =
+            file.regions.iter().map(|r| r.utc_offset_h.unwrap_or((r.lon / 15.0).round())).collect();
         let mut clusters = Vec::new();
         let mut streams = Vec::new();
         let mut cluster_ids = HashSet::new();
@@ -144,10 +151,9 @@ impl Scenario {
             let mut pairs = HashSet::new();
             for (i, d) in c.demand.iter().enumerate() {
                 let f = format!("{field}.demand[{i}]");
-                let model = models
-                    .iter()
-                    .position(|m| *m == d.model)
-                    .ok_or_else(|| ScenarioError(format!("{f}.model: no engine serves model '{}'", d.model)))?;
+                let model = models.iter().position(|m| *m == d.model).ok_or_else(|| {
+                    ScenarioError(format!("{f}.model: no engine serves model '{}'", d.model))
+                })?;
                 let class_rule = if d.class == "default" {
                     None
                 } else {
@@ -158,14 +164,23 @@ impl Scenario {
                 if let Some(rule) = class_rule {
                     let served = engines.iter().any(|e| e.model == model && allows(&file.classes[rule], e));
                     if !served {
-                        return err(format!("{f}.class: no engine of model '{}' satisfies class '{}'", d.model, d.class));
+                        return err(format!(
+                            "{f}.class: no engine of model '{}' satisfies class '{}'",
+                            d.model, d.class
+                        ));
                     }
                 }
                 if !pairs.insert((d.model.as_str(), d.class.as_str())) {
-                    return err(format!("{f}: model '{}' class '{}' listed twice in this cluster", d.model, d.class));
+                    return err(format!(
+                        "{f}: model '{}' class '{}' listed twice in this cluster",
+                        d.model, d.class
+                    ));
                 }
                 if !PRIORITIES.contains(&d.priority.as_str()) {
-                    return err(format!("{f}.priority: unknown priority '{}' (low, normal, high, critical)", d.priority));
+                    return err(format!(
+                        "{f}.priority: unknown priority '{}' (low, normal, high, critical)",
+                        d.priority
+                    ));
                 }
                 non_negative(&format!("{f}.rps"), d.rps)?;
                 if !(0.0..=1.0).contains(&d.amplitude) {
@@ -195,7 +210,11 @@ impl Scenario {
         validate_events(&file, &regions, &clusters)?;
         let latency_config = FleetConfig {
             control_plane: ControlPlaneSettings::default(),
-            regions: file.regions.iter().map(|r| Region { id: r.id.clone(), lat: r.lat, lon: r.lon }).collect(),
+            regions: file
+                .regions
+                .iter()
+                .map(|r| Region { id: r.id.clone(), lat: r.lat, lon: r.lon })
+                .collect(),
             network: file.network.clone(),
             clusters: Vec::new(),
             classes: Vec::new(),
@@ -243,7 +262,9 @@ fn validate_regions(file: &ScenarioFile) -> Result<Vec<String>, ScenarioError> {
         ids.push(r.id.clone());
     }
     let n = &file.network;
-    for (name, v) in [("base_ms", n.base_ms), ("ms_per_1000_km", n.ms_per_1000_km), ("same_region_ms", n.same_region_ms)] {
+    for (name, v) in
+        [("base_ms", n.base_ms), ("ms_per_1000_km", n.ms_per_1000_km), ("same_region_ms", n.same_region_ms)]
+    {
         non_negative(&format!("network.{name}"), v)?;
     }
     for link in &n.latency {
@@ -344,7 +365,10 @@ fn validate_control(c: &ControlSpec, f: &FeedbackSpec) -> Result<(), ScenarioErr
         return err(format!("control.rho: {} is not in (0, 1]", c.rho));
     }
     if !["ttft", "ttft_plus_decode"].contains(&c.objective.as_str()) {
-        return err(format!("control.objective: unknown objective '{}' (ttft, ttft_plus_decode)", c.objective));
+        return err(format!(
+            "control.objective: unknown objective '{}' (ttft, ttft_plus_decode)",
+            c.objective
+        ));
     }
     for p in PRIORITIES {
         match c.shed_penalty_ms.get(p) {
@@ -364,7 +388,11 @@ fn validate_control(c: &ControlSpec, f: &FeedbackSpec) -> Result<(), ScenarioErr
     Ok(())
 }
 
-fn validate_events(file: &ScenarioFile, regions: &[String], clusters: &[(String, usize)]) -> Result<(), ScenarioError> {
+fn validate_events(
+    file: &ScenarioFile,
+    regions: &[String],
+    clusters: &[(String, usize)],
+) -> Result<(), ScenarioError> {
     for (i, e) in file.events.iter().enumerate() {
         let f = format!("events[{i}]");
         if !(e.at_s.is_finite() && e.at_s >= 0.0 && e.at_s <= file.duration_s) {

@@ -61,10 +61,17 @@ struct Sim<'a> {
     failures: Vec<(Nanos, Vec<usize>, Option<f64>)>,
     busy_before: Vec<u64>,
     last_sample: Nanos,
+    /// Arrivals per stream after the warm-up.
+    measured_arrivals: Vec<u64>,
 }
 
 /// Runs `policy` over `scenario` and returns what was measured.
-pub fn run(scenario: &Scenario, topology: &Topology, policy: &mut dyn Policy, spec: RunSpec) -> Result<PolicyResult, SimError> {
+pub fn run(
+    scenario: &Scenario,
+    topology: &Topology,
+    policy: &mut dyn Policy,
+    spec: RunSpec,
+) -> Result<PolicyResult, SimError> {
     let engines = scenario
         .engines
         .iter()
@@ -87,7 +94,7 @@ pub fn run(scenario: &Scenario, topology: &Topology, policy: &mut dyn Policy, sp
         arrival_rng: (0..n_streams)
             .map(|s| Pcg64Mcg::seed_from_u64(spec.seed ^ (s as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)))
             .collect(),
-        policy_rng: Pcg64Mcg::seed_from_u64(spec.seed ^ 0x5eed_0f_90_11c7),
+        policy_rng: Pcg64Mcg::seed_from_u64(spec.seed ^ 0x5eed_0f90_11c7),
         sessions_started: vec![0; n_streams],
         period_requests: vec![0; n_streams],
         period_shed: vec![0; n_streams],
@@ -97,12 +104,19 @@ pub fn run(scenario: &Scenario, topology: &Topology, policy: &mut dyn Policy, sp
         outcomes: Vec::new(),
         failures: Vec::new(),
         last_sample: 0,
+        measured_arrivals: vec![0; n_streams],
     };
     sim.start();
     sim.run_loop();
-    let replan = sim.failures.iter().map(|f| f.2.unwrap_or(f64::INFINITY)).fold(None, |acc: Option<f64>, x| {
-        Some(acc.map_or(x, |a| a.max(x)))
-    });
+    let window = (spec.duration_s - spec.warmup_s).max(1e-9);
+    let mean_rps: Vec<f64> = sim.measured_arrivals.iter().map(|&n| n as f64 / window).collect();
+    let steady = sim.policy.steady_state_latency_ms(sim.end, topology, &mean_rps);
+    sim.recorder.result.steady_state_e2e_ms = steady;
+    let replan = sim
+        .failures
+        .iter()
+        .map(|f| f.2.unwrap_or(f64::INFINITY))
+        .fold(None, |acc: Option<f64>, x| Some(acc.map_or(x, |a| a.max(x))));
     let replan = if sim.policy.period_s().is_some() { replan } else { None };
     Ok(sim.recorder.finish(spec.duration_s, replan))
 }
@@ -176,8 +190,12 @@ impl Sim<'_> {
         let s = session.stream;
         let t_s = seconds(now);
         self.recorder.arrival(s, t_s);
+        if t_s >= self.spec.warmup_s {
+            self.measured_arrivals[s] += 1;
+        }
         self.period_requests[s] += 1;
-        let decision = self.policy.route(self.topology, &self.load, s, session.key_hash, &mut self.policy_rng);
+        let decision =
+            self.policy.route(self.topology, &self.load, s, session.key_hash, &mut self.policy_rng);
         let j = match decision {
             Decision::Engine(j) => j,
             Decision::Shed => {
@@ -191,11 +209,13 @@ impl Sim<'_> {
             }
         };
         let cluster = self.topology.stream_cluster[s];
-        let net_ms = self.scenario.region_ms(self.scenario.clusters[cluster].1, self.scenario.engines[j].region);
+        let net_ms =
+            self.scenario.region_ms(self.scenario.clusters[cluster].1, self.scenario.engines[j].region);
         self.advance(j, now);
         let id = self.next_request;
         self.next_request += 1;
-        let request = Request { id, prompt: session.prompt.clone(), max_output_tokens: session.output_tokens };
+        let request =
+            Request { id, prompt: session.prompt.clone(), max_output_tokens: session.output_tokens };
         if self.engines[j].model.submit(now, request).is_err() {
             self.recorder.refused(t_s);
             return;
@@ -345,7 +365,8 @@ impl Sim<'_> {
         let mut weights = vec![0.0; self.scenario.streams.len() * n];
         self.policy.weights(self.topology, &self.load, &mut weights);
         let t_s = seconds(now);
-        let demand: Vec<f64> = (0..self.scenario.streams.len()).map(|s| demand_rps(self.scenario, s, t_s)).collect();
+        let demand: Vec<f64> =
+            (0..self.scenario.streams.len()).map(|s| demand_rps(self.scenario, s, t_s)).collect();
         let elapsed = seconds(now - self.last_sample).max(1e-9);
         let utilisation: Vec<f64> = self
             .engines
@@ -381,8 +402,12 @@ impl Sim<'_> {
                 for &j in &failing {
                     self.advance(j, now);
                 }
-                let lost: Vec<u64> =
-                    self.live.iter().filter(|(_, l)| failing.contains(&l.engine)).map(|(&id, _)| id).collect();
+                let lost: Vec<u64> = self
+                    .live
+                    .iter()
+                    .filter(|(_, l)| failing.contains(&l.engine))
+                    .map(|(&id, _)| id)
+                    .collect();
                 self.recorder.failed_in_flight(lost.len() as u64);
                 for id in lost {
                     if let Some(l) = self.live.remove(&id) {
