@@ -171,7 +171,7 @@ impl Fleet {
         e.kv_usage = sample.kv_usage.unwrap_or(0.0);
         if let Some((then, previous)) = e.previous.take() {
             if let Some(w) = window(&previous, &sample, now.saturating_sub(then)) {
-                e.outlier_window.add_scrape(now, &w);
+                e.outlier_window.add_scrape(&w);
                 if let Some(rate) = w.request_rate {
                     e.request_rate.update(now, rate);
                 }
@@ -219,7 +219,7 @@ impl Fleet {
         let tau = self.tau();
         for obs in &report.engines {
             if let Some(&idx) = self.engine_index.get(obs.engine.as_str()) {
-                self.engines[idx].outlier_window.add_report(now, obs.requests, obs.errors);
+                self.engines[idx].outlier_window.add_report(obs.requests, obs.errors);
             }
             if let Some(rtt) = obs.rtt_ms.filter(|r| r.is_finite() && *r >= 0.0) {
                 self.rtt

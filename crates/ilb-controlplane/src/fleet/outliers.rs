@@ -81,7 +81,7 @@ pub struct OutlierWindow {
 
 impl OutlierWindow {
     /// Folds in one scrape window of the engine.
-    pub fn add_scrape(&mut self, _now: Now, w: &WindowStats) {
+    pub fn add_scrape(&mut self, w: &WindowStats) {
         let finished = w.request_rate.map_or(0.0, |rate| rate * w.elapsed_s);
         if !(finished.is_finite() && w.elapsed_s.is_finite()) {
             return;
@@ -100,9 +100,20 @@ impl OutlierWindow {
     }
 
     /// Folds in one data-plane report's counts for the engine (one reporting period).
-    pub fn add_report(&mut self, _now: Now, requests: u64, errors: u64) {
+    pub fn add_report(&mut self, requests: u64, errors: u64) {
         self.proxy_requests = self.proxy_requests.saturating_add(requests);
         self.proxy_errors = self.proxy_errors.saturating_add(errors.min(requests));
+    }
+
+    /// Not enough evidence this interval: keep the window open, or give it up once it has
+    /// lasted `max_intervals`.
+    fn wait(&mut self, max_intervals: u32) -> Verdict {
+        self.intervals += 1;
+        if self.intervals >= max_intervals {
+            Verdict::Expired
+        } else {
+            Verdict::Pending
+        }
     }
 
     fn reset(&mut self, now: Now) {
@@ -203,12 +214,7 @@ impl Fleet {
                 let required = required as f64;
                 let w = &mut self.engines[j].outlier_window;
                 if w.volume() < required {
-                    w.intervals += 1;
-                    return if w.intervals >= s.max_window_intervals {
-                        Verdict::Expired
-                    } else {
-                        Verdict::Pending
-                    };
+                    return w.wait(s.max_window_intervals);
                 }
                 let w = &self.engines[j].outlier_window;
                 let mut severity: f64 = 0.0;
@@ -239,12 +245,7 @@ impl Fleet {
                 let latency_evidence =
                     w.ttft_count >= required || (w.ttft_count == 0.0 && w.finished >= required);
                 if reasons.is_empty() && !latency_evidence {
-                    w.intervals += 1;
-                    if w.intervals >= s.max_window_intervals {
-                        Verdict::Expired
-                    } else {
-                        Verdict::Pending
-                    }
+                    w.wait(s.max_window_intervals)
                 } else if reasons.is_empty() {
                     Verdict::Healthy
                 } else {
@@ -347,5 +348,38 @@ impl Fleet {
                 e.outlier_waiting = Some(reason);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn success_rate_takes_the_worse_source_with_enough_volume() {
+        let w = OutlierWindow {
+            finished: 100.0,
+            failed: 10.0,
+            proxy_requests: 50,
+            proxy_errors: 25,
+            ..Default::default()
+        };
+        assert_eq!(success_rate(&w, 20.0), Some((0.5, "proxy")));
+        // The proxies saw too little to count.
+        assert_eq!(success_rate(&w, 60.0), Some((0.9, "engine")));
+        assert_eq!(success_rate(&w, 200.0), None);
+    }
+
+    #[test]
+    fn report_errors_never_exceed_requests() {
+        let mut w = OutlierWindow::default();
+        w.add_report(3, 9);
+        assert_eq!((w.proxy_requests, w.proxy_errors), (3, 3));
+    }
+
+    #[test]
+    fn population_sigma() {
+        let (mean, sigma) = mean_and_sigma(&[0.9, 1.0, 1.0, 0.9]);
+        assert!((mean - 0.95).abs() < 1e-12 && (sigma - 0.05).abs() < 1e-12);
     }
 }
