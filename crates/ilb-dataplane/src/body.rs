@@ -38,7 +38,9 @@ impl ProxyBody {
 
 pub struct UpstreamBody {
     inner: Incoming,
-    idle: Pin<Box<Sleep>>,
+    /// Armed on the first `Pending` only: most small responses complete without ever waiting,
+    /// and then no timer is registered at all.
+    idle: Option<Pin<Box<Sleep>>>,
     idle_timeout: Duration,
     sse: bool,
     /// Whether everything forwarded so far ends at an SSE event boundary.
@@ -51,7 +53,7 @@ impl UpstreamBody {
     pub fn new(inner: Incoming, idle_timeout: Duration, sse: bool, in_flight: InFlight) -> Self {
         UpstreamBody {
             inner,
-            idle: Box::pin(tokio::time::sleep(idle_timeout)),
+            idle: None,
             idle_timeout,
             sse,
             at_boundary: true,
@@ -115,7 +117,9 @@ impl UpstreamBody {
                     if !data.is_empty() {
                         self.at_boundary = data.ends_with(b"\n\n") || data.ends_with(b"\r\n\r\n");
                     }
-                    self.idle.as_mut().reset(Instant::now() + self.idle_timeout);
+                    if let Some(idle) = self.idle.as_mut() {
+                        idle.as_mut().reset(Instant::now() + self.idle_timeout);
+                    }
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -129,7 +133,9 @@ impl UpstreamBody {
                 Poll::Ready(None)
             }
             Poll::Pending => {
-                ready!(self.idle.as_mut().poll(cx));
+                let timeout = self.idle_timeout;
+                let idle = self.idle.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                ready!(idle.as_mut().poll(cx));
                 let engine = self.in_flight.engine_id().to_owned();
                 let timeout_ms = self.idle_timeout.as_millis() as u64;
                 self.fail(ProxyError::EngineTimeout { engine, timeout_ms })

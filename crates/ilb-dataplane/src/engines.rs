@@ -40,6 +40,9 @@ pub struct EngineState {
     pub id: EngineId,
     /// `http://host:port` with any path prefix, without a trailing slash.
     pub base_url: String,
+    /// Parsed once here so that building each upstream URI copies no strings.
+    authority: Option<http::uri::Authority>,
+    path_prefix: String,
     /// Requests sent and not yet finished (streamed responses count until their last byte).
     pub in_flight: AtomicU32,
     consecutive_failures: AtomicU32,
@@ -65,9 +68,14 @@ pub struct EngineCounters {
 
 impl EngineState {
     pub fn new(id: EngineId, url: &str) -> EngineState {
+        let base_url = url.trim_end_matches('/').to_owned();
+        let rest = base_url.strip_prefix("http://").unwrap_or(&base_url);
+        let (authority, path_prefix) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
         EngineState {
             id,
-            base_url: url.trim_end_matches('/').to_owned(),
+            authority: authority.parse().ok(),
+            path_prefix: path_prefix.to_owned(),
+            base_url,
             in_flight: AtomicU32::new(0),
             consecutive_failures: AtomicU32::new(0),
             ejected: AtomicBool::new(false),
@@ -75,6 +83,21 @@ impl EngineState {
             probe_at_ms: AtomicU64::new(0),
             counters: EngineCounters::default(),
         }
+    }
+
+    /// The engine's URI for a request path (and query). Hot path: no string parsing unless the
+    /// engine URL has a path prefix.
+    pub fn upstream_uri(&self, path_and_query: Option<&http::uri::PathAndQuery>) -> Result<http::Uri, http::Error> {
+        let path = match path_and_query {
+            Some(pq) if self.path_prefix.is_empty() => pq.clone(),
+            Some(pq) => format!("{}{}", self.path_prefix, pq.as_str()).parse()?,
+            None => http::uri::PathAndQuery::from_static("/"),
+        };
+        let mut builder = http::Uri::builder().scheme("http").path_and_query(path);
+        if let Some(authority) = &self.authority {
+            builder = builder.authority(authority.clone());
+        }
+        builder.build()
     }
 
     /// Hot path: one relaxed load.

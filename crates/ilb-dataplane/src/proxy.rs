@@ -316,12 +316,19 @@ async fn read_body(shared: &Shared, headers: &HeaderMap, body: Incoming) -> Resu
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(ProxyError::BodyTooLarge { limit });
     }
-    let collect = Limited::new(body, limit).collect();
-    match tokio::time::timeout(shared.config.timeouts.client_body, collect).await {
-        Err(_) => Err(ProxyError::BodyTimeout),
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(ProxyError::BodyTooLarge { limit }),
-        Ok(Err(e)) => Err(ProxyError::BadRequest(format!("could not read the request body: {e}"))),
+    let mut collect = std::pin::pin!(Limited::new(body, limit).collect());
+    // Small bodies usually arrived with the head: try once before arming a timer.
+    let collected = match futures_util::FutureExt::now_or_never(collect.as_mut()) {
+        Some(result) => result,
+        None => match tokio::time::timeout(shared.config.timeouts.client_body, collect).await {
+            Ok(result) => result,
+            Err(_) => return Err(ProxyError::BodyTimeout),
+        },
+    };
+    match collected {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ProxyError::BodyTooLarge { limit }),
+        Err(e) => Err(ProxyError::BadRequest(format!("could not read the request body: {e}"))),
     }
 }
 
@@ -370,10 +377,9 @@ fn build_upstream(
     headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Request<Full<Bytes>>, ProxyError> {
-    let base = &installed.engines[engine_idx].base_url;
-    let path = uri.path_and_query().map_or("/", |pq| pq.as_str());
-    let target: Uri = format!("{base}{path}")
-        .parse()
+    let engine = &installed.engines[engine_idx];
+    let target = engine
+        .upstream_uri(uri.path_and_query())
         .map_err(|e| ProxyError::BadRequest(format!("request path cannot be forwarded: {e}")))?;
     let mut request = Request::new(Full::new(body));
     *request.method_mut() = Method::POST;

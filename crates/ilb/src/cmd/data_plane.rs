@@ -33,6 +33,10 @@ pub struct DataPlaneArgs {
     /// TOML config file; its [data_plane] table sets everything the flags set, and more.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Worker threads (default: one per available core). 1 runs a single-threaded runtime,
+    /// the cheapest way to use one pinned core.
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 pub fn run(args: DataPlaneArgs) -> anyhow::Result<()> {
@@ -66,7 +70,12 @@ pub fn run(args: DataPlaneArgs) -> anyhow::Result<()> {
         reports
     });
     let (config, source, file) = section.validate()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = match args.threads {
+        Some(0) => bail!("--threads must be at least 1"),
+        Some(1) => tokio::runtime::Builder::new_current_thread().enable_all().build()?,
+        Some(n) => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build()?,
+        None => tokio::runtime::Builder::new_multi_thread().enable_all().build()?,
+    };
     runtime.block_on(serve(config, source, file, reports))
 }
 
