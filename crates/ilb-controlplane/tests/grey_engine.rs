@@ -231,6 +231,9 @@ async fn grey_engine_loses_its_traffic_and_regains_it() {
     let penalties: Vec<f64> = view.models[0].engines.iter().map(|e| e.penalty).collect();
     assert!(penalties.iter().all(|&p| p == 0.0), "penalties before any fault: {penalties:?}");
 
+    // Consistent hashing of a few hundred sessions and fitted curves make the measured share
+    // wander around a third; never count more than a third as what it had to lose.
+    let baseline = baseline.min(1.0 / 3.0);
     engines[GREY].set_faults(Faults { slowdown: 3.0, ..Faults::default() }).unwrap();
     let lost = until(&cp, &engines, window, Duration::from_secs(20), |s| s <= 0.1 * baseline).await;
     let view = cp.view();
