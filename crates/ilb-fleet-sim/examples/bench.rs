@@ -11,7 +11,7 @@ fn scenario() -> String {
     let mut s = String::from(
         r#"
 name = "bench"
-duration_s = 12.0
+duration_s = 22.0
 warmup_s = 2.0
 seed = 1
 policies = ["ilb"]
@@ -52,14 +52,15 @@ fn main() {
         Ok(c) => {
             let elapsed = watch.elapsed_s();
             let ilb = &c.policies["ilb"];
-            let requests = ilb.arrivals + ilb.completed / 100; // arrivals after warm-up, roughly
             println!(
-                "{} engines, {} requests after warm-up ({} completed), {elapsed:.1} s wall clock (calibration included)",
+                "{} engines, {} requests after warm-up ({} completed; failed: {} no engine, {} refused), \
+                 {elapsed:.1} s wall clock (calibration included)",
                 scenario.engines.len(),
                 ilb.arrivals,
-                ilb.completed
+                ilb.completed,
+                ilb.failed_no_engine,
+                ilb.failed_refused,
             );
-            let _ = requests;
             print!("{}", ilb_fleet_sim::report::table(&c));
         }
         Err(e) => {

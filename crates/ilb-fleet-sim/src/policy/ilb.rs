@@ -73,7 +73,8 @@ impl Ilb {
             solve_errors: 0,
         };
         ilb.solve(0);
-        ilb.data_planes.install_due(0, topology);
+        // The start-up plan is installed at once (not one pull later): data planes need a snapshot.
+        ilb.data_planes.install_due(Nanos::MAX, topology);
         ilb
     }
 
