@@ -143,6 +143,7 @@ pub(crate) struct Pass {
     pub dual: f64,
     /// Σ_k |grad_k| / Σ_k d_k.
     pub residual: f64,
+    scratch: Vec<f64>,
 }
 
 impl Pass {
@@ -175,6 +176,7 @@ impl Pass {
                 &cand.net[lo..hi],
                 &cand.prev[lo..hi],
                 self.q[j],
+                &mut self.scratch,
             );
             let mut load = 0.0;
             let mut value = 0.0;
@@ -251,8 +253,12 @@ impl Pass {
     }
 }
 
-/// Solves engine j's water-filling for its price q: load(q) = k_j·Σ_i (r_i + x⁰_i/k_j − q)₊ where
-/// load(q) is the engine's best response, by Newton's method kept inside a bracket.
+/// Solves engine j's water-filling for its price q: load(q) = k_j·Σ_i (r'_i − q)₊ with
+/// r'_i = u_k − n_kj + x⁰_i/k_j, where load(q) is the engine's best response. The reduced costs
+/// are sorted once; the active count is found by walking the breakpoints, and the smooth
+/// equation on that piece is solved by Newton's method kept inside its bracket (O(1) per step
+/// thanks to the prefix sum).
+#[allow(clippy::too_many_arguments)] // one engine's slices of the candidate lists
 fn solve_engine(
     curve: &Curve,
     k_j: f64,
@@ -261,33 +267,39 @@ fn solve_engine(
     net: &[f64],
     prev: &[f64],
     hint: f64,
+    scratch: &mut Vec<f64>,
 ) -> f64 {
     let base = curve.base_price();
-    let mut top = f64::NEG_INFINITY;
-    for i in 0..class.len() {
-        top = top.max(u[class[i] as usize] - net[i] + prev[i] / k_j);
-    }
+    scratch.clear();
+    scratch.extend((0..class.len()).map(|i| u[class[i] as usize] - net[i] + prev[i] / k_j));
+    let top = scratch.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     if top <= base {
         return base;
     }
-    let psi = |q: f64| -> (f64, f64) {
-        let (y, dy) = curve.response(q);
-        let mut sum = 0.0;
-        let mut count = 0.0;
-        for i in 0..class.len() {
-            let r = u[class[i] as usize] - net[i] + prev[i] / k_j - q;
-            if r > 0.0 {
-                sum += r;
-                count += 1.0;
-            }
+    // Only classes within cap/k_j (= ερ) of the best can get flow: x_top = k_j (top − q) ≤ cap.
+    // Dropping the rest first keeps the sort short when many classes tie at an engine's window.
+    let floor = (top - curve.cap() / k_j).max(base);
+    scratch.retain(|&r| r > floor);
+    scratch.sort_unstable_by(|a, b| b.total_cmp(a));
+    // Find m ≥ 1 with the root in [max(r_m, base), r_{m−1}] (r sorted descending, r_len = −∞).
+    let mut sum = scratch[0];
+    let mut m = 1;
+    while m < scratch.len() && scratch[m] > base {
+        let q = scratch[m];
+        if curve.response(q).0 - k_j * (sum - m as f64 * q) <= 0.0 {
+            break;
         }
-        (y - k_j * sum, dy + k_j * count)
-    };
-    let (mut lo, mut hi) = (base, top);
+        sum += scratch[m];
+        m += 1;
+    }
+    let count = m as f64;
+    let mut lo = if m < scratch.len() { scratch[m].max(base) } else { base };
+    let mut hi = scratch[m - 1];
     let mut q = if hint > lo && hint < hi { hint } else { lo };
     let tolerance = 1e-12 * curve.cap().max(1e-9);
     for _ in 0..100 {
-        let (value, derivative) = psi(q);
+        let (y, dy) = curve.response(q);
+        let value = y - k_j * (sum - count * q);
         if value.abs() <= tolerance {
             return q;
         }
@@ -296,8 +308,8 @@ fn solve_engine(
         } else {
             hi = q;
         }
-        let newton = q - value / derivative;
-        q = if newton > lo && newton < hi && derivative > 0.0 { newton } else { 0.5 * (lo + hi) };
+        let newton = q - value / (dy + k_j * count);
+        q = if newton > lo && newton < hi { newton } else { 0.5 * (lo + hi) };
         if hi - lo <= 1e-14 * hi.abs().max(1.0) {
             break;
         }

@@ -73,7 +73,7 @@ pub fn solve(
             let prev = if options.proximal { m.prev.clone() } else { PrevRoutes::default() };
             (m.prices, prev, m.epsilon.clamp(1e-7 * scale, 0.05 * scale), Some((m.prev, m.lost_rps)))
         }
-        None => (cold_prices(&model), PrevRoutes::default(), 0.05 * scale, None),
+        None => (cold_prices(&model), PrevRoutes::default(), 0.2 * scale, None),
     };
     let mut run = Run::new(&model, options, scale, prev);
     let (repaired, eps) = run.solve(u, eps_start);
@@ -150,7 +150,7 @@ impl<'m, 'p> Run<'m, 'p> {
 
     /// Candidate window for smoothing `eps`: 2ερ plus twice the drift budget.
     fn width(&self, eps: f64) -> f64 {
-        2.0 * eps * self.model.rho + 2.0 * (4.0 * eps).max(0.01 * self.scale)
+        2.0 * eps * self.model.rho + 2.0 * (2.0 * eps).max(0.01 * self.scale)
     }
 
     fn lists_valid(cand: &Candidates, u: &[f64], eps: f64, rho: f64) -> bool {

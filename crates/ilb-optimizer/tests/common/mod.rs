@@ -1,7 +1,7 @@
 //! Test helpers: an independent exact solve of the same convex problem with the interior-point
 //! solver Clarabel (second-order cone form), and a checker of the published solution's
 //! invariants.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::needless_range_loop)]
 
 use clarabel::algebra::CscMatrix;
 use clarabel::solver::{
