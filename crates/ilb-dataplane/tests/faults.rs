@@ -5,8 +5,7 @@
 mod support;
 
 use http_body_util::BodyExt;
-use ilb_dataplane::DataPlane;
-use ilb_engine_sim::{Faults, HardwareProfile};
+use ilb_engine_sim::Faults;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,27 +13,6 @@ use support::*;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
-
-/// Iterations of 4 ms and one token each: a 40-token stream lasts about 160 ms, long enough to
-/// be cut in the middle.
-fn quick_profile() -> HardwareProfile {
-    HardwareProfile {
-        name: "faults".into(),
-        max_num_seqs: 64,
-        max_num_batched_tokens: 4096,
-        kv_blocks: 8192,
-        iteration_base_ms: 4.0,
-        prefill_token_us: 1.0,
-        decode_seq_us: 1.0,
-        replicas: 1,
-    }
-}
-
-fn sim_body(key: &str, stream: bool, max_tokens: u32) -> String {
-    format!(
-        r#"{{"model":"m","stream":{stream},"max_tokens":{max_tokens},"messages":[{{"role":"user","content":"fault test {key}"}}]}}"#
-    )
-}
 
 /// What one client request came to.
 #[derive(Debug)]
@@ -136,32 +114,6 @@ async fn finish_load(mut tasks: tokio::task::JoinSet<Vec<Outcome>>, deadline: Du
         }
     }
     tally
-}
-
-/// A session key that the data plane would route to `engine` right now (with current loads).
-async fn key_routed_to(dp: &DataPlane, engine: &str, prefix: &str) -> String {
-    let client = client();
-    for i in 0..200 {
-        let key = format!("{prefix}-{i}");
-        let (_, body) = get(&client, &format!("{}/debug/route?model=m&key={key}", dp.url())).await;
-        let route: serde_json::Value = serde_json::from_str(&body).unwrap();
-        if route["picked"] == engine {
-            return key;
-        }
-    }
-    panic!("no key of 200 routes to {engine}")
-}
-
-fn engine_index(dp: &DataPlane, id: &str) -> usize {
-    dp.installed().unwrap().engines.iter().position(|e| e.id.as_str() == id).unwrap()
-}
-
-/// The `skip` reason `/debug/route` gives for `engine`.
-async fn debug_skip(dp: &DataPlane, engine: &str) -> serde_json::Value {
-    let (_, body) = get(&client(), &format!("{}/debug/route?model=m&key=any", dp.url())).await;
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let candidates = v["candidates"].as_array().unwrap();
-    candidates.iter().find(|c| c["engine"] == engine).unwrap()["skip"].clone()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
