@@ -91,15 +91,23 @@ struct Fetched {
 }
 
 async fn fetch(client: &HttpClient, url: &str, headers: &[(header::HeaderName, &str)]) -> Fetched {
+    try_fetch(client, url, headers).await.unwrap()
+}
+
+async fn try_fetch(
+    client: &HttpClient,
+    url: &str,
+    headers: &[(header::HeaderName, &str)],
+) -> Result<Fetched, hyper_util::client::legacy::Error> {
     let mut builder = Request::get(url);
     for (name, value) in headers {
         builder = builder.header(name, *value);
     }
-    let response = client.request(builder.body(Full::new(Bytes::new())).unwrap()).await.unwrap();
+    let response = client.request(builder.body(Full::new(Bytes::new())).unwrap()).await?;
     let status = response.status();
     let etag = response.headers().get(header::ETAG).map(|v| v.to_str().unwrap().to_owned());
     let body = response.into_body().collect().await.unwrap().to_bytes();
-    Fetched { status, etag, body: String::from_utf8_lossy(&body).into_owned() }
+    Ok(Fetched { status, etag, body: String::from_utf8_lossy(&body).into_owned() })
 }
 
 fn version_of(fetched: &Fetched) -> u64 {
@@ -113,11 +121,13 @@ fn version_of(fetched: &Fetched) -> u64 {
 async fn first_snapshot(client: &HttpClient, cp_url: &str, cluster: &str) -> Fetched {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let fetched = fetch(client, &format!("{cp_url}/v1/snapshots/{cluster}"), &[]).await;
-        if fetched.status == StatusCode::OK {
-            return fetched;
+        // After a restart on the same address the client's pooled connection to the old
+        // control plane is dead: a failed request is retried like a 404.
+        match try_fetch(client, &format!("{cp_url}/v1/snapshots/{cluster}"), &[]).await {
+            Ok(fetched) if fetched.status == StatusCode::OK => return fetched,
+            Ok(fetched) => assert_eq!(fetched.status, StatusCode::NOT_FOUND, "{}", fetched.body),
+            Err(e) => eprintln!("retrying after: {e}"),
         }
-        assert_eq!(fetched.status, StatusCode::NOT_FOUND, "{}", fetched.body);
         assert!(Instant::now() < deadline, "no snapshot published for '{cluster}' within 10 s");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
