@@ -13,7 +13,8 @@ use std::time::Duration;
 
 fn python() -> Option<String> {
     let python = std::env::var("ILB_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
-    let importable = Command::new(&python).args(["-c", "import openai"]).output().is_ok_and(|o| o.status.success());
+    let importable =
+        Command::new(&python).args(["-c", "import openai"]).output().is_ok_and(|o| o.status.success());
     if importable {
         return Some(python);
     }
@@ -51,10 +52,11 @@ async fn openai_sdk_against_the_data_plane() {
     }
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/check_openai.py");
     let url = dp.url();
-    let output = tokio::task::spawn_blocking(move || Command::new(python).args([script, &url, "sdk-model"]).output())
-        .await
-        .unwrap()
-        .expect("python runs");
+    let output =
+        tokio::task::spawn_blocking(move || Command::new(python).args([script, &url, "sdk-model"]).output())
+            .await
+            .unwrap()
+            .expect("python runs");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "openai SDK checks failed:\n{stdout}\n{stderr}");
