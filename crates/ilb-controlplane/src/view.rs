@@ -81,6 +81,9 @@ pub struct EngineView {
     pub capacity_binds: bool,
     pub residency: Vec<String>,
     pub capabilities: Vec<String>,
+    /// The latency curve the optimizer used (offline profile refined by observations, combined
+    /// per the objective), in the optimizer's JSON shape.
+    pub latency_profile: crate::profile::LatencyProfile,
     pub signals: SignalsView,
 }
 
@@ -172,6 +175,7 @@ pub fn build(
                         capacity_binds: plan_j.is_some_and(|p| p.capacity_binds),
                         residency: cfg.residency.clone(),
                         capabilities: cfg.capabilities.clone(),
+                        latency_profile: fleet.latency_profile(idx),
                         signals: SignalsView {
                             scrape_ok_age_ms: rt
                                 .last_scrape_ok
