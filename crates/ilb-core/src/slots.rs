@@ -20,8 +20,8 @@
 use crate::ids::EngineId;
 use std::collections::HashMap;
 
-/// Smallest table: fine enough that a 1 % weight is 655 slots (±0.15 % quantisation).
-pub const MIN_LOG2_SLOTS: u32 = 16;
+/// Smallest table: fine enough that a 1 % weight is 164 slots (±0.3 % quantisation).
+pub const MIN_LOG2_SLOTS: u32 = 14;
 /// Largest table: 4 Mi slots, 16 MiB.
 pub const MAX_LOG2_SLOTS: u32 = 22;
 /// Slots per weighted candidate when that exceeds the minimum.
@@ -47,11 +47,7 @@ impl SlotTable {
         previous: Option<(&SlotTable, &[EngineId])>,
     ) -> SlotTable {
         debug_assert_eq!(weights.len(), ids.len());
-        let n_weighted = weights.iter().filter(|w| **w > 0.0).count().max(1);
-        let log2 = (n_weighted * SLOTS_PER_CANDIDATE)
-            .next_power_of_two()
-            .trailing_zeros()
-            .clamp(MIN_LOG2_SLOTS, MAX_LOG2_SLOTS);
+        let log2 = log2_slots_for(weights.iter().filter(|w| **w > 0.0).count());
         let n_slots = 1usize << log2;
         let quotas = quotas(weights, n_slots);
 
@@ -137,6 +133,14 @@ impl SlotTable {
             .count();
         moved as f64 / n as f64
     }
+}
+
+/// log2 of the table size for `n_weighted` candidates with positive weight.
+pub fn log2_slots_for(n_weighted: usize) -> u32 {
+    (n_weighted.max(1) * SLOTS_PER_CANDIDATE)
+        .next_power_of_two()
+        .trailing_zeros()
+        .clamp(MIN_LOG2_SLOTS, MAX_LOG2_SLOTS)
 }
 
 /// SplitMix64 finaliser: a cheap bijective mixer.

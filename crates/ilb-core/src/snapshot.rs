@@ -18,6 +18,9 @@ pub const MAX_ENGINES: usize = 100_000;
 pub const MAX_MODELS: usize = 4_096;
 pub const MAX_CLASSES_PER_MODEL: usize = 4_096;
 pub const MAX_NAME_LEN: usize = 256;
+/// Most slot-table entries all classes together may compile into (128 MiB of tables); bounds
+/// the memory a snapshot can make a data plane allocate.
+pub const MAX_TOTAL_SLOTS: usize = 1 << 25;
 pub const MAX_URL_LEN: usize = 2_048;
 
 /// A versioned routing snapshot for one front-end cluster.
@@ -155,6 +158,7 @@ impl Snapshot {
             }
         }
         let mut models = HashSet::with_capacity(self.models.len());
+        let mut total_slots = 0usize;
         for model in &self.models {
             check_name("model", model.model.as_str())?;
             if !models.insert(model.model.as_str()) {
@@ -201,6 +205,9 @@ impl Snapshot {
                 if !(total > 0.0 && total.is_finite()) {
                     return Err(invalid(format!("{ctx}: weights sum to {total}, need > 0")));
                 }
+                let weighted = class.weights.iter().filter(|w| w.weight > 0.0).count();
+                total_slots += 1usize << crate::slots::log2_slots_for(weighted);
+                check_count("slot-table entries over all classes", total_slots, MAX_TOTAL_SLOTS)?;
             }
         }
         Ok(())

@@ -51,15 +51,7 @@ pub struct UpstreamBody {
 
 impl UpstreamBody {
     pub fn new(inner: Incoming, idle_timeout: Duration, sse: bool, in_flight: InFlight) -> Self {
-        UpstreamBody {
-            inner,
-            idle: None,
-            idle_timeout,
-            sse,
-            at_boundary: true,
-            done: false,
-            in_flight,
-        }
+        UpstreamBody { inner, idle: None, idle_timeout, sse, at_boundary: true, done: false, in_flight }
     }
 
     /// Ends the stream after a failure: an SSE error event for streams, an error otherwise.

@@ -87,7 +87,10 @@ impl EngineState {
 
     /// The engine's URI for a request path (and query). Hot path: no string parsing unless the
     /// engine URL has a path prefix.
-    pub fn upstream_uri(&self, path_and_query: Option<&http::uri::PathAndQuery>) -> Result<http::Uri, http::Error> {
+    pub fn upstream_uri(
+        &self,
+        path_and_query: Option<&http::uri::PathAndQuery>,
+    ) -> Result<http::Uri, http::Error> {
         let path = match path_and_query {
             Some(pq) if self.path_prefix.is_empty() => pq.clone(),
             Some(pq) => format!("{}{}", self.path_prefix, pq.as_str()).parse()?,
@@ -151,8 +154,11 @@ impl EngineState {
         self.schedule_probe(now_ms, config);
     }
 
-    pub fn readmit(&self) {
-        self.consecutive_failures.store(0, Relaxed);
+    /// Back in rotation on probation: a health probe passed, but `/health` can pass while
+    /// inference hangs, so the next failure ejects again at once (with a longer back-off, since
+    /// the ejection streak only resets on a successful request).
+    pub fn readmit(&self, config: &GuardConfig) {
+        self.consecutive_failures.store(config.consecutive_failures.saturating_sub(1), Relaxed);
         self.ejected.store(false, Relaxed);
     }
 
@@ -188,8 +194,11 @@ mod tests {
         e.probe_failed(500, &config);
         assert!(!e.probe_due(1499), "second back-off doubles");
         assert!(e.probe_due(1500));
-        e.readmit();
+        e.readmit(&config);
         assert!(!e.is_ejected());
+        assert!(e.record_failure(1600, &config, || true), "on probation one failure ejects again");
+        assert!(!e.probe_due(1600 + 1999), "and the back-off keeps doubling");
+        e.readmit(&config);
         e.record_success();
         for _ in 0..3 {
             e.record_failure(2000, &config, || true);

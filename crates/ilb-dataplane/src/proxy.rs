@@ -387,15 +387,21 @@ fn build_upstream(
     let out = request.headers_mut();
     out.reserve(headers.len());
     for (name, value) in headers {
-        if !is_hop_by_hop(name) && name != header::HOST && name != header::CONTENT_LENGTH {
+        if !is_hop_by_hop(name, headers) && name != header::HOST && name != header::CONTENT_LENGTH {
             out.append(name.clone(), value.clone());
         }
     }
     Ok(request)
 }
 
-fn is_hop_by_hop(name: &HeaderName) -> bool {
+/// Hop-by-hop: the fixed list, plus any header the message's own `Connection` header names
+/// (RFC 9110 §7.6.1).
+fn is_hop_by_hop(name: &HeaderName, headers: &HeaderMap) -> bool {
     HOP_BY_HOP.contains(name)
+        || headers.get_all(header::CONNECTION).iter().any(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.split(',').any(|token| token.trim().eq_ignore_ascii_case(name.as_str())))
+        })
 }
 
 fn route_header(
@@ -430,7 +436,9 @@ fn stream_back(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ct| ct.starts_with("text/event-stream"));
-    for name in HOP_BY_HOP.iter() {
+    let connection_named: Vec<HeaderName> =
+        parts.headers.keys().filter(|name| is_hop_by_hop(name, &parts.headers)).cloned().collect();
+    for name in connection_named {
         parts.headers.remove(name);
     }
     parts.headers.insert(HeaderName::from_static(ROUTE_HEADER), route);

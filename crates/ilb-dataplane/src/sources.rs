@@ -226,7 +226,7 @@ pub async fn probe_ejected(shared: Arc<Shared>, mut shutdown: watch::Receiver<bo
                 );
                 if healthy {
                     tracing::info!(engine = %engine.id, "engine readmitted after a healthy probe");
-                    engine.readmit();
+                    engine.readmit(&shared.config.guard);
                 }
             });
         }

@@ -497,3 +497,54 @@ async fn bad_snapshots_are_rejected_and_routing_continues() {
     assert_eq!(status, 200);
     assert_eq!(engine_of(&headers), "e1");
 }
+
+/// Regression (found by the fault tests): headers named in the client's `Connection` header are
+/// hop-by-hop (RFC 9110 §7.6.1) and must not reach the engine.
+#[tokio::test]
+async fn headers_named_in_connection_are_not_forwarded() {
+    let e1 = MockEngine::start("e1").await;
+    let dp = data_plane(config(), &snapshot(1, &[("e1", e1.url(), 1.0)])).await;
+    let headers = [("connection", "x-hop-secret"), ("x-hop-secret", "1"), ("x-custom", "2")];
+    let req = post(&dp.url(), "/v1/chat/completions", &chat_body("a"), &headers);
+    let (status, headers, _) = send(&client(), req).await;
+    assert_eq!(status, 200);
+    let seen = headers["x-seen-headers"].to_str().unwrap();
+    assert!(seen.contains("x-custom"), "{seen}");
+    assert!(!seen.contains("x-hop-secret"), "a header named in Connection reached the engine: {seen}");
+}
+
+/// Regression (found by the fault tests): every class compiles into a slot table, so without a
+/// total bound a small snapshot could make the data plane allocate without limit.
+#[tokio::test]
+async fn a_small_snapshot_cannot_demand_huge_slot_tables() {
+    let e1 = MockEngine::start("e1").await;
+    let dp = data_plane(config(), &snapshot(1, &[("e1", e1.url(), 1.0)])).await;
+    let mut many = snapshot(2, &[("e1", e1.url(), 1.0)]);
+    let class = many.models[0].classes[0].clone();
+    many.models[0].classes = (0..4000)
+        .map(|i| ilb_core::snapshot::ClassRoutes {
+            id: ilb_core::ClassId::new(format!("c{i}")),
+            require: if i == 0 { vec![] } else { vec![format!("t{i}")] },
+            ..class.clone()
+        })
+        .collect();
+    let json_bytes = serde_json::to_vec(&many).unwrap().len();
+    match dp.install(&many) {
+        Err(e) => assert!(e.to_string().contains("limit"), "{e}"),
+        Ok(()) => {
+            let installed = dp.installed().unwrap();
+            let slot_bytes: usize = installed
+                .table
+                .models()
+                .flat_map(|m| &m.classes)
+                .map(|c| c.slots.n_slots() * std::mem::size_of::<u32>())
+                .sum();
+            assert!(
+                slot_bytes <= 4 * ilb_core::snapshot::MAX_TOTAL_SLOTS,
+                "a {json_bytes}-byte snapshot compiled into {} MiB of slot tables",
+                slot_bytes >> 20
+            );
+        }
+    }
+    assert_eq!(dp.snapshot_version().unwrap().0, 1, "the last good snapshot stays");
+}
