@@ -20,9 +20,9 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use ilb_core::report::Report;
-use std::convert::Infallible;
 use ilb_optimizer::Problem;
 use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -108,7 +108,8 @@ async fn dispatch(state: Arc<ApiState>, req: Request<Incoming>) -> Response<Body
         (&Method::GET, "/health") => json(StatusCode::OK, &serde_json::json!({"status": "ok"})),
         (&Method::GET, "/metrics") => {
             let mut r = Response::new(Full::new(Bytes::from(crate::telemetry::render(&state.view()))));
-            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+            r.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
             r
         }
         (&Method::GET, "/v1/state") => json(StatusCode::OK, &*state.view()),
@@ -118,7 +119,11 @@ async fn dispatch(state: Arc<ApiState>, req: Request<Incoming>) -> Response<Body
             let model = p.trim_start_matches("/v1/problems/");
             match state.problems().get(model) {
                 Some(problem) => json(StatusCode::OK, problem),
-                None => error(StatusCode::NOT_FOUND, "model_not_found", &format!("no solve for model '{model}' yet")),
+                None => error(
+                    StatusCode::NOT_FOUND,
+                    "model_not_found",
+                    &format!("no solve for model '{model}' yet"),
+                ),
             }
         }
         (&Method::GET, p) if p.starts_with("/v1/snapshots/") => {

@@ -11,20 +11,50 @@ pub fn render(view: &View) -> String {
 
     type EngineField = fn(&crate::view::EngineView) -> Option<f64>;
     let engine_gauges: [(&str, &str, EngineField); 14] = [
-        ("ilb_controlplane_engine_running", "Requests in the engine's running batch (scraped).", |e| Some(e.signals.running)),
-        ("ilb_controlplane_engine_waiting", "Requests in the engine's queue (scraped).", |e| Some(e.signals.waiting)),
-        ("ilb_controlplane_engine_kv_usage", "KV-cache usage fraction (scraped).", |e| Some(e.signals.kv_usage)),
+        ("ilb_controlplane_engine_running", "Requests in the engine's running batch (scraped).", |e| {
+            Some(e.signals.running)
+        }),
+        ("ilb_controlplane_engine_waiting", "Requests in the engine's queue (scraped).", |e| {
+            Some(e.signals.waiting)
+        }),
+        ("ilb_controlplane_engine_kv_usage", "KV-cache usage fraction (scraped).", |e| {
+            Some(e.signals.kv_usage)
+        }),
         ("ilb_controlplane_engine_ttft_ms", "Smoothed time to first token (scraped).", |e| e.signals.ttft_ms),
-        ("ilb_controlplane_engine_tbot_ms", "Smoothed time between output tokens (scraped).", |e| e.signals.tbot_ms),
-        ("ilb_controlplane_engine_request_rate", "Smoothed finished requests per second (scraped).", |e| e.signals.request_rate),
-        ("ilb_controlplane_engine_cache_hit_rate", "Smoothed prefix-cache hit rate (scraped).", |e| e.signals.cache_hit_rate),
+        ("ilb_controlplane_engine_tbot_ms", "Smoothed time between output tokens (scraped).", |e| {
+            e.signals.tbot_ms
+        }),
+        ("ilb_controlplane_engine_request_rate", "Smoothed finished requests per second (scraped).", |e| {
+            e.signals.request_rate
+        }),
+        ("ilb_controlplane_engine_cache_hit_rate", "Smoothed prefix-cache hit rate (scraped).", |e| {
+            e.signals.cache_hit_rate
+        }),
         ("ilb_controlplane_engine_health", "1 with a fresh successful scrape, else 0.", |e| Some(e.health)),
-        ("ilb_controlplane_engine_penalty", "Share of capacity withheld as an outlier penalty.", |e| Some(e.penalty)),
-        ("ilb_controlplane_engine_nominal_capacity_rps", "Replicas × per-replica capacity.", |e| Some(e.nominal_capacity_rps)),
-        ("ilb_controlplane_engine_effective_capacity_rps", "Capacity the optimizer plans with (health and penalty applied).", |e| Some(e.effective_capacity_rps)),
-        ("ilb_controlplane_engine_planned_load_rps", "Load the latest plan sends to the engine.", |e| Some(e.planned_load_rps)),
-        ("ilb_controlplane_engine_expected_latency_ms", "Expected engine latency at the planned load.", |e| Some(e.expected_latency_ms)),
-        ("ilb_controlplane_engine_marginal_price_ms", "Marginal cost of one more request/s at the engine.", |e| Some(e.marginal_price_ms)),
+        ("ilb_controlplane_engine_penalty", "Share of capacity withheld as an outlier penalty.", |e| {
+            Some(e.penalty)
+        }),
+        ("ilb_controlplane_engine_nominal_capacity_rps", "Replicas × per-replica capacity.", |e| {
+            Some(e.nominal_capacity_rps)
+        }),
+        (
+            "ilb_controlplane_engine_effective_capacity_rps",
+            "Capacity the optimizer plans with (health and penalty applied).",
+            |e| Some(e.effective_capacity_rps),
+        ),
+        ("ilb_controlplane_engine_planned_load_rps", "Load the latest plan sends to the engine.", |e| {
+            Some(e.planned_load_rps)
+        }),
+        (
+            "ilb_controlplane_engine_expected_latency_ms",
+            "Expected engine latency at the planned load.",
+            |e| Some(e.expected_latency_ms),
+        ),
+        (
+            "ilb_controlplane_engine_marginal_price_ms",
+            "Marginal cost of one more request/s at the engine.",
+            |e| Some(e.marginal_price_ms),
+        ),
     ];
     for (name, help, field) in engine_gauges {
         w.family(name, "gauge", help);
@@ -38,7 +68,12 @@ pub fn render(view: &View) -> String {
     for m in &view.models {
         for c in &m.classes {
             for r in &c.routes {
-                let labels = [("model", m.model.as_str()), ("cluster", &c.cluster), ("class", &c.class), ("engine", &r.engine)];
+                let labels = [
+                    ("model", m.model.as_str()),
+                    ("cluster", &c.cluster),
+                    ("class", &c.class),
+                    ("engine", &r.engine),
+                ];
                 w.sample("ilb_controlplane_weight", &labels, r.weight);
             }
         }
@@ -61,9 +96,21 @@ pub fn render(view: &View) -> String {
     let model_gauges: [(&str, &str, ModelField); 5] = [
         ("ilb_controlplane_solve_seconds", "Duration of the latest solve.", |m| m.solve_ms / 1000.0),
         ("ilb_controlplane_solve_gap", "Certified relative optimality gap of the latest solve.", |m| m.gap),
-        ("ilb_controlplane_traffic_moved", "Share of traffic whose engine changed in the latest solve.", |m| m.traffic_moved.unwrap_or(0.0)),
-        ("ilb_controlplane_expected_latency_ms", "Mean end-to-end latency the latest plan expects.", |m| m.mean_latency_ms),
-        ("ilb_controlplane_solve_failed", "1 when the latest solve of the model failed.", |m| if m.error.is_some() { 1.0 } else { 0.0 }),
+        (
+            "ilb_controlplane_traffic_moved",
+            "Share of traffic whose engine changed in the latest solve.",
+            |m| m.traffic_moved.unwrap_or(0.0),
+        ),
+        ("ilb_controlplane_expected_latency_ms", "Mean end-to-end latency the latest plan expects.", |m| {
+            m.mean_latency_ms
+        }),
+        ("ilb_controlplane_solve_failed", "1 when the latest solve of the model failed.", |m| {
+            if m.error.is_some() {
+                1.0
+            } else {
+                0.0
+            }
+        }),
     ];
     for (name, help, field) in model_gauges {
         w.family(name, "gauge", help);
@@ -71,9 +118,17 @@ pub fn render(view: &View) -> String {
             w.sample(name, &[("model", &m.model)], field(m));
         }
     }
-    w.family("ilb_controlplane_report_age_seconds", "gauge", "Time since each live data plane last reported.");
+    w.family(
+        "ilb_controlplane_report_age_seconds",
+        "gauge",
+        "Time since each live data plane last reported.",
+    );
     for d in &view.data_planes {
-        w.sample("ilb_controlplane_report_age_seconds", &[("cluster", &d.cluster), ("instance", &d.instance)], d.age_ms as f64 / 1000.0);
+        w.sample(
+            "ilb_controlplane_report_age_seconds",
+            &[("cluster", &d.cluster), ("instance", &d.instance)],
+            d.age_ms as f64 / 1000.0,
+        );
     }
     w.finish()
 }

@@ -101,7 +101,12 @@ type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 /// Open-loop Poisson load on every data plane for `duration`; returns the latencies (ms) of
 /// successful requests and the number of failures.
-async fn load(client: &HttpClient, targets: &[(String, f64)], duration: Duration, seed: u64) -> (Vec<f64>, usize) {
+async fn load(
+    client: &HttpClient,
+    targets: &[(String, f64)],
+    duration: Duration,
+    seed: u64,
+) -> (Vec<f64>, usize) {
     let latencies = Arc::new(Mutex::new(Vec::new()));
     let failures = Arc::new(Mutex::new(0usize));
     let mut tasks = tokio::task::JoinSet::new();
@@ -219,7 +224,11 @@ async fn worked_example_end_to_end() {
     assert!((0.17..=0.35).contains(&spill), "B's weight on engine C is {spill}");
     let view = cp.view();
     for e in &view.models[0].engines {
-        assert!(e.planned_load_rps <= 0.95 * e.effective_capacity_rps + 1e-6, "{} planned over capacity", e.id);
+        assert!(
+            e.planned_load_rps <= 0.95 * e.effective_capacity_rps + 1e-6,
+            "{} planned over capacity",
+            e.id
+        );
     }
 
     // The plan is visible in the control plane's metrics.
@@ -233,7 +242,8 @@ async fn worked_example_end_to_end() {
         .unwrap()
         .to_bytes();
     let metrics = String::from_utf8_lossy(&metrics);
-    assert!(metrics.contains(r#"ilb_controlplane_weight{model="m",cluster="b",class="default",engine="engine-c"}"#));
+    assert!(metrics
+        .contains(r#"ilb_controlplane_weight{model="m",cluster="b",class="default",engine="engine-c"}"#));
     assert!(metrics.contains("ilb_controlplane_solve_gap{model=\"m\"}"), "{metrics}");
     assert!(metrics.lines().filter(|l| !l.starts_with('#')).all(|l| l.starts_with("ilb_controlplane_")));
 
@@ -247,7 +257,8 @@ async fn worked_example_end_to_end() {
 
     // The same load with nearest-only routing: each cluster to its own engine.
     for (dp, engine) in data_planes.iter().zip(["engine-a", "engine-b", "engine-c"]) {
-        let mut nearest: Snapshot = serde_json::from_slice(&serde_json::to_vec(&*snapshot_of(dp)).unwrap()).unwrap();
+        let mut nearest: Snapshot =
+            serde_json::from_slice(&serde_json::to_vec(&*snapshot_of(dp)).unwrap()).unwrap();
         nearest.version.0 += 1_000_000;
         for w in &mut nearest.models[0].classes[0].weights {
             w.weight = if w.engine.as_str() == engine { 1.0 } else { 0.0 };

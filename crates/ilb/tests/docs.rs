@@ -25,8 +25,11 @@ const SECTIONS: &[(&str, &str, &str)] = &[
     ("crates/ilb-controlplane/src/config.rs", "Engine", "[[engines]]"),
 ];
 
-/// Fields of `pub struct name` with their doc comments, read from the source text.
-fn fields(source: &str, name: &str) -> Option<(String, Vec<(String, String, String)>)> {
+/// (field, type, doc comment)
+type Field = (String, String, String);
+
+/// The doc comment and fields of `pub struct name`, read from the source text.
+fn fields(source: &str, name: &str) -> Option<(String, Vec<Field>)> {
     let start = source.find(&format!("pub struct {name} {{"))?;
     let struct_doc: Vec<&str> = source[..start]
         .lines()
@@ -107,7 +110,9 @@ fn grafana_queries_only_documented_metrics() {
         // are matched by their last word.
         let last = base.rsplit('_').next().unwrap_or(base);
         assert!(
-            documented.contains(base) || documented.contains(&format!("`_{last}`")) || documented.contains(&format!("_{last}`")),
+            documented.contains(base)
+                || documented.contains(&format!("`_{last}`"))
+                || documented.contains(&format!("_{last}`")),
             "{base} is queried by the dashboard but not documented"
         );
         checked += 1;

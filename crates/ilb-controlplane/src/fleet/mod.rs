@@ -6,7 +6,7 @@
 //! Pure state: every update takes `now` (time since the control plane started), so the fleet
 //! simulator can drive it in virtual time. Only the control loop owns a `Fleet`.
 //!
-//! [`outliers`] judges engines against their model's fleet and their offline profiles and sets
+//! `outliers` judges engines against their model's fleet and their offline profiles and sets
 //! their penalties ([`Fleet::update_penalties`]).
 
 mod outliers;

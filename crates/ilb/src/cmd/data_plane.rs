@@ -30,7 +30,7 @@ pub struct DataPlaneArgs {
     /// The front-end cluster this data plane serves.
     #[arg(long)]
     cluster: Option<String>,
-    /// TOML config file; its [data_plane] table sets everything the flags set, and more.
+    /// TOML config file; its `[data_plane]` table sets everything the flags set, and more.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Worker threads (default: one per available core). 1 runs a single-threaded runtime,
