@@ -40,54 +40,7 @@ fn hardware(region: &str) -> HardwareProfile {
 
 /// The worked example of tests/plan.rs, with fast scrape and solve intervals so the test
 /// needs only a second or two of live signals. `{url-x}` is replaced by engine x's address.
-const CONFIG: &str = r#"
-[control_plane]
-rho = 0.95
-scrape_interval_ms = 250
-solve_interval_ms = 500
-
-[network]
-use_measured = false
-latency = [
-  { from = "a", to = "a", ms = 5.0 }, { from = "a", to = "b", ms = 40.0 }, { from = "a", to = "c", ms = 90.0 },
-  { from = "b", to = "b", ms = 5.0 }, { from = "b", to = "c", ms = 70.0 }, { from = "c", to = "c", ms = 5.0 },
-]
-
-[[clusters]]
-id = "a"
-region = "a"
-[[clusters]]
-id = "b"
-region = "b"
-[[clusters]]
-id = "c"
-region = "c"
-
-[profiles.gpu]
-capacity_rps = 100.0
-ttft_t0_ms = 60.0
-ttft_b_ms = 15.0
-
-[[engines]]
-id = "engine-a"
-url = "{url-a}"
-model = "m"
-region = "a"
-profile = "gpu"
-[[engines]]
-id = "engine-b"
-url = "{url-b}"
-model = "m"
-region = "b"
-profile = "gpu"
-[[engines]]
-id = "engine-c"
-url = "{url-c}"
-model = "m"
-region = "c"
-profile = "gpu"
-capacity_rps = 80.0
-"#;
+const CONFIG: &str = include_str!("fixtures/worked-example.toml");
 
 fn client() -> HttpClient {
     Client::builder(TokioExecutor::new()).build(HttpConnector::new())

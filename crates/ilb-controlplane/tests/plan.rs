@@ -9,52 +9,13 @@ use ilb_core::{ClassId, ClusterId, ModelName};
 use ilb_optimizer::Solver;
 use std::time::Duration;
 
-pub const WORKED_EXAMPLE: &str = r#"
-[control_plane]
-rho = 0.95
-
-[network]
-use_measured = false
-latency = [
-  { from = "a", to = "a", ms = 5.0 }, { from = "a", to = "b", ms = 40.0 }, { from = "a", to = "c", ms = 90.0 },
-  { from = "b", to = "b", ms = 5.0 }, { from = "b", to = "c", ms = 70.0 }, { from = "c", to = "c", ms = 5.0 },
-]
-
-[[clusters]]
-id = "a"
-region = "a"
-[[clusters]]
-id = "b"
-region = "b"
-[[clusters]]
-id = "c"
-region = "c"
-
-[profiles.gpu]
-capacity_rps = 100.0
-ttft_t0_ms = 60.0
-ttft_b_ms = 15.0
-
-[[engines]]
-id = "engine-a"
-url = "http://127.0.0.1:9000"
-model = "m"
-region = "a"
-profile = "gpu"
-[[engines]]
-id = "engine-b"
-url = "http://127.0.0.1:9001"
-model = "m"
-region = "b"
-profile = "gpu"
-[[engines]]
-id = "engine-c"
-url = "http://127.0.0.1:9002"
-model = "m"
-region = "c"
-profile = "gpu"
-capacity_rps = 80.0
-"#;
+/// The worked example with fixed loopback engine URLs.
+fn worked_example() -> String {
+    include_str!("fixtures/worked-example.toml")
+        .replace("{url-a}", "http://127.0.0.1:9000")
+        .replace("{url-b}", "http://127.0.0.1:9001")
+        .replace("{url-c}", "http://127.0.0.1:9002")
+}
 
 fn report(cluster: &str, rps: f64) -> Report {
     Report {
@@ -76,7 +37,7 @@ fn report(cluster: &str, rps: f64) -> Report {
 
 #[test]
 fn worked_example_spills_b_to_c() {
-    let config: FleetConfig = toml::from_str(WORKED_EXAMPLE).unwrap();
+    let config: FleetConfig = toml::from_str(&worked_example()).unwrap();
     config.validate().unwrap();
     let mut fleet = Fleet::new(config);
     let now = Duration::from_secs(1);
@@ -110,7 +71,7 @@ fn worked_example_spills_b_to_c() {
 #[test]
 fn bad_configs_name_the_field() {
     let check = |edit: &dyn Fn(&str) -> String, expected: &str| {
-        let text = edit(WORKED_EXAMPLE);
+        let text = edit(&worked_example());
         let error = match toml::from_str::<FleetConfig>(&text) {
             Err(e) => e.to_string(),
             Ok(c) => c.validate().unwrap_err().to_string(),
