@@ -111,7 +111,7 @@ pub(crate) fn repair(
             let mut missing = model.demand[k] - shed[k] - x_sum(&x, &by_class[k]);
             by_class[k].sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
             for &(price, j, e) in &by_class[k] {
-                if missing <= 0.0 || price >= model.penalty[k] {
+                if missing <= 0.0 || price >= model.marginal_penalty(k, shed[k] + missing) {
                     break;
                 }
                 let add = missing.min(model.curves[j].cap() - load[j]).max(0.0);
@@ -130,7 +130,7 @@ pub(crate) fn repair(
         objective += model.curves[j].cost(load[j]);
     }
     for k in 0..n {
-        objective += model.penalty[k] * shed[k];
+        objective += model.shed_cost(k, shed[k]);
     }
     let lower_bound = lower_bound(model, cand, pass, u, eps);
     Repaired { x, shed, load, objective, lower_bound }
@@ -154,8 +154,7 @@ fn lower_bound(model: &Model, cand: &Candidates, pass: &Pass, u: &[f64], eps: f6
             continue;
         }
         let outside = u[k] + outside_margin;
-        let best = model.penalty[k].min(pass.best_route[k]).min(outside);
-        bound += model.demand[k] * best;
+        bound += model.bound_term(k, pass.best_route[k].min(outside));
     }
     for j in 0..model.n_engines() {
         if model.engine_on[j] {

@@ -7,12 +7,14 @@
 // Index loops over parallel arrays (classes, engines, candidate entries) read as the math does.
 #![allow(clippy::needless_range_loop)]
 
+mod aggregate;
 mod certify;
 mod curve;
 pub mod gen;
 mod linalg;
 mod pass;
 mod problem;
+mod publish;
 mod solution;
 mod solver;
 mod warm;

@@ -7,8 +7,9 @@
 //! built at prices `base_u`. While no price has moved by more than `(width − 2ερ)/2` since, no
 //! other class can receive flow (proof in the crate README), so the pass is exact.
 
+use crate::aggregate::Aggregation;
 use crate::curve::Curve;
-use crate::problem::Problem;
+use crate::problem::{NetworkMatrix, Problem};
 
 /// Previous routes, engine-major with classes sorted within an engine: the proximal centre.
 #[derive(Clone, Debug, Default)]
@@ -18,13 +19,20 @@ pub(crate) struct PrevRoutes {
     pub rps: Vec<f64>,
 }
 
-/// The fixed data of one solve.
+/// The fixed data of one solve, in group space: "class" below means a group of merged classes
+/// (see `aggregate`), which is one class when nothing merges.
 pub(crate) struct Model<'a> {
-    pub problem: &'a Problem,
+    /// Group × engine network latency.
+    pub network: &'a NetworkMatrix,
     pub curves: Vec<Curve>,
+    /// Group demand: the sum of its members'.
     pub demand: Vec<f64>,
+    /// Largest shed penalty among a group's members.
     pub penalty: Vec<f64>,
-    /// Classes with positive demand: the only ones with a price.
+    /// Members' (shed penalty, demand), penalty ascending, per group (CSR).
+    pub tier_start: Vec<usize>,
+    pub tiers: Vec<(f64, f64)>,
+    /// Groups with positive demand: the only ones with a price.
     pub class_on: Vec<bool>,
     /// Engines with positive capacity: the only ones that take load.
     pub engine_on: Vec<bool>,
@@ -34,15 +42,32 @@ pub(crate) struct Model<'a> {
 }
 
 impl<'a> Model<'a> {
-    pub fn new(problem: &'a Problem) -> Self {
+    pub fn new(problem: &Problem, groups: &'a Aggregation) -> Self {
         let curves: Vec<Curve> =
             problem.engines.iter().map(|e| Curve::new(&e.latency, e.capacity_rps, problem.rho)).collect();
         let engine_on = curves.iter().map(|c| c.cap() > 0.0).collect();
+        let g_count = groups.n_groups();
+        let mut tier_start = Vec::with_capacity(g_count + 1);
+        let mut tiers = Vec::with_capacity(problem.classes.len());
+        tier_start.push(0);
+        for g in 0..g_count {
+            let first = tiers.len();
+            for &k in groups.members(g) {
+                let class = &problem.classes[k as usize];
+                tiers.push((class.shed_penalty_ms, class.demand_rps));
+            }
+            tiers[first..].sort_by(|a, b| a.0.total_cmp(&b.0));
+            tier_start.push(tiers.len());
+        }
+        let demand: Vec<f64> =
+            (0..g_count).map(|g| tiers[tier_start[g]..tier_start[g + 1]].iter().map(|t| t.1).sum()).collect();
         Model {
-            problem,
-            demand: problem.classes.iter().map(|c| c.demand_rps).collect(),
-            penalty: problem.classes.iter().map(|c| c.shed_penalty_ms).collect(),
-            class_on: problem.classes.iter().map(|c| c.demand_rps > 0.0).collect(),
+            network: &groups.network,
+            penalty: (0..g_count).map(|g| tiers[tier_start[g + 1] - 1].0).collect(),
+            class_on: demand.iter().map(|&d| d > 0.0).collect(),
+            demand,
+            tier_start,
+            tiers,
             engine_on,
             capacity: problem.engines.iter().map(|e| e.capacity_rps).collect(),
             curves,
@@ -56,6 +81,77 @@ impl<'a> Model<'a> {
 
     pub fn n_engines(&self) -> usize {
         self.curves.len()
+    }
+
+    fn tiers(&self, k: usize) -> &[(f64, f64)] {
+        &self.tiers[self.tier_start[k]..self.tier_start[k + 1]]
+    }
+
+    /// Smoothed shedding of group k at price u: member i sheds s_i = argmax over [0, d_i] of
+    /// (u − P_i)·s − ε·s²/(2d_i), i.e. d_i·(u − P_i)₊/ε capped at d_i. The cap is what makes the
+    /// group exact (a member cannot shed more than its demand); the top member is left uncapped,
+    /// as a lone class is, so that over-shedding shows in the gradient and pulls u back. Returns
+    /// the shed rate, the smoothing conjugate Σ_i max_s (…) and d(shed)/du.
+    pub fn shed(&self, k: usize, u: f64, eps: f64) -> (f64, f64, f64) {
+        let (mut shed, mut value, mut slope) = (0.0, 0.0, 0.0);
+        let tiers = self.tiers(k);
+        for (i, &(p, d)) in tiers.iter().enumerate() {
+            if u <= p {
+                break;
+            }
+            let over = u - p;
+            if over >= eps && i + 1 < tiers.len() {
+                shed += d;
+                value += d * (over - 0.5 * eps);
+            } else {
+                shed += d * over / eps;
+                value += 0.5 * d * over * over / eps;
+                slope += d / eps;
+            }
+        }
+        (shed, value, slope)
+    }
+
+    /// Demand of group k's members that would rather pay `price` than be shed.
+    pub fn willing(&self, k: usize, price: f64) -> f64 {
+        self.tiers(k).iter().filter(|t| t.0 >= price).map(|t| t.1).sum()
+    }
+
+    /// Φ_k(s): the cost of shedding s req/s of group k, cheapest members first.
+    pub fn shed_cost(&self, k: usize, s: f64) -> f64 {
+        let (mut left, mut cost) = (s, 0.0);
+        for &(p, d) in self.tiers(k) {
+            let take = left.min(d);
+            cost += p * take;
+            left -= take;
+            if left <= 0.0 {
+                break;
+            }
+        }
+        // Rounding beyond the total demand is charged at the top penalty.
+        cost + left.max(0.0) * self.penalty[k]
+    }
+
+    /// The penalty of the last unit when s req/s of group k are shed cheapest first.
+    pub fn marginal_penalty(&self, k: usize, s: f64) -> f64 {
+        let mut cumulative = 0.0;
+        for &(p, d) in self.tiers(k) {
+            cumulative += d;
+            if cumulative >= s {
+                return p;
+            }
+        }
+        self.penalty[k]
+    }
+
+    /// Σ_i d_i·min(P_i, price): group k's term of the Lagrangian bound at route price `price`.
+    pub fn bound_term(&self, k: usize, price: f64) -> f64 {
+        self.tiers(k).iter().map(|&(p, d)| d * p.min(price)).sum()
+    }
+
+    /// The smallest member shed penalty above u (+∞ if none): the next kink of the dual in u_k.
+    pub fn next_penalty(&self, k: usize, u: f64) -> f64 {
+        self.tiers(k).iter().map(|t| t.0).find(|&p| p > u).unwrap_or(f64::INFINITY)
     }
 }
 
@@ -86,7 +182,7 @@ impl Candidates {
         self.start.push(0);
         for j in 0..model.n_engines() {
             if model.engine_on[j] && n > 0 {
-                let column = model.problem.network_ms.engine_column(j);
+                let column = model.network.engine_column(j);
                 let mut best = f64::NEG_INFINITY;
                 for k in 0..n {
                     // Forbidden pairs are +∞ and classes without demand have u = −∞.
@@ -209,9 +305,9 @@ impl Pass {
                 continue;
             }
             let d = model.demand[k];
-            let over = (u[k] - model.penalty[k]).max(0.0);
-            self.shed[k] = d * over / eps;
-            classes_value += d * u[k] - 0.5 * d * over * over / eps;
+            let (shed, smoothing, _) = model.shed(k, u[k], eps);
+            self.shed[k] = shed;
+            classes_value += d * u[k] - smoothing;
             self.grad[k] = d - self.shed[k] - self.flow[k];
             abs_grad += self.grad[k].abs();
             total += d;
@@ -246,8 +342,8 @@ impl Pass {
             }
         }
         for k in 0..n {
-            if model.class_on[k] && u[k] > model.penalty[k] {
-                h[k * n + k] += model.demand[k] / eps;
+            if model.class_on[k] {
+                h[k * n + k] += model.shed(k, u[k], eps).2;
             }
         }
     }

@@ -131,6 +131,12 @@ impl NetworkMatrix {
         Self { n_classes, n_engines, values }
     }
 
+    /// Wraps engine-major values that already satisfy the invariant (the solver's group matrix).
+    pub(crate) fn from_engine_major(n_classes: usize, n_engines: usize, values: Vec<f64>) -> Self {
+        debug_assert_eq!(values.len(), n_classes * n_engines);
+        Self { n_classes, n_engines, values }
+    }
+
     /// Builds the matrix from class-major rows, as in the JSON format.
     pub fn from_rows(rows: &[Vec<Option<f64>>]) -> Result<Self, ProblemError> {
         let n_engines = rows.first().map_or(0, Vec::len);

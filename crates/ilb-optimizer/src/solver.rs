@@ -2,12 +2,14 @@
 //! smoothing ε downwards until the repaired primal is certified within the gap target; cold or
 //! warm started, with the proximal centre at the previous routes for stability.
 
+use crate::aggregate::Aggregation;
 use crate::certify::{repair, Repaired};
 use crate::linalg::cholesky_solve;
 use crate::pass::{Candidates, Model, Pass, PrevRoutes};
 use crate::problem::{Problem, ProblemError};
-use crate::solution::{EnginePlan, Route, Solution, WarmStart};
-use crate::warm::{cold_prices, map_warm_start, traffic_moved};
+use crate::publish::{publish, RunSummary};
+use crate::solution::{Solution, WarmStart};
+use crate::warm::{cold_prices, map_warm_start};
 
 /// Tuning knobs; the defaults meet the bar of the crate README.
 #[derive(Clone, Debug, PartialEq)]
@@ -65,24 +67,42 @@ pub fn solve(
     options: &SolverOptions,
 ) -> Result<(Solution, WarmStart), ProblemError> {
     problem.validate()?;
-    let model = Model::new(problem);
+    let groups = Aggregation::new(problem);
+    let model = Model::new(problem, &groups);
     let scale = price_scale(&model);
-    let mapped = warm.map(|w| map_warm_start(&model, w));
+    let mapped = warm.map(|w| map_warm_start(problem, &model, &groups, w));
     let (u, prev, eps_start, lost) = match mapped {
         Some(m) => {
-            let prev = if options.proximal { m.prev.clone() } else { PrevRoutes::default() };
-            (m.prices, prev, m.epsilon.clamp(1e-7 * scale, 0.05 * scale), Some((m.prev, m.lost_rps)))
+            let prev = if options.proximal { m.prev } else { PrevRoutes::default() };
+            (m.prices, prev, m.epsilon.clamp(1e-7 * scale, 0.05 * scale), Some((m.prev_classes, m.lost_rps)))
         }
         None => (cold_prices(&model), PrevRoutes::default(), 0.2 * scale, None),
     };
     let mut run = Run::new(&model, options, scale, prev);
     let (repaired, eps) = run.solve(u, eps_start);
-    let solution = publish(&model, &run, repaired, eps, lost.as_ref().map(|(p, l)| (p, *l)));
+    let summary = RunSummary {
+        cand: &run.cand,
+        q: &run.pass.q,
+        steps: run.steps,
+        passes: run.passes,
+        rebuilds: run.rebuilds,
+        epsilon: eps,
+    };
+    let (solution, routes) =
+        publish(problem, &groups, &model, summary, &repaired, lost.as_ref().map(|(p, l)| (p, *l)));
     let warm = WarmStart {
         class_ids: problem.classes.iter().map(|c| c.id.clone()).collect(),
         engine_ids: problem.engines.iter().map(|e| e.id.clone()).collect(),
-        prices: run.u.iter().map(|&p| p.is_finite().then_some(p)).collect(),
-        routes: engine_major_routes(&solution),
+        prices: groups
+            .class_group
+            .iter()
+            .enumerate()
+            .map(|(k, &g)| {
+                let p = run.u[g as usize];
+                (problem.classes[k].demand_rps > 0.0 && p.is_finite()).then_some(p)
+            })
+            .collect(),
+        routes,
         epsilon: eps,
     };
     Ok((solution, warm))
@@ -311,22 +331,14 @@ impl<'m, 'p> Run<'m, 'p> {
         for (i, &k) in classes.iter().enumerate() {
             position[k] = i;
             let u = self.u[k];
-            targets.push(if self.pass.grad[k] >= 0.0 {
-                if u < model.penalty[k] {
-                    model.penalty[k]
-                } else {
-                    f64::INFINITY
-                }
-            } else {
-                f64::NEG_INFINITY
-            });
+            targets.push(if self.pass.grad[k] >= 0.0 { model.next_penalty(k, u) } else { f64::NEG_INFINITY });
         }
         for j in 0..model.n_engines() {
             if !model.engine_on[j] {
                 continue;
             }
             let q = self.pass.q[j];
-            let column = model.problem.network_ms.engine_column(j);
+            let column = model.network.engine_column(j);
             for (i, &k) in classes.iter().enumerate() {
                 if self.pass.grad[k] >= 0.0 && column[k] + q > self.u[k] {
                     targets[i] = targets[i].min(column[k] + q);
@@ -375,73 +387,4 @@ fn clone_lists(c: &Candidates) -> Candidates {
         base_u: c.base_u.clone(),
         width: c.width,
     }
-}
-
-/// Builds the published solution from the certified routing.
-fn publish(
-    model: &Model,
-    run: &Run,
-    repaired: Repaired,
-    eps: f64,
-    previous: Option<(&PrevRoutes, f64)>,
-) -> Solution {
-    let cand = &run.cand;
-    let n = model.n_classes();
-    let mut routes = Vec::new();
-    for j in 0..model.n_engines() {
-        for e in cand.start[j]..cand.start[j + 1] {
-            if repaired.x[e] > 0.0 {
-                routes.push(Route {
-                    class: cand.class[e] as usize,
-                    engine: j,
-                    rps: repaired.x[e],
-                    weight: 0.0,
-                });
-            }
-        }
-    }
-    routes.sort_by(|a, b| a.class.cmp(&b.class).then(a.engine.cmp(&b.engine)));
-    let mut served = vec![0.0; n];
-    for r in &routes {
-        served[r.class] += r.rps;
-    }
-    for r in &mut routes {
-        r.weight = r.rps / served[r.class];
-    }
-    let engines = (0..model.n_engines())
-        .map(|j| {
-            let load = repaired.load[j];
-            let curve = &model.curves[j];
-            EnginePlan {
-                load_rps: load,
-                expected_latency_ms: curve.latency(load),
-                marginal_price_ms: if model.engine_on[j] { run.pass.q[j] } else { curve.base_price() },
-                capacity_binds: model.engine_on[j] && load >= curve.cap() * (1.0 - 1e-6),
-            }
-        })
-        .collect();
-    let total: f64 = model.demand.iter().sum();
-    let traffic_moved =
-        previous.map(|(prev, lost)| traffic_moved(model, cand, &repaired.x, prev, lost, total));
-    Solution {
-        routes,
-        shed_rps: repaired.shed.clone(),
-        engines,
-        objective: repaired.objective,
-        lower_bound: repaired.lower_bound,
-        gap: repaired.gap(),
-        mean_latency_ms: if total > 0.0 { repaired.objective / total } else { 0.0 },
-        traffic_moved,
-        newton_steps: run.steps,
-        passes: run.passes,
-        rebuilds: run.rebuilds,
-        epsilon: eps,
-    }
-}
-
-fn engine_major_routes(solution: &Solution) -> Vec<(u32, u32, f64)> {
-    let mut routes: Vec<(u32, u32, f64)> =
-        solution.routes.iter().map(|r| (r.class as u32, r.engine as u32, r.rps)).collect();
-    routes.sort_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(&b.0)));
-    routes
 }

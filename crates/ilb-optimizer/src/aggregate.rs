@@ -1,0 +1,179 @@
+//! Class aggregation: classes whose network rows are identical (same front end, same allowed
+//! engines) are interchangeable for routing, so they are merged into one group before solving and
+//! split back afterwards.
+//!
+//! Why this is exact: for classes with identical rows the objective depends on their routes only
+//! through the group's per-engine totals X_gj and its total shed s_g. Given those, the cheapest
+//! way to share the shedding among the members is lowest shed penalty first, and any member
+//! split with the right totals is feasible (the rows are identical, so there is nothing else to
+//! respect). The group's shedding cost is therefore the convex piecewise-linear Φ_g(s) of
+//! "shed the cheapest first", and the aggregated problem has the same optimum and, at any engine
+//! prices, the same Lagrangian bound Σ_k d_k·min(P_k, min_j n_kj + p_j) − Σ_j f_j*(p_j). Members
+//! may differ in demand and shed penalty; they must agree on every network entry bit for bit.
+//!
+//! Classes without demand are never merged (they stay singleton groups without a price).
+
+use std::borrow::Cow;
+
+use crate::problem::{NetworkMatrix, Problem};
+
+/// The grouping of one problem's classes.
+pub(crate) struct Aggregation<'a> {
+    /// Group of each class.
+    pub class_group: Vec<u32>,
+    /// Members of each group (CSR), class indices ascending.
+    pub member_start: Vec<usize>,
+    pub members: Vec<u32>,
+    /// Group × engine network matrix (the problem's own when nothing merges).
+    pub network: Cow<'a, NetworkMatrix>,
+}
+
+impl<'a> Aggregation<'a> {
+    /// Groups the classes of `problem`: one hashing pass over the network matrix, then one pass
+    /// that builds the group matrix and checks every merged entry bit for bit (a hash collision
+    /// falls back to no merging, so only truly identical rows are ever merged).
+    pub fn new(problem: &'a Problem) -> Self {
+        let n = problem.classes.len();
+        let network = &problem.network_ms;
+        let m = network.n_engines();
+        let on: Vec<bool> = problem.classes.iter().map(|c| c.demand_rps > 0.0).collect();
+        let mut hash = vec![0x243F_6A88_85A3_08D3u64; n];
+        for j in 0..m {
+            for (h, v) in hash.iter_mut().zip(network.engine_column(j)) {
+                *h = (h.rotate_left(23) ^ v.to_bits()).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            }
+        }
+        let mut order: Vec<usize> = (0..n).filter(|&k| on[k]).collect();
+        order.sort_unstable_by_key(|&k| (hash[k], k));
+        // Representative (smallest index) of each class's run of equal hashes.
+        let mut rep: Vec<usize> = (0..n).collect();
+        let mut merged = 0usize;
+        for w in 0..order.len() {
+            if w > 0 && hash[order[w]] == hash[order[w - 1]] {
+                rep[order[w]] = rep[order[w - 1]];
+                merged += 1;
+            }
+        }
+        if merged == 0 {
+            return Self::identity(problem);
+        }
+        // Groups numbered in the order of their representatives.
+        let mut class_group = vec![u32::MAX; n];
+        let mut reps = Vec::new();
+        for k in 0..n {
+            if rep[k] == k {
+                class_group[k] = reps.len() as u32;
+                reps.push(k);
+            }
+        }
+        for k in 0..n {
+            class_group[k] = class_group[rep[k]];
+        }
+        let g_count = reps.len();
+        let mut values = Vec::with_capacity(g_count * m);
+        let followers: Vec<usize> = (0..n).filter(|&k| rep[k] != k).collect();
+        for j in 0..m {
+            let column = network.engine_column(j);
+            if followers.iter().any(|&k| column[k].to_bits() != column[rep[k]].to_bits()) {
+                return Self::identity(problem);
+            }
+            values.extend(reps.iter().map(|&k| column[k]));
+        }
+        let mut member_start = vec![0usize; g_count + 1];
+        for &g in &class_group {
+            member_start[g as usize + 1] += 1;
+        }
+        for g in 0..g_count {
+            member_start[g + 1] += member_start[g];
+        }
+        let mut fill = member_start.clone();
+        let mut members = vec![0u32; n];
+        for (k, &g) in class_group.iter().enumerate() {
+            members[fill[g as usize]] = k as u32;
+            fill[g as usize] += 1;
+        }
+        Aggregation {
+            class_group,
+            member_start,
+            members,
+            network: Cow::Owned(NetworkMatrix::from_engine_major(g_count, m, values)),
+        }
+    }
+
+    /// Every class its own group.
+    fn identity(problem: &'a Problem) -> Self {
+        let n = problem.classes.len();
+        Aggregation {
+            class_group: (0..n as u32).collect(),
+            member_start: (0..=n).collect(),
+            members: (0..n as u32).collect(),
+            network: Cow::Borrowed(&problem.network_ms),
+        }
+    }
+
+    pub fn n_groups(&self) -> usize {
+        self.member_start.len() - 1
+    }
+
+    pub fn members(&self, g: usize) -> &[u32] {
+        &self.members[self.member_start[g]..self.member_start[g + 1]]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::{Class, Engine, Latency};
+
+    fn problem(rows: &[Vec<Option<f64>>], demand: &[f64]) -> Problem {
+        Problem {
+            rho: 0.9,
+            classes: demand
+                .iter()
+                .enumerate()
+                .map(|(k, &d)| Class {
+                    id: format!("c{k}"),
+                    demand_rps: d,
+                    shed_penalty_ms: 1000.0 * k as f64,
+                })
+                .collect(),
+            engines: (0..rows[0].len())
+                .map(|j| Engine {
+                    id: format!("e{j}"),
+                    capacity_rps: 10.0,
+                    latency: Latency::Queueing { t0_ms: 50.0, b_ms: 10.0 },
+                })
+                .collect(),
+            network_ms: NetworkMatrix::from_rows(rows).unwrap(),
+        }
+    }
+
+    #[test]
+    fn merges_only_identical_rows_with_demand() {
+        let rows = vec![
+            vec![Some(5.0), None, Some(7.0)],
+            vec![Some(5.0), None, Some(7.0)],
+            vec![Some(5.0), Some(1.0), Some(7.0)],
+            vec![Some(5.0), None, Some(7.0)],
+            vec![Some(5.0), None, Some(7.0)],
+            vec![Some(5.0), None, Some(7.000000001)],
+        ];
+        let p = problem(&rows, &[1.0, 2.0, 3.0, 4.0, 0.0, 5.0]);
+        let a = Aggregation::new(&p);
+        assert_eq!(a.n_groups(), 4);
+        assert_eq!(a.class_group, vec![0, 0, 1, 0, 2, 3]);
+        assert_eq!(a.members(0), &[0, 1, 3]);
+        assert_eq!(a.network.get(1, 1), Some(1.0));
+        assert_eq!(a.network.get(0, 1), None);
+        assert_eq!(a.network.get(3, 2), Some(7.000000001));
+    }
+
+    #[test]
+    fn distinct_rows_borrow_the_matrix() {
+        let rows = vec![vec![Some(5.0), Some(6.0)], vec![Some(6.0), Some(5.0)]];
+        let p = problem(&rows, &[1.0, 1.0]);
+        let a = Aggregation::new(&p);
+        assert!(matches!(a.network, Cow::Borrowed(_)));
+        assert_eq!(a.n_groups(), 2);
+    }
+}

@@ -1,0 +1,164 @@
+//! From the certified group routing to the published per-class solution: each group's shedding
+//! goes to its members cheapest penalty first (equal penalties in proportion to demand), and its
+//! per-engine flows are split among the members in proportion to what each member has served.
+//! Every member of a group therefore gets the same weights, which keeps the split as stable as
+//! the group routing itself. Also builds the engine-major class routes the next warm start needs.
+
+use crate::aggregate::Aggregation;
+use crate::certify::Repaired;
+use crate::pass::{Candidates, Model, PrevRoutes};
+use crate::problem::Problem;
+use crate::solution::{EnginePlan, Route, Solution};
+use crate::warm::traffic_moved;
+
+/// What `publish` needs from the run besides the repaired routing.
+pub(crate) struct RunSummary<'r> {
+    pub cand: &'r Candidates,
+    /// Engine prices q_j.
+    pub q: &'r [f64],
+    pub steps: usize,
+    pub passes: usize,
+    pub rebuilds: usize,
+    pub epsilon: f64,
+}
+
+/// The published solution and the engine-major class routes (class, engine, rps) for the warm start.
+pub(crate) fn publish(
+    problem: &Problem,
+    groups: &Aggregation,
+    model: &Model,
+    run: RunSummary,
+    repaired: &Repaired,
+    previous: Option<(&PrevRoutes, f64)>,
+) -> (Solution, Vec<(u32, u32, f64)>) {
+    let n = problem.classes.len();
+    let m = model.n_engines();
+    let g_count = model.n_classes();
+    let cand = run.cand;
+    // Group routes by group, engines ascending (counting sort of the engine-major entries).
+    let mut g_start = vec![0usize; g_count + 1];
+    for e in 0..cand.class.len() {
+        if repaired.x[e] > 0.0 {
+            g_start[cand.class[e] as usize + 1] += 1;
+        }
+    }
+    for g in 0..g_count {
+        g_start[g + 1] += g_start[g];
+    }
+    let mut fill = g_start.clone();
+    let mut g_routes = vec![(0u32, 0.0f64); g_start[g_count]];
+    for j in 0..m {
+        for e in cand.start[j]..cand.start[j + 1] {
+            if repaired.x[e] > 0.0 {
+                let g = cand.class[e] as usize;
+                g_routes[fill[g]] = (j as u32, repaired.x[e]);
+                fill[g] += 1;
+            }
+        }
+    }
+    // Members' shed (cheapest first) and served share.
+    let mut shed_rps = vec![0.0; n];
+    let mut share = vec![0.0; n];
+    let mut order: Vec<usize> = Vec::new();
+    for g in 0..g_count {
+        let members = groups.members(g);
+        if members.len() == 1 {
+            let k = members[0] as usize;
+            shed_rps[k] = repaired.shed[g];
+            share[k] = 1.0;
+            continue;
+        }
+        order.clear();
+        order.extend(members.iter().map(|&k| k as usize));
+        let penalty = |k: usize| problem.classes[k].shed_penalty_ms;
+        order.sort_by(|&a, &b| penalty(a).total_cmp(&penalty(b)).then(a.cmp(&b)));
+        let mut left = repaired.shed[g];
+        let mut i = 0;
+        while i < order.len() {
+            let mut end = i + 1;
+            while end < order.len() && penalty(order[end]) == penalty(order[i]) {
+                end += 1;
+            }
+            let tier: f64 = order[i..end].iter().map(|&k| problem.classes[k].demand_rps).sum();
+            let take = left.min(tier).max(0.0);
+            for &k in &order[i..end] {
+                let d = problem.classes[k].demand_rps;
+                shed_rps[k] = if tier > 0.0 { (take * d / tier).min(d) } else { 0.0 };
+            }
+            left -= take;
+            i = end;
+        }
+        let served: f64 =
+            members.iter().map(|&k| problem.classes[k as usize].demand_rps - shed_rps[k as usize]).sum();
+        for &k in members {
+            let k = k as usize;
+            share[k] =
+                if served > 0.0 { (problem.classes[k].demand_rps - shed_rps[k]) / served } else { 0.0 };
+        }
+    }
+    let mut routes = Vec::with_capacity(g_start[g_count]);
+    for k in 0..n {
+        let g = groups.class_group[k] as usize;
+        if share[k] <= 0.0 {
+            continue;
+        }
+        let entries = &g_routes[g_start[g]..g_start[g + 1]];
+        let total: f64 = entries.iter().map(|r| r.1).sum();
+        for &(j, rps) in entries {
+            let x = rps * share[k];
+            if x > 0.0 {
+                routes.push(Route { class: k, engine: j as usize, rps: x, weight: rps / total });
+            }
+        }
+    }
+    // Engine-major class routes: a stable counting sort by engine keeps classes ascending.
+    let mut e_start = vec![0usize; m + 1];
+    for r in &routes {
+        e_start[r.engine + 1] += 1;
+    }
+    for j in 0..m {
+        e_start[j + 1] += e_start[j];
+    }
+    let mut fill = e_start.clone();
+    let mut engine_major = vec![(0u32, 0u32, 0.0f64); routes.len()];
+    for r in &routes {
+        engine_major[fill[r.engine]] = (r.class as u32, r.engine as u32, r.rps);
+        fill[r.engine] += 1;
+    }
+    let engines = (0..m)
+        .map(|j| {
+            let load = repaired.load[j];
+            let curve = &model.curves[j];
+            EnginePlan {
+                load_rps: load,
+                expected_latency_ms: curve.latency(load),
+                marginal_price_ms: if model.engine_on[j] { run.q[j] } else { curve.base_price() },
+                capacity_binds: model.engine_on[j] && load >= curve.cap() * (1.0 - 1e-6),
+            }
+        })
+        .collect();
+    let total: f64 = model.demand.iter().sum();
+    let traffic_moved = previous.map(|(prev, lost)| {
+        let new = PrevRoutes {
+            start: e_start,
+            class: engine_major.iter().map(|r| r.0).collect(),
+            rps: engine_major.iter().map(|r| r.2).collect(),
+        };
+        traffic_moved(&new, prev, lost, total)
+    });
+    let solution = Solution {
+        routes,
+        shed_rps,
+        engines,
+        objective: repaired.objective,
+        lower_bound: repaired.lower_bound,
+        gap: repaired.gap(),
+        mean_latency_ms: if total > 0.0 { repaired.objective / total } else { 0.0 },
+        traffic_moved,
+        newton_steps: run.steps,
+        passes: run.passes,
+        rebuilds: run.rebuilds,
+        epsilon: run.epsilon,
+    };
+    (solution, engine_major)
+}
