@@ -110,7 +110,7 @@ impl Session {
 
     /// After this turn finished: the next turn (prompt + output + new user tokens) and the think
     /// time before it, seconds; `None` when the conversation ends.
-    pub fn next_turn(mut self, w: &WorkloadSpec) -> Option<(Session, f64)> {
+    pub fn next_turn(mut self: Box<Self>, w: &WorkloadSpec) -> Option<(Box<Session>, f64)> {
         let continue_probability = 1.0 - 1.0 / w.turns_mean;
         if self.rng.next_f64() >= continue_probability {
             return None;

@@ -50,7 +50,7 @@ fn three_regions_ilb_matches_its_prediction_beats_baselines_and_does_not_oscilla
 
 #[test]
 fn global_day_ilb_has_the_lowest_latency_and_keeps_the_cache_warm() {
-    let c = run(include_str!("../../../scenarios/global-day.toml"), 45.0, &ilb_fleet_sim::scenario::POLICIES);
+    let c = run(include_str!("../../../scenarios/global-day.toml"), 30.0, &ilb_fleet_sim::scenario::POLICIES);
     let ilb = &c.policies["ilb"];
     let best_hit = c.policies.values().map(|r| r.cache_hit_rate).fold(0.0, f64::max);
     for (name, r) in &c.policies {
@@ -81,7 +81,8 @@ fn region_outage_replans_within_two_periods_and_loses_only_in_flight_requests() 
 
 #[test]
 fn overload_sheds_low_priority_first_and_bounds_admitted_latency() {
-    let c = run(include_str!("../../../scenarios/overload.toml"), 150.0, &["round-robin", "nearest", "ilb"]);
+    let policies = ["round-robin", "nearest", "ilb"];
+    let c = run_calibrated(include_str!("../../../scenarios/overload.toml"), 150.0, &policies, None);
     let ilb = &c.policies["ilb"];
     let low = &ilb.by_priority["low"];
     let normal = &ilb.by_priority["normal"];

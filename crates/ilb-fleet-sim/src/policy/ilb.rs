@@ -80,7 +80,9 @@ impl Ilb {
 
     fn solve(&mut self, now: Nanos) -> Nanos {
         let at = Duration::from_nanos(now);
+        // The control loop's tick, in its order: expire reports, judge outliers, plan.
         self.fleet.expire(at);
+        self.fleet.update_penalties(at);
         let mut plans = plan::build(&self.fleet, at);
         for plan in &mut plans {
             for (k, class) in plan.classes.iter().enumerate() {

@@ -201,6 +201,14 @@ impl Sim<'_> {
             Decision::Shed => {
                 self.period_shed[s] += 1;
                 self.recorder.shed(s, t_s);
+                // A 429 with Retry-After does not end the conversation: the user goes on with
+                // the next turn after thinking, so shedding does not lower the offered demand.
+                if let Some((next, think_s)) = session.next_turn(&self.scenario.file.workload) {
+                    let at = now + nanos(think_s).max(1);
+                    if at <= self.end {
+                        self.queue.push(at, Event::Turn(next));
+                    }
+                }
                 return;
             }
             Decision::NoEngine => {
@@ -272,7 +280,7 @@ impl Sim<'_> {
         if let Some((next, think_s)) = live.session.next_turn(&self.scenario.file.workload) {
             let at = (o.finished_at + nanos(live.net_ms / 1e3 + think_s)).max(now);
             if at <= self.end {
-                self.queue.push(at, Event::Turn(Box::new(next)));
+                self.queue.push(at, Event::Turn(next));
             }
         }
     }
