@@ -164,8 +164,9 @@ impl EngineModel {
         self.ready_replicas
     }
 
-    /// Queues a request arriving at `now`. It goes to the ready replica holding the longest
-    /// cached prefix of its prompt, then the least loaded, then the lowest index. With zero
+    /// Queues a request arriving at `now`. Among the ready replicas at most a quarter (plus two
+    /// requests) busier than the least loaded, it goes to the one holding the longest cached
+    /// prefix of its prompt, then the least loaded, then the lowest index. With zero
     /// ready replicas it is refused by the caller (the model still queues it on replica 0).
     pub fn submit(&mut self, now: Nanos, request: Request) -> Result<(), SubmitError> {
         if request.prompt.is_empty() {
@@ -181,14 +182,27 @@ impl EngineModel {
         }
         let hashes: Arc<[u64]> = block_hashes(&request.prompt).into();
         let candidates = self.ready_replicas.max(1);
+        // Cache-aware with a balance guard (as SGLang's router does): the longest cached prefix
+        // wins among replicas not much busier than the least loaded one, so a shared system
+        // prompt cannot pin all traffic to the replica that cached it first.
+        let load_of = |r: &Replica| r.running.len() + r.waiting.len();
+        let min_load = self.replicas.iter().take(candidates).map(load_of).min().unwrap_or(0);
+        let max_allowed = min_load + min_load / 4 + 2;
         let mut best = 0usize;
-        let mut best_key = (0u32, usize::MAX);
+        let mut best_key: Option<(u32, usize)> = None;
         for (index, replica) in self.replicas.iter().take(candidates).enumerate() {
+            let load = load_of(replica);
+            if load > max_allowed {
+                continue;
+            }
             let hit = replica.kv.match_prefix(&hashes).blocks;
-            let load = replica.running.len() + replica.waiting.len();
-            if index == 0 || hit > best_key.0 || (hit == best_key.0 && load < best_key.1) {
+            let better = match best_key {
+                None => true,
+                Some((best_hit, best_load)) => hit > best_hit || (hit == best_hit && load < best_load),
+            };
+            if better {
                 best = index;
-                best_key = (hit, load);
+                best_key = Some((hit, load));
             }
         }
         let seq = Seq {

@@ -102,6 +102,32 @@ fn follow_up_turn_hits_the_prefix_cache_and_has_lower_ttft() {
     assert_eq!(stats.counters.prefix_queries_tokens, 2000 + 2100);
 }
 
+/// Regression (found by the fleet simulator): requests sharing a system prompt all went to the
+/// replica that cached it first, leaving the others idle.
+#[test]
+fn a_shared_prefix_does_not_pin_every_request_to_one_replica() {
+    let mut model = EngineModel::new(&HardwareProfile { replicas: 4, ..HardwareProfile::a100() }).unwrap();
+    let shared: Vec<u32> = (0..512).collect();
+    let with_suffix = |id: u64| -> Arc<[u32]> {
+        let mut tokens = shared.clone();
+        tokens.extend((0..32).map(|t| 10_000 + id as u32 * 100 + t));
+        tokens.into()
+    };
+    // One request first, so that one replica holds the shared prefix.
+    model.submit(0, request(1_000, with_suffix(1_000), 16)).unwrap();
+    let warm = finish(&mut model);
+    let now = warm[0].finished_at;
+    for id in 0..64u64 {
+        model.submit(now, request(id, with_suffix(id), 16)).unwrap();
+    }
+    let outcomes = finish(&mut model);
+    let mut per_replica = [0usize; 4];
+    for o in &outcomes {
+        per_replica[o.replica as usize] += 1;
+    }
+    assert!(per_replica.iter().all(|&n| n >= 8), "requests per replica: {per_replica:?}");
+}
+
 #[test]
 fn lru_evicts_unreferenced_blocks_under_capacity() {
     // 200 blocks; each prompt of 960 tokens caches 60 blocks.
