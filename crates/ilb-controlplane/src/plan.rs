@@ -130,8 +130,9 @@ fn to_optimizer(profile: LatencyProfile) -> Latency {
     }
 }
 
-/// One snapshot per cluster from the solved plans. `solutions[i]` solves `plans[i]` (or is
-/// `None` when that model could not be solved; its classes are then left out).
+/// One snapshot per cluster from the solved plans. `solutions[i]` solves `plans[i]`, or is
+/// `None` when that model could not be solved: its classes then route in proportion to
+/// effective capacity, so data planes never lose a model because of one failed solve.
 pub fn snapshots(
     fleet: &Fleet,
     plans: &[ModelPlan],
@@ -153,19 +154,21 @@ pub fn snapshots(
         let mut engines_used: BTreeMap<usize, ()> = BTreeMap::new();
         let mut models = Vec::new();
         for (plan, solution) in plans.iter().zip(solutions) {
-            let Some(solution) = solution else { continue };
             let mut classes = Vec::new();
             for (k, class) in plan.classes.iter().enumerate().filter(|(_, c)| c.key.cluster == cluster.id) {
-                let routes = solution.class_routes(k);
+                let routes = solution.as_ref().map_or(&[][..], |s| s.class_routes(k));
                 let mut weights: Vec<EngineWeight> = Vec::new();
                 for (j, &fleet_idx) in plan.engines.iter().enumerate() {
                     let Some(network) = plan.problem.network_ms.get(k, j) else { continue };
-                    let weight = routes.iter().find(|r| r.engine == j).map_or(0.0, |r| r.weight);
+                    let weight = match solution {
+                        Some(_) => routes.iter().find(|r| r.engine == j).map_or(0.0, |r| r.weight),
+                        None => plan.capacity_rps[j],
+                    };
                     engines_used.insert(fleet_idx, ());
                     weights.push(EngineWeight {
                         engine: EngineId::new(&config.engines[fleet_idx].id),
                         weight,
-                        expected_latency_ms: Some(solution.engines[j].expected_latency_ms),
+                        expected_latency_ms: solution.as_ref().map(|s| s.engines[j].expected_latency_ms),
                         network_ms: Some(network),
                     });
                 }
@@ -178,7 +181,7 @@ pub fn snapshots(
                     continue;
                 }
                 let demand = plan.problem.classes[k].demand_rps;
-                let shed = solution.shed_rps.get(k).copied().unwrap_or(0.0);
+                let shed = solution.as_ref().and_then(|s| s.shed_rps.get(k).copied()).unwrap_or(0.0);
                 classes.push(ClassRoutes {
                     id: ClassId::new(&class.key.class),
                     require: class.require.clone(),

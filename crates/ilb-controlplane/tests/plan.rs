@@ -88,3 +88,17 @@ fn bad_configs_name_the_field() {
     check(&|t| t.replace("[control_plane]", "[control_plane]\nsurprise = 1"), "unknown field `surprise`");
     check(&|t| t.replace("ttft_b_ms = 15.0", "ttft_b_ms = -1.0"), "profiles.gpu.ttft_b_ms");
 }
+
+/// A failed solve must not take a model away from the data planes: its classes route in
+/// proportion to effective capacity until the next good solve.
+#[test]
+fn a_failed_solve_falls_back_to_capacity_weights() {
+    let config: FleetConfig = toml::from_str(&worked_example()).unwrap();
+    let fleet = Fleet::new(config);
+    let plans = plan::build(&fleet, Duration::from_secs(1));
+    let snapshots = plan::snapshots(&fleet, &plans, &[None], 3, 0);
+    let b = &snapshots["b"].models[0].classes[0];
+    let weights: Vec<f64> = b.weights.iter().map(|w| w.weight).collect();
+    assert_eq!(weights, vec![100.0, 100.0, 80.0]);
+    snapshots["b"].validate().unwrap();
+}

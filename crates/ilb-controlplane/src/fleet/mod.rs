@@ -257,15 +257,19 @@ impl Fleet {
             .sum()
     }
 
-    /// Whether engine `idx` has a fresh successful scrape (1) or not (0). Engines never
-    /// scraped yet get the benefit of the doubt until the staleness bound has passed since start.
+    /// Whether engine `idx` counts as up (1) or not (0): its last scrape succeeded, or failed
+    /// only once (a blip), and the last success is fresh. Engines never scraped yet get the
+    /// benefit of the doubt until the staleness bound has passed since start.
     pub fn health(&self, idx: usize, now: Now) -> f64 {
         let stale = Duration::from_millis(self.config.control_plane.signal_stale_ms);
-        let fresh = match self.engines[idx].last_scrape_ok {
+        let e = &self.engines[idx];
+        let fresh = match e.last_scrape_ok {
             Some(t) => now.saturating_sub(t) <= stale,
             None => now <= stale,
         };
-        if fresh {
+        // Two failed scrapes in a row (connection refused, 5xx, timeout) take the engine out of
+        // the next plan without waiting for the staleness bound.
+        if fresh && e.consecutive_scrape_failures < 2 {
             1.0
         } else {
             0.0

@@ -46,6 +46,9 @@ use crate::signals::WindowStats;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+/// Windows with load above this share of nominal capacity are not judged on latency.
+const NEAR_CAPACITY: f64 = 0.9;
+
 /// The smallest penalty a newly detected outlier gets.
 const INITIAL_PENALTY: f64 = 0.5;
 /// Each interval an engine stays an outlier multiplies the capacity it keeps by this: it had
@@ -201,6 +204,23 @@ impl Fleet {
             .map(|(rate, _)| rate)
             .collect();
         let fleet_rate = (rates.len() >= s.success_rate_min_engines).then(|| mean_and_sigma(&rates));
+        // A latency outlier is slow against its profile *and* against its peers: when the whole
+        // model runs slower than its profiles (a miscalibrated profile, a daily peak), the
+        // threshold rises with the fleet's median ratio, so the fleet is not penalised for it.
+        let mut fleet_ratios: Vec<f64> = engine_idx
+            .iter()
+            .filter(|&&j| self.health(j, now) > 0.0)
+            .flat_map(|&j| self.latency_ratios(j, uses_tbot, min_requests))
+            .filter(|(name, _, _)| *name == "ttft")
+            .map(|(_, ratio, _)| ratio)
+            .collect();
+        fleet_ratios.sort_by(f64::total_cmp);
+        let median_ratio = if fleet_ratios.len() >= s.success_rate_min_engines {
+            fleet_ratios[fleet_ratios.len() / 2].max(1.0)
+        } else {
+            1.0
+        };
+        let latency_threshold = s.latency_ratio * median_ratio;
         engine_idx
             .iter()
             .map(|&j| {
@@ -233,9 +253,14 @@ impl Fleet {
                     }
                 }
                 for (name, ratio, load) in self.latency_ratios(j, uses_tbot, required) {
-                    if ratio >= s.latency_ratio {
-                        severity = severity.max(1.0 - 1.0 / ratio);
-                        reasons.push(format!("{name} {ratio:.1}× its profile at {load:.0} req/s"));
+                    if ratio >= latency_threshold {
+                        severity = severity.max(1.0 - median_ratio / ratio);
+                        let peers = if median_ratio > 1.0 {
+                            format!(" (fleet median {median_ratio:.1}×)")
+                        } else {
+                            String::new()
+                        };
+                        reasons.push(format!("{name} {ratio:.1}× its profile at {load:.0} req/s{peers}"));
                     }
                 }
                 // Attempts seen by the proxies are not evidence of speed: a slow engine has many
@@ -269,9 +294,13 @@ impl Fleet {
         let mut check = |name, count: f64, sum_ms: f64, t0_ms, b_ms| {
             let offline = LatencyProfile::Queueing { t0_ms, b_ms };
             let predicted = offline.latency_ms(load, capacity);
-            // Beyond capacity the offline curve is infinite: an overloaded engine is the
-            // optimizer's business, not an outlier.
-            if count >= required && predicted.is_finite() && predicted > 0.0 {
+            // Near and beyond capacity the offline curve is too steep (or infinite) to judge
+            // by: an overloaded engine is the optimizer's business, not an outlier.
+            if count >= required
+                && load < NEAR_CAPACITY * capacity
+                && predicted.is_finite()
+                && predicted > 0.0
+            {
                 out.push((name, sum_ms / count / predicted, load));
             }
         };
