@@ -90,8 +90,29 @@ pub(crate) fn repair(
             flow[cand.class[e] as usize] += x[e];
         }
     }
-    let short: Vec<usize> =
-        (0..n).filter(|&k| model.class_on[k] && flow[k] + shed[k] < model.demand[k]).collect();
+    // Top up short classes first on the engines they already use (at near-optimal prices those
+    // all cost about u_k, so their order hardly matters): one pass, no sorting.
+    let mut missing: Vec<f64> =
+        (0..n).map(|k| if model.class_on[k] { model.demand[k] - flow[k] - shed[k] } else { 0.0 }).collect();
+    if missing.iter().any(|&v| v > 0.0) {
+        for j in 0..m {
+            let cap = model.curves[j].cap();
+            for e in cand.start[j]..cand.start[j + 1] {
+                let k = cand.class[e] as usize;
+                if missing[k] > 0.0 && x[e] > 0.0 && load[j] < cap {
+                    let price = cand.net[e] + pass.q[j];
+                    if price < model.marginal_penalty(k, shed[k] + missing[k]) {
+                        let add = missing[k].min(cap - load[j]);
+                        x[e] += add;
+                        load[j] += add;
+                        flow[k] += add;
+                        missing[k] -= add;
+                    }
+                }
+            }
+        }
+    }
+    let short: Vec<usize> = (0..n).filter(|&k| model.class_on[k] && missing[k] > 0.0).collect();
     if !short.is_empty() {
         // Class → entries index, only needed when some class is short.
         let mut by_class: Vec<Vec<(f64, usize, usize)>> = vec![Vec::new(); n];

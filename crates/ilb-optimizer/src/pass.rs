@@ -92,8 +92,9 @@ impl<'a> Model<'a> {
     /// group exact (a member cannot shed more than its demand); the top member is left uncapped,
     /// as a lone class is, so that over-shedding shows in the gradient and pulls u back. Returns
     /// the shed rate, the smoothing conjugate Σ_i max_s (…) and d(shed)/du.
-    pub fn shed(&self, k: usize, u: f64, eps: f64) -> (f64, f64, f64) {
-        let (mut shed, mut value, mut slope) = (0.0, 0.0, 0.0);
+    /// The fourth value is the smoothing part alone, ε·s_i²/(2d_i) summed.
+    pub fn shed(&self, k: usize, u: f64, eps: f64) -> (f64, f64, f64, f64) {
+        let (mut shed, mut value, mut slope, mut smoothing) = (0.0, 0.0, 0.0, 0.0);
         let tiers = self.tiers(k);
         for (i, &(p, d)) in tiers.iter().enumerate() {
             if u <= p {
@@ -103,13 +104,15 @@ impl<'a> Model<'a> {
             if over >= eps && i + 1 < tiers.len() {
                 shed += d;
                 value += d * (over - 0.5 * eps);
+                smoothing += 0.5 * eps * d;
             } else {
                 shed += d * over / eps;
                 value += 0.5 * d * over * over / eps;
+                smoothing += 0.5 * d * over * over / eps;
                 slope += d / eps;
             }
         }
-        (shed, value, slope)
+        (shed, value, slope, smoothing)
     }
 
     /// Demand of group k's members that would rather pay `price` than be shed.
@@ -239,6 +242,9 @@ pub(crate) struct Pass {
     pub dual: f64,
     /// Σ_k |grad_k| / Σ_k d_k.
     pub residual: f64,
+    /// The smoothing terms at the pass's flows: Σ_j ε/(2c_j)·Σ_k (x_kj − x⁰_kj)² plus shedding's.
+    /// At the smoothed optimum this bounds how far smoothing keeps the routing from optimal.
+    pub smoothing: f64,
     scratch: Vec<f64>,
 }
 
@@ -257,6 +263,7 @@ impl Pass {
         self.best_route.clear();
         self.best_route.resize(n, f64::INFINITY);
         let mut engines_value = 0.0;
+        let mut smoothing = 0.0;
         for j in 0..m {
             if !model.engine_on[j] {
                 continue;
@@ -276,6 +283,7 @@ impl Pass {
             );
             let mut load = 0.0;
             let mut value = 0.0;
+            let mut quad = 0.0;
             for e in lo..hi {
                 let k = cand.class[e] as usize;
                 let r = u[k] - cand.net[e];
@@ -284,10 +292,12 @@ impl Pass {
                 load += x;
                 self.flow[k] += x;
                 let d = x - cand.prev[e];
-                value += r * x - 0.5 * d * d / k_j;
+                value += r * x;
+                quad += d * d;
                 self.best_route[k] = self.best_route[k].min(cand.net[e] + q);
             }
-            value -= curve.cost(load);
+            value -= curve.cost(load) + 0.5 * quad / k_j;
+            smoothing += 0.5 * quad / k_j;
             engines_value += value;
             self.q[j] = q;
             self.load[j] = load;
@@ -305,14 +315,16 @@ impl Pass {
                 continue;
             }
             let d = model.demand[k];
-            let (shed, smoothing, _) = model.shed(k, u[k], eps);
+            let (shed, conjugate, _, shed_smoothing) = model.shed(k, u[k], eps);
             self.shed[k] = shed;
-            classes_value += d * u[k] - smoothing;
+            classes_value += d * u[k] - conjugate;
+            smoothing += shed_smoothing;
             self.grad[k] = d - self.shed[k] - self.flow[k];
             abs_grad += self.grad[k].abs();
             total += d;
         }
         self.dual = classes_value - engines_value;
+        self.smoothing = smoothing;
         self.residual = if total > 0.0 { abs_grad / total } else { 0.0 };
     }
 

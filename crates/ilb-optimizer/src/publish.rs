@@ -6,10 +6,10 @@
 
 use crate::aggregate::Aggregation;
 use crate::certify::Repaired;
-use crate::pass::{Candidates, Model, PrevRoutes};
+use crate::pass::{Candidates, Model};
 use crate::problem::Problem;
 use crate::solution::{EnginePlan, Route, Solution};
-use crate::warm::traffic_moved;
+use crate::warm::OldRoutes;
 
 /// What `publish` needs from the run besides the repaired routing.
 pub(crate) struct RunSummary<'r> {
@@ -29,8 +29,8 @@ pub(crate) fn publish(
     model: &Model,
     run: RunSummary,
     repaired: &Repaired,
-    previous: Option<(&PrevRoutes, f64)>,
-) -> (Solution, Vec<(u32, u32, f64)>) {
+    previous: Option<&OldRoutes>,
+) -> (Solution, Published) {
     let n = problem.classes.len();
     let m = model.n_engines();
     let g_count = model.n_classes();
@@ -96,7 +96,14 @@ pub(crate) fn publish(
                 if served > 0.0 { (problem.classes[k].demand_rps - shed_rps[k]) / served } else { 0.0 };
         }
     }
-    let mut routes = Vec::with_capacity(g_start[g_count]);
+    let count: usize = (0..n)
+        .filter(|&k| share[k] > 0.0)
+        .map(|k| {
+            let g = groups.class_group[k] as usize;
+            g_start[g + 1] - g_start[g]
+        })
+        .sum();
+    let mut routes = Vec::with_capacity(count);
     for k in 0..n {
         let g = groups.class_group[k] as usize;
         if share[k] <= 0.0 {
@@ -111,19 +118,14 @@ pub(crate) fn publish(
             }
         }
     }
-    // Engine-major class routes: a stable counting sort by engine keeps classes ascending.
-    let mut e_start = vec![0usize; m + 1];
-    for r in &routes {
-        e_start[r.engine + 1] += 1;
-    }
+    // Group routes engine-major for the next warm start.
+    let mut engine_major = Vec::with_capacity(g_routes.len());
     for j in 0..m {
-        e_start[j + 1] += e_start[j];
-    }
-    let mut fill = e_start.clone();
-    let mut engine_major = vec![(0u32, 0u32, 0.0f64); routes.len()];
-    for r in &routes {
-        engine_major[fill[r.engine]] = (r.class as u32, r.engine as u32, r.rps);
-        fill[r.engine] += 1;
+        for e in cand.start[j]..cand.start[j + 1] {
+            if repaired.x[e] > 0.0 {
+                engine_major.push((cand.class[e], j as u32, repaired.x[e]));
+            }
+        }
     }
     let engines = (0..m)
         .map(|j| {
@@ -138,13 +140,27 @@ pub(crate) fn publish(
         })
         .collect();
     let total: f64 = model.demand.iter().sum();
-    let traffic_moved = previous.map(|(prev, lost)| {
-        let new = PrevRoutes {
-            start: e_start,
-            class: engine_major.iter().map(|r| r.0).collect(),
-            rps: engine_major.iter().map(|r| r.2).collect(),
-        };
-        traffic_moved(&new, prev, lost, total)
+    let traffic_moved = previous.map(|old| {
+        let mut moved = old.lost_rps;
+        for k in 0..n {
+            let g = groups.class_group[k] as usize;
+            let new = &g_routes[g_start[g]..g_start[g + 1]];
+            let (h, old_share) = match old.of_class[k] {
+                Some((h, share)) => (h as usize, share),
+                None => {
+                    moved += share[k] * new.iter().map(|r| r.1).sum::<f64>();
+                    continue;
+                }
+            };
+            let (engines, rps) =
+                (&old.engine[old.start[h]..old.start[h + 1]], &old.rps[old.start[h]..old.start[h + 1]]);
+            moved += moved_between(new, share[k], engines, rps, old_share);
+        }
+        if total > 0.0 {
+            moved / 2.0 / total
+        } else {
+            0.0
+        }
     });
     let solution = Solution {
         routes,
@@ -160,5 +176,35 @@ pub(crate) fn publish(
         rebuilds: run.rebuilds,
         epsilon: run.epsilon,
     };
-    (solution, engine_major)
+    let published = Published { class_group: groups.class_group.clone(), share, routes: engine_major };
+    (solution, published)
+}
+
+/// What the next warm start needs from the published routing.
+pub(crate) struct Published {
+    pub class_group: Vec<u32>,
+    pub share: Vec<f64>,
+    /// Group routes (group, engine, rps), engine-major.
+    pub routes: Vec<(u32, u32, f64)>,
+}
+
+/// Σ_j |a·x_j − b·y_j| over the union of two engine-ascending route lists.
+fn moved_between(new: &[(u32, f64)], a: f64, engines: &[u32], rps: &[f64], b: f64) -> f64 {
+    let (mut i, mut p, mut moved) = (0, 0, 0.0);
+    while i < new.len() || p < engines.len() {
+        let je = if i < new.len() { new[i].0 } else { u32::MAX };
+        let jp = if p < engines.len() { engines[p] } else { u32::MAX };
+        if je == jp {
+            moved += (a * new[i].1 - b * rps[p]).abs();
+            i += 1;
+            p += 1;
+        } else if je < jp {
+            moved += a * new[i].1;
+            i += 1;
+        } else {
+            moved += b * rps[p];
+            p += 1;
+        }
+    }
+    moved
 }

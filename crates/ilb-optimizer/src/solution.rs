@@ -76,7 +76,11 @@ pub struct WarmStart {
     pub(crate) engine_ids: Vec<String>,
     /// Class prices u_k (`None` for classes without demand).
     pub(crate) prices: Vec<Option<f64>>,
-    /// Routes as (class_idx, engine_idx, rps), sorted by engine then class.
+    /// Group of each class in that solve (classes with identical network rows are merged).
+    pub(crate) class_group: Vec<u32>,
+    /// Each class's fraction of its group's routes: its route to engine j was share × X_gj.
+    pub(crate) share: Vec<f64>,
+    /// Group routes as (group, engine_idx, rps), sorted by engine then group.
     pub(crate) routes: Vec<(u32, u32, f64)>,
     pub(crate) epsilon: f64,
 }

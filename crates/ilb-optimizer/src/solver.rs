@@ -74,7 +74,7 @@ pub fn solve(
     let (u, prev, eps_start, lost) = match mapped {
         Some(m) => {
             let prev = if options.proximal { m.prev } else { PrevRoutes::default() };
-            (m.prices, prev, m.epsilon.clamp(1e-7 * scale, 0.05 * scale), Some((m.prev_classes, m.lost_rps)))
+            (m.prices, prev, m.epsilon.clamp(1e-7 * scale, 0.05 * scale), Some(m.old))
         }
         None => (cold_prices(&model), PrevRoutes::default(), 0.2 * scale, None),
     };
@@ -88,8 +88,7 @@ pub fn solve(
         rebuilds: run.rebuilds,
         epsilon: eps,
     };
-    let (solution, routes) =
-        publish(problem, &groups, &model, summary, &repaired, lost.as_ref().map(|(p, l)| (p, *l)));
+    let (solution, published) = publish(problem, &groups, &model, summary, &repaired, lost.as_ref());
     let warm = WarmStart {
         class_ids: problem.classes.iter().map(|c| c.id.clone()).collect(),
         engine_ids: problem.engines.iter().map(|e| e.id.clone()).collect(),
@@ -102,11 +101,19 @@ pub fn solve(
                 (problem.classes[k].demand_rps > 0.0 && p.is_finite()).then_some(p)
             })
             .collect(),
-        routes,
+        class_group: published.class_group,
+        share: published.share,
+        routes: published.routes,
         epsilon: eps,
     };
     Ok((solution, warm))
 }
+
+/// Relative demand residual at which a stage is first certified.
+const LOOSE_TOLERANCE: f64 = 1e-5;
+
+/// The tightest residual a stage is driven to before ε shrinks instead.
+const FINE_TOLERANCE: f64 = 1e-10;
 
 /// Typical engine base latency: the unit for ε and the drift budget.
 fn price_scale(model: &Model) -> f64 {
@@ -178,12 +185,20 @@ impl<'m, 'p> Run<'m, 'p> {
     }
 
     /// Runs the continuation; returns the best certified routing and its ε.
+    ///
+    /// The smoothing term at the smoothed optimum predicts the gap it causes (it bounds the
+    /// difference between the smoothed and the true objective), so while it is well above the
+    /// target the stage is solved only loosely and ε shrinks by the predicted factor; once it is
+    /// small the residual is driven down until the certificate passes.
     fn solve(&mut self, u: Vec<f64>, eps_start: f64) -> (Repaired, f64) {
         self.u = u;
+        self.radius = 2.0 * eps_start;
         let rho = self.model.rho;
+        let target = self.options.gap_target;
         let eps_min = 1e-6 * self.scale;
         let mut eps = eps_start;
         let mut best_eps = eps;
+        let mut tolerance = LOOSE_TOLERANCE;
         self.cand.rebuild(self.model, &self.u, self.width(eps), &self.prev);
         self.rebuilds += 1;
         loop {
@@ -193,7 +208,13 @@ impl<'m, 'p> Run<'m, 'p> {
             }
             self.pass.run(self.model, &self.cand, &self.u, eps);
             self.passes += 1;
-            self.newton(eps);
+            self.newton(eps, tolerance);
+            let out_of_steps = self.steps >= self.options.max_newton_steps;
+            let smoothing = self.pass.smoothing / self.pass.dual.abs().max(1e-300);
+            if smoothing > 2.0 * target && eps > eps_min && !out_of_steps && self.best.is_none() {
+                eps = (eps / (smoothing / (0.5 * target)).clamp(2.0, 50.0)).max(eps_min);
+                continue;
+            }
             let repaired =
                 repair(self.model, &self.cand, &self.pass, &self.u, eps, self.options.min_route_fraction);
             let gap = repaired.gap();
@@ -205,11 +226,17 @@ impl<'m, 'p> Run<'m, 'p> {
                 self.best = Some((repaired, clone_lists(&self.cand), self.pass.q.clone()));
                 best_eps = eps;
             }
-            if gap <= self.options.gap_target || eps <= eps_min || self.steps >= self.options.max_newton_steps
-            {
+            if gap <= target || eps <= eps_min || out_of_steps {
                 break;
             }
-            eps = (eps * 0.2).max(eps_min);
+            if self.pass.residual > FINE_TOLERANCE {
+                // Not converged enough for the certificate: tighten first.
+                tolerance = (self.pass.residual * 0.01).max(FINE_TOLERANCE);
+            } else {
+                let factor = (smoothing / (0.5 * target)).clamp(2.0, 50.0);
+                eps = (eps / factor).max(eps_min);
+                tolerance = LOOSE_TOLERANCE;
+            }
         }
         let (repaired, cand, q) = self.best.take().expect("the loop stores a solution before leaving");
         self.cand = cand;
@@ -218,10 +245,9 @@ impl<'m, 'p> Run<'m, 'p> {
     }
 
     /// Newton iterations at fixed ε until the demand residual is small.
-    fn newton(&mut self, eps: f64) {
+    fn newton(&mut self, eps: f64, tolerance: f64) {
         let n = self.model.n_classes();
         let rho = self.model.rho;
-        let tolerance = 1e-7;
         let mut delta = vec![0.0; n];
         let mut u_trial = vec![0.0; n];
         while self.pass.residual > tolerance && self.steps < self.options.max_newton_steps {
@@ -306,7 +332,7 @@ impl<'m, 'p> Run<'m, 'p> {
                     self.radius = if t >= 1.0 {
                         (self.radius * 4.0).min(self.max_radius)
                     } else {
-                        (self.radius * t).max(0.05 * self.scale)
+                        (self.radius * t).max(2.0 * eps)
                     };
                     break;
                 }

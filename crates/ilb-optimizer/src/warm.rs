@@ -60,9 +60,20 @@ pub(crate) struct MappedWarm {
     pub prices: Vec<f64>,
     /// Previous routes per group: the proximal centre.
     pub prev: PrevRoutes,
-    /// Previous routes per class (in new indices), for the traffic moved.
-    pub prev_classes: PrevRoutes,
+    /// Previous routes of each class, for the traffic moved.
+    pub old: OldRoutes,
     pub epsilon: f64,
+}
+
+/// The previous solve's class routes in the new indices: class k sent share⁰_k × X⁰_hj to engine
+/// j, h its old group.
+pub(crate) struct OldRoutes {
+    /// Old group routes by old group (CSR), new engine indices ascending.
+    pub start: Vec<usize>,
+    pub engine: Vec<u32>,
+    pub rps: Vec<f64>,
+    /// For each new class: its old group and share, if it existed.
+    pub of_class: Vec<Option<(u32, f64)>>,
     /// Previous rps on classes or engines that no longer exist (it has to move).
     pub lost_rps: f64,
 }
@@ -109,56 +120,121 @@ pub(crate) fn map_warm_start(
             }
         }
     }
-    let mut triples: Vec<(usize, usize, f64)> = Vec::with_capacity(warm.routes.len());
-    let mut lost_rps = 0.0;
-    for &(k, j, rps) in &warm.routes {
-        match (class_map.get(k as usize).copied().flatten(), engine_map.get(j as usize).copied().flatten()) {
-            (Some(k), Some(j)) => triples.push((j, k, rps)),
-            _ => lost_rps += rps,
+    // How much of each old group's routes goes to each new group: (old, new, Σ shares).
+    let old_groups =
+        warm.class_group.iter().filter(|&&h| h != u32::MAX).map(|&h| h as usize + 1).max().unwrap_or(0);
+    let mut total_share = vec![0.0; old_groups];
+    let mut pairs: Vec<(u32, u32, f64)> = Vec::new();
+    let mut of_class = vec![None; problem.classes.len()];
+    for (old, new) in class_map.iter().enumerate() {
+        let (h, share) = match (warm.class_group.get(old), warm.share.get(old)) {
+            (Some(&h), Some(&share)) if h != u32::MAX && share > 0.0 => (h, share),
+            _ => continue,
+        };
+        total_share[h as usize] += share;
+        if let Some(k) = new {
+            pairs.push((h, groups.class_group[*k], share));
+            of_class[*k] = Some((h, share));
         }
     }
-    if !(same_classes && same_engines) {
-        triples.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+    pairs.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+    pairs.dedup_by(|later, earlier| {
+        let same = later.0 == earlier.0 && later.1 == earlier.1;
+        if same {
+            earlier.2 += later.2;
+        }
+        same
+    });
+    let mut pair_start = vec![0usize; old_groups + 1];
+    for p in &pairs {
+        pair_start[p.0 as usize + 1] += 1;
+    }
+    for h in 0..old_groups {
+        pair_start[h + 1] += pair_start[h];
+    }
+    let mut kept_share = vec![0.0; old_groups];
+    for p in &pairs {
+        kept_share[p.0 as usize] += p.2;
+    }
+    // Group-level centre (j, g, rps) and old routes by old group, both in new engine indices.
+    let mut centre: Vec<(u32, u32, f64)> = Vec::with_capacity(warm.routes.len());
+    let mut old_routes: Vec<(u32, u32, f64)> = Vec::with_capacity(warm.routes.len());
+    let mut lost_rps = 0.0;
+    for &(h, j, rps) in &warm.routes {
+        let h = h as usize;
+        if h >= old_groups {
+            continue;
+        }
+        match engine_map.get(j as usize).copied().flatten() {
+            Some(j) => {
+                lost_rps += rps * (total_share[h] - kept_share[h]).max(0.0);
+                old_routes.push((h as u32, j as u32, rps));
+                for &(_, g, w) in &pairs[pair_start[h]..pair_start[h + 1]] {
+                    centre.push((j as u32, g, rps * w));
+                }
+            }
+            None => lost_rps += rps * total_share[h],
+        }
+    }
+    if same_engines {
+        // Engine-major already; only the groups within an engine may be out of order.
+        let mut lo = 0;
+        while lo < centre.len() {
+            let mut hi = lo + 1;
+            while hi < centre.len() && centre[hi].0 == centre[lo].0 {
+                hi += 1;
+            }
+            if centre[lo..hi].windows(2).any(|w| w[0].1 > w[1].1) {
+                centre[lo..hi].sort_by_key(|c| c.1);
+            }
+            lo = hi;
+        }
+    } else {
+        centre.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+        old_routes.sort_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(&b.0)));
     }
     let m = model.n_engines();
-    let mut prev_classes = PrevRoutes { start: vec![0; m + 1], class: Vec::new(), rps: Vec::new() };
-    for &(j, k, rps) in &triples {
-        prev_classes.start[j + 1] += 1;
-        prev_classes.class.push(k as u32);
-        prev_classes.rps.push(rps);
-    }
-    for j in 0..m {
-        prev_classes.start[j + 1] += prev_classes.start[j];
-    }
-    let prev = group_routes(&prev_classes, groups);
-    MappedWarm { prices, prev, prev_classes, epsilon: warm.epsilon, lost_rps }
-}
-
-/// Sums class routes into group routes, engine by engine (groups ascending within an engine).
-fn group_routes(classes: &PrevRoutes, groups: &Aggregation) -> PrevRoutes {
-    let m = classes.start.len() - 1;
-    let mut out = PrevRoutes { start: Vec::with_capacity(m + 1), class: Vec::new(), rps: Vec::new() };
-    out.start.push(0);
-    let mut scratch: Vec<(u32, f64)> = Vec::new();
-    for j in 0..m {
-        scratch.clear();
-        for p in classes.start[j]..classes.start[j + 1] {
-            scratch.push((groups.class_group[classes.class[p] as usize], classes.rps[p]));
-        }
-        scratch.sort_by_key(|e| e.0);
-        for &(g, rps) in &scratch {
-            if out.class.len() > out.start[j] && out.class.last() == Some(&g) {
-                if let Some(last) = out.rps.last_mut() {
-                    *last += rps;
-                }
-            } else {
-                out.class.push(g);
-                out.rps.push(rps);
+    let mut prev = PrevRoutes {
+        start: vec![0; m + 1],
+        class: Vec::with_capacity(centre.len()),
+        rps: Vec::with_capacity(centre.len()),
+    };
+    let mut current = usize::MAX;
+    for &(j, g, rps) in &centre {
+        let j = j as usize;
+        if j == current && prev.class.last() == Some(&g) {
+            if let Some(last) = prev.rps.last_mut() {
+                *last += rps;
             }
+            continue;
         }
-        out.start.push(out.class.len());
+        current = j;
+        prev.class.push(g);
+        prev.rps.push(rps);
+        prev.start[j + 1] += 1;
     }
-    out
+    for j in 0..m {
+        prev.start[j + 1] += prev.start[j];
+    }
+    // Old routes by old group (stable counting sort keeps engines ascending).
+    let mut start = vec![0usize; old_groups + 1];
+    for r in &old_routes {
+        start[r.0 as usize + 1] += 1;
+    }
+    for h in 0..old_groups {
+        start[h + 1] += start[h];
+    }
+    let mut fill = start.clone();
+    let mut engine = vec![0u32; old_routes.len()];
+    let mut rps = vec![0.0; old_routes.len()];
+    for r in &old_routes {
+        let i = &mut fill[r.0 as usize];
+        engine[*i] = r.1;
+        rps[*i] = r.2;
+        *i += 1;
+    }
+    let old = OldRoutes { start, engine, rps, of_class, lost_rps };
+    MappedWarm { prices, prev, old, epsilon: warm.epsilon }
 }
 
 /// Cold prices for the new problem, computed only when some active class has no old price.
@@ -175,33 +251,4 @@ fn cold_prices_if_needed(model: &Model, warm: &WarmStart, class_map: &[Option<us
     } else {
         cold_prices(model)
     }
-}
-
-/// Σ|x − x_prev| / 2 / Σd, merging two engine-major class route lists (classes ascending within
-/// an engine).
-pub(crate) fn traffic_moved(new: &PrevRoutes, prev: &PrevRoutes, lost: f64, total_demand: f64) -> f64 {
-    if total_demand <= 0.0 {
-        return 0.0;
-    }
-    let mut moved = lost;
-    for j in 0..new.start.len() - 1 {
-        let (mut e, e_end) = (new.start[j], new.start[j + 1]);
-        let (mut p, p_end) = (prev.start[j], prev.start[j + 1]);
-        while e < e_end || p < p_end {
-            let ke = if e < e_end { new.class[e] } else { u32::MAX };
-            let kp = if p < p_end { prev.class[p] } else { u32::MAX };
-            if ke == kp {
-                moved += (new.rps[e] - prev.rps[p]).abs();
-                e += 1;
-                p += 1;
-            } else if ke < kp {
-                moved += new.rps[e];
-                e += 1;
-            } else {
-                moved += prev.rps[p];
-                p += 1;
-            }
-        }
-    }
-    moved / 2.0 / total_demand
 }

@@ -48,3 +48,50 @@ fn all_piecewise_curves_agree() {
         check(config.overloaded());
     }
 }
+
+/// Classes with identical network rows are merged inside the solver; with different shed
+/// penalties under overload, the cheaper one must be shed first and the optimum must still match
+/// an exact solve of the unmerged problem.
+#[test]
+fn merged_classes_shed_cheapest_first() {
+    use ilb_optimizer::{Class, Engine, Latency, NetworkMatrix, Problem};
+    let class = |id: &str, demand: f64, penalty: f64| Class {
+        id: id.into(),
+        demand_rps: demand,
+        shed_penalty_ms: penalty,
+    };
+    let engine = |id: &str, capacity: f64| Engine {
+        id: id.into(),
+        capacity_rps: capacity,
+        latency: Latency::Queueing { t0_ms: 60.0, b_ms: 15.0 },
+    };
+    // "low" and "high" share a row (merged); "other" differs. Demand 150 on 95 usable req/s.
+    let problem = Problem {
+        rho: 0.95,
+        classes: vec![
+            class("low", 50.0, 2_000.0),
+            class("other", 40.0, 8_000.0),
+            class("high", 60.0, 9_000.0),
+        ],
+        engines: vec![engine("a", 60.0), engine("b", 40.0)],
+        network_ms: NetworkMatrix::from_rows(&[
+            vec![Some(5.0), Some(40.0)],
+            vec![Some(30.0), Some(5.0)],
+            vec![Some(5.0), Some(40.0)],
+        ])
+        .unwrap(),
+    };
+    let (solution, warm) = solve(&problem, None, &SolverOptions::default()).unwrap();
+    common::check_invariants(&problem, &solution);
+    let reference = common::clarabel_solve(&problem);
+    let rel = (solution.objective - reference.objective) / reference.objective;
+    assert!(rel.abs() <= 1e-3, "objective {} vs clarabel {}", solution.objective, reference.objective);
+    assert!(solution.gap <= 1e-3, "gap {}", solution.gap);
+    // 55 req/s must be shed: all of it from "low" (the cheapest), none from "high".
+    assert!(solution.shed_rps[0] > 49.0, "low shed {}", solution.shed_rps[0]);
+    assert!(solution.shed_rps[2] < 1e-6, "high shed {}", solution.shed_rps[2]);
+    // A warm re-solve with the same grouping stays put.
+    let (again, _) = solve(&problem, Some(&warm), &SolverOptions::default()).unwrap();
+    common::check_invariants(&problem, &again);
+    assert!(again.traffic_moved.unwrap() < 0.01, "moved {:?}", again.traffic_moved);
+}
