@@ -15,18 +15,35 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+/// Request rate as a function of the seconds since the traffic started.
+pub type Rate = Arc<dyn Fn(f64) -> f64 + Send + Sync>;
+
 /// Where to send what.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Target {
     pub cluster: String,
     pub url: String,
-    pub rps: f64,
+    pub model: String,
+    pub rate: Rate,
+    /// Extra request headers (priority, constraints).
+    pub headers: Vec<(String, String)>,
 }
 
-#[derive(Clone, Debug)]
+impl Target {
+    pub fn constant(cluster: &str, url: String, model: &str, rps: f64) -> Target {
+        Target {
+            cluster: cluster.into(),
+            url,
+            model: model.into(),
+            rate: Arc::new(move |_| rps),
+            headers: Vec::new(),
+        }
+    }
+}
+
+#[derive(Clone)]
 pub struct TrafficConfig {
     pub targets: Vec<Target>,
-    pub model: String,
     pub seed: u64,
     pub max_tokens: u32,
     /// Probability that an arrival starts a new conversation instead of continuing one.
@@ -43,6 +60,8 @@ pub struct Window {
     /// engine → (requests, TTFT sum ms, e2e sum ms).
     pub engines: BTreeMap<String, (u64, f64, f64)>,
     pub errors: u64,
+    /// Requests refused with 429 or 503 (planned shedding, overload).
+    pub shed: u64,
     pub sent: u64,
 }
 
@@ -96,12 +115,22 @@ async fn cluster_loop(
 ) {
     let mut rng = rand_pcg::Pcg64::seed_from_u64(config.seed ^ seed);
     let conversations: Arc<Mutex<Vec<Conversation>>> = Arc::default();
-    let mut next = Instant::now();
+    let started = Instant::now();
+    let mut next = started;
     let mut counter = 0u64;
     loop {
-        // Exponential inter-arrival times: a Poisson process at `rps`.
-        let gap = -(1.0 - rng.gen::<f64>()).ln() / target.rps.max(1e-3);
-        next += Duration::from_secs_f64(gap);
+        // Exponential inter-arrival times: a Poisson process at the current rate (re-read
+        // at each arrival, so time-varying demand is followed).
+        let rate = (target.rate)(next.duration_since(started).as_secs_f64());
+        let gap = -(1.0 - rng.gen::<f64>()).ln() / rate.max(1e-3);
+        next += Duration::from_secs_f64(gap.min(10.0));
+        if rate <= 1e-3 {
+            // No demand now: check again later without sending.
+            tokio::select! {
+                _ = tokio::time::sleep_until(next) => continue,
+                _ = shutdown.changed() => return,
+            }
+        }
         tokio::select! {
             _ = tokio::time::sleep_until(next) => {}
             _ = shutdown.changed() => return,
@@ -153,6 +182,9 @@ async fn cluster_loop(
                         c.messages.push(("assistant".into(), reply));
                     }
                 }
+                Err(e) if e == "status 429 Too Many Requests" || e == "status 503 Service Unavailable" => {
+                    stats.record(|w| w.shed += 1);
+                }
                 Err(e) => {
                     tracing::debug!(cluster = %target.cluster, error = %e, "demo request failed");
                     stats.record(|w| w.errors += 1);
@@ -171,17 +203,19 @@ async fn one_request(
     messages: &[(String, String)],
 ) -> Result<(String, f64, f64, String), String> {
     let body = serde_json::json!({
-        "model": config.model,
+        "model": target.model,
         "messages": messages.iter().map(|(r, c)| serde_json::json!({"role": r, "content": c})).collect::<Vec<_>>(),
         "max_tokens": config.max_tokens,
         "stream": true,
         "stream_options": {"include_usage": true},
     });
-    let request = Request::post(format!("{}/v1/chat/completions", target.url))
+    let mut builder = Request::post(format!("{}/v1/chat/completions", target.url))
         .header("content-type", "application/json")
-        .header("x-session-id", session)
-        .body(Full::new(Bytes::from(body.to_string())))
-        .map_err(|e| e.to_string())?;
+        .header("x-session-id", session);
+    for (name, value) in &target.headers {
+        builder = builder.header(name, value);
+    }
+    let request = builder.body(Full::new(Bytes::from(body.to_string()))).map_err(|e| e.to_string())?;
     let started = Instant::now();
     let response = tokio::time::timeout(Duration::from_secs(60), client.request(request))
         .await

@@ -29,19 +29,28 @@ const TARGET_UTILISATION: f64 = 0.8;
 pub struct DemoArgs {
     /// Do not generate traffic (engines, control plane and data planes only).
     #[arg(long)]
-    no_traffic: bool,
+    pub(crate) no_traffic: bool,
     /// Multiplies the generated demand (1.0 = the worked example: 90 % / 120 % / 40 % of engine A's capacity).
     #[arg(long, default_value_t = 1.0)]
-    load: f64,
+    pub(crate) load: f64,
     /// Control plane on this port, data planes on +1000.., engines on +2000...
     #[arg(long, default_value_t = 7000)]
-    port_base: u16,
+    pub(crate) port_base: u16,
     /// Stop after this many seconds (default: run until Ctrl-C).
     #[arg(long)]
-    seconds: Option<u64>,
+    pub(crate) seconds: Option<u64>,
     /// Seconds between console summaries.
     #[arg(long, default_value_t = 5)]
-    report_every: u64,
+    pub(crate) report_every: u64,
+    /// Run a fleet-simulator scenario live instead: its engines (at most 32) as simulated
+    /// engines, its clusters as data planes, its demand as traffic. Demand and engine speed are
+    /// scaled together (`--scale`) so the scenario fits this machine.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) scenario: Option<std::path::PathBuf>,
+    /// With --scenario: demand and engine throughput multiplier (default: whatever brings the
+    /// scenario's initial demand to about 40 req/s). Latencies stretch by 1/scale.
+    #[arg(long)]
+    pub(crate) scale: Option<f64>,
 }
 
 struct Region {
@@ -68,10 +77,13 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.load.is_finite() && args.load >= 0.0, "--load must be a non-negative number");
     anyhow::ensure!(args.port_base <= 60_000, "--port-base must leave room for +2002");
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(demo(args))
+    match args.scenario.clone() {
+        Some(path) => runtime.block_on(crate::cmd::demo_scenario::run(args, &path)),
+        None => runtime.block_on(demo(args)),
+    }
 }
 
-fn addr(port: u16) -> SocketAddr {
+pub fn addr(port: u16) -> SocketAddr {
     SocketAddr::from((Ipv4Addr::LOCALHOST, port))
 }
 
@@ -99,19 +111,49 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         .collect();
     let fleet = fleet_config(&args, &regions, &engines, &capacity);
     fleet.validate().context("demo fleet config")?;
-    let cp = ControlPlane::start(fleet, addr(args.port_base)).await.context("control plane")?;
+    let labels: Vec<String> = regions
+        .iter()
+        .zip(&capacity)
+        .map(|(r, cap)| {
+            format!("{} × {}, planned capacity {cap:.1} req/s", r.profile.replicas, r.profile.name)
+        })
+        .collect();
+    let base = capacity[0] * args.load;
+    let targets = move |data_planes: &[DataPlane]| -> Vec<Target> {
+        ["a", "b", "c"]
+            .iter()
+            .zip(data_planes)
+            .zip([0.9, 1.2, 0.4])
+            .map(|((name, dp), share)| Target::constant(name, dp.url(), MODEL, base * share))
+            .collect()
+    };
+    let clusters: Vec<String> = regions.iter().map(|r| r.name.to_owned()).collect();
+    serve_stack(&args, fleet, engines, labels, clusters, MODEL, targets).await
+}
 
+/// Starts the control plane and one data plane per cluster in front of `engines`, prints
+/// every URL, generates traffic from `targets`, and prints a summary every few seconds until
+/// Ctrl-C or `--seconds`.
+pub(crate) async fn serve_stack(
+    args: &DemoArgs,
+    fleet: FleetConfig,
+    engines: Vec<EngineHandle>,
+    engine_labels: Vec<String>,
+    clusters: Vec<String>,
+    model: &str,
+    targets: impl FnOnce(&[DataPlane]) -> Vec<Target>,
+) -> anyhow::Result<()> {
+    let cp = ControlPlane::start(fleet, addr(args.port_base)).await.context("control plane")?;
     let mut data_planes = Vec::new();
-    for (i, region) in regions.iter().enumerate() {
+    for (i, cluster) in clusters.iter().enumerate() {
         let mut config = DataPlaneConfig::new(addr(args.port_base + 1000 + i as u16));
-        config.cluster = Some(ilb_core::ClusterId::new(region.name));
+        config.cluster = Some(ilb_core::ClusterId::new(cluster));
         let source = SnapshotSource::Poll {
-            url: format!("{}/v1/snapshots/{}", cp.url(), region.name),
+            url: format!("{}/v1/snapshots/{cluster}", cp.url()),
             interval: Duration::from_millis(500),
             long_poll: true,
         };
-        let mut reports =
-            ReportConfig::new(format!("{}/v1/reports", cp.url()), format!("demo-{}", region.name));
+        let mut reports = ReportConfig::new(format!("{}/v1/reports", cp.url()), format!("demo-{cluster}"));
         reports.interval = Duration::from_millis(500);
         let dp = DataPlane::start_with_reports(config, source, Some(reports)).await.context("data plane")?;
         data_planes.push(dp);
@@ -119,42 +161,29 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
 
     println!("dashboard: {}/", cp.url());
     println!("control-plane: {}", cp.url());
-    for (dp, region) in data_planes.iter().zip(&regions) {
-        println!("data-plane {}: {}", region.name, dp.url());
+    for (dp, cluster) in data_planes.iter().zip(&clusters) {
+        println!("data-plane {cluster}: {}", dp.url());
     }
-    for ((engine, region), cap) in engines.iter().zip(&regions).zip(&capacity) {
-        println!(
-            "engines {}: {} ({} × {}, planned capacity {cap:.1} req/s)",
-            region.name,
-            engine.url(),
-            region.profile.replicas,
-            region.profile.name
-        );
+    for (engine, label) in engines.iter().zip(&engine_labels) {
+        println!("engines {}: {} ({label})", engine.id(), engine.url());
     }
     let a = data_planes[0].url();
     println!();
     println!("try it:");
     println!(
-        "  curl -s {a}/v1/chat/completions -H 'content-type: application/json' -H 'x-session-id: me' \\\n    -d '{{\"model\":\"{MODEL}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}],\"max_tokens\":16}}' -D - "
+        "  curl -s {a}/v1/chat/completions -H 'content-type: application/json' -H 'x-session-id: me' \\\n    -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}],\"max_tokens\":16}}' -D - "
     );
-    println!("  python3 -c \"from openai import OpenAI; c = OpenAI(base_url='{a}/v1', api_key='none'); print(c.chat.completions.create(model='{MODEL}', messages=[{{'role': 'user', 'content': 'hello'}}], max_tokens=16).choices[0].message.content)\"");
-    println!("  curl -s '{}/v1/explain/weights?cluster=b&model={MODEL}'", cp.url());
+    println!("  python3 -c \"from openai import OpenAI; c = OpenAI(base_url='{a}/v1', api_key='none'); print(c.chat.completions.create(model='{model}', messages=[{{'role': 'user', 'content': 'hello'}}], max_tokens=16).choices[0].message.content)\"");
+    let explain_cluster = clusters.get(1).or(clusters.first()).map_or("", String::as_str);
+    println!("  curl -s '{}/v1/explain/weights?cluster={explain_cluster}&model={model}'", cp.url());
     println!("stop with Ctrl-C");
     println!();
 
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let stats = Arc::new(traffic::Stats::default());
     let traffic_task = (!args.no_traffic).then(|| {
-        let base = capacity[0] * args.load;
-        let targets = regions
-            .iter()
-            .zip(&data_planes)
-            .zip([0.9, 1.2, 0.4])
-            .map(|((r, dp), share)| Target { cluster: r.name.to_owned(), url: dp.url(), rps: base * share })
-            .collect();
         let config = TrafficConfig {
-            targets,
-            model: MODEL.to_owned(),
+            targets: targets(&data_planes),
             seed: 42,
             max_tokens: OUTPUT_TOKENS,
             new_conversation: 0.3,
