@@ -32,46 +32,50 @@ impl<'a> Aggregation<'a> {
     /// Groups the classes of `problem`: one hashing pass over the network matrix, then one pass
     /// that builds the group matrix and checks every merged entry bit for bit (a hash collision
     /// falls back to no merging, so only truly identical rows are ever merged).
-    pub fn new(problem: &'a Problem) -> Self {
+    ///
+    /// `hint` is the previous solve's group of each class (same classes, same order): the first
+    /// pass then also checks and builds that grouping, and when the hashes find exactly it, the
+    /// second pass is skipped (the steady state of warm re-solves).
+    pub fn new(problem: &'a Problem, hint: Option<&[u32]>) -> Self {
         let n = problem.classes.len();
         let network = &problem.network_ms;
         let m = network.n_engines();
         let on: Vec<bool> = problem.classes.iter().map(|c| c.demand_rps > 0.0).collect();
+        let hinted: Option<Vec<usize>> = hint.filter(|h| h.len() == n).map(|h| {
+            let mut order: Vec<usize> = (0..n).filter(|&k| on[k]).collect();
+            order.sort_by_key(|&k| (h[k], k));
+            representatives(&order, |a, b| h[a] == h[b], n)
+        });
+        let hinted_reps: Vec<usize> =
+            hinted.as_ref().map_or(Vec::new(), |r| (0..n).filter(|&k| r[k] == k).collect());
+        let hinted_followers: Vec<usize> =
+            hinted.as_ref().map_or(Vec::new(), |r| (0..n).filter(|&k| r[k] != k).collect());
+        let mut hinted_values = Vec::with_capacity(if hinted.is_some() { hinted_reps.len() * m } else { 0 });
+        let mut hinted_ok = hinted.is_some();
         let mut hash = vec![0x243F_6A88_85A3_08D3u64; n];
         for j in 0..m {
-            for (h, v) in hash.iter_mut().zip(network.engine_column(j)) {
+            let column = network.engine_column(j);
+            for (h, v) in hash.iter_mut().zip(column) {
                 *h = (h.rotate_left(23) ^ v.to_bits()).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            }
+            if hinted_ok {
+                let rep = hinted.as_deref().unwrap_or(&[]);
+                hinted_ok = hinted_followers.iter().all(|&k| column[k].to_bits() == column[rep[k]].to_bits());
+                hinted_values.extend(hinted_reps.iter().map(|&k| column[k]));
             }
         }
         let mut order: Vec<usize> = (0..n).filter(|&k| on[k]).collect();
         order.sort_unstable_by_key(|&k| (hash[k], k));
-        // Representative (smallest index) of each class's run of equal hashes.
-        let mut rep: Vec<usize> = (0..n).collect();
-        let mut merged = 0usize;
-        for w in 0..order.len() {
-            if w > 0 && hash[order[w]] == hash[order[w - 1]] {
-                rep[order[w]] = rep[order[w - 1]];
-                merged += 1;
-            }
-        }
-        if merged == 0 {
+        let rep = representatives(&order, |a, b| hash[a] == hash[b], n);
+        if (0..n).all(|k| rep[k] == k) {
             return Self::identity(problem);
         }
-        // Groups numbered in the order of their representatives.
-        let mut class_group = vec![u32::MAX; n];
-        let mut reps = Vec::new();
-        for k in 0..n {
-            if rep[k] == k {
-                class_group[k] = reps.len() as u32;
-                reps.push(k);
-            }
+        if hinted_ok && hinted.as_deref() == Some(&rep[..]) {
+            return Self::from_reps(&rep, m, hinted_values);
         }
-        for k in 0..n {
-            class_group[k] = class_group[rep[k]];
-        }
-        let g_count = reps.len();
-        let mut values = Vec::with_capacity(g_count * m);
+        let reps: Vec<usize> = (0..n).filter(|&k| rep[k] == k).collect();
         let followers: Vec<usize> = (0..n).filter(|&k| rep[k] != k).collect();
+        let mut values = Vec::with_capacity(reps.len() * m);
         for j in 0..m {
             let column = network.engine_column(j);
             if followers.iter().any(|&k| column[k].to_bits() != column[rep[k]].to_bits()) {
@@ -79,6 +83,25 @@ impl<'a> Aggregation<'a> {
             }
             values.extend(reps.iter().map(|&k| column[k]));
         }
+        Self::from_reps(&rep, m, values)
+    }
+
+    /// The grouping where class k's group is that of its representative `rep[k]` (groups in the
+    /// order of their representatives), with the group matrix `values` (engine-major).
+    fn from_reps(rep: &[usize], m: usize, values: Vec<f64>) -> Self {
+        let n = rep.len();
+        let mut class_group = vec![u32::MAX; n];
+        let mut g_count = 0u32;
+        for k in 0..n {
+            if rep[k] == k {
+                class_group[k] = g_count;
+                g_count += 1;
+            }
+        }
+        for k in 0..n {
+            class_group[k] = class_group[rep[k]];
+        }
+        let g_count = g_count as usize;
         let mut member_start = vec![0usize; g_count + 1];
         for &g in &class_group {
             member_start[g as usize + 1] += 1;
@@ -120,6 +143,18 @@ impl<'a> Aggregation<'a> {
     }
 }
 
+/// For classes in `order` (sorted so that equal ones are adjacent, then by index), the smallest
+/// index of each class's run of equal ones; every other class is its own representative.
+fn representatives(order: &[usize], equal: impl Fn(usize, usize) -> bool, n: usize) -> Vec<usize> {
+    let mut rep: Vec<usize> = (0..n).collect();
+    for w in 1..order.len() {
+        if equal(order[w], order[w - 1]) {
+            rep[order[w]] = rep[order[w - 1]];
+        }
+    }
+    rep
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,7 +194,7 @@ mod tests {
             vec![Some(5.0), None, Some(7.000000001)],
         ];
         let p = problem(&rows, &[1.0, 2.0, 3.0, 4.0, 0.0, 5.0]);
-        let a = Aggregation::new(&p);
+        let a = Aggregation::new(&p, None);
         assert_eq!(a.n_groups(), 4);
         assert_eq!(a.class_group, vec![0, 0, 1, 0, 2, 3]);
         assert_eq!(a.members(0), &[0, 1, 3]);
@@ -169,10 +204,29 @@ mod tests {
     }
 
     #[test]
+    fn hints_never_change_the_grouping() {
+        let rows = vec![
+            vec![Some(5.0), None],
+            vec![Some(6.0), Some(1.0)],
+            vec![Some(5.0), None],
+            vec![Some(6.0), Some(1.0)],
+        ];
+        let p = problem(&rows, &[1.0, 2.0, 3.0, 4.0]);
+        let plain = Aggregation::new(&p, None);
+        assert_eq!(plain.class_group, vec![0, 1, 0, 1]);
+        // The right hint, a wrong one (merges different rows), one that misses a merge, a short one.
+        for hint in [vec![0, 1, 0, 1], vec![0, 0, 0, 0], vec![0, 1, 2, 3], vec![0]] {
+            let a = Aggregation::new(&p, Some(&hint));
+            assert_eq!(a.class_group, plain.class_group, "hint {hint:?}");
+            assert_eq!(a.network.to_rows(), plain.network.to_rows(), "hint {hint:?}");
+        }
+    }
+
+    #[test]
     fn distinct_rows_borrow_the_matrix() {
         let rows = vec![vec![Some(5.0), Some(6.0)], vec![Some(6.0), Some(5.0)]];
         let p = problem(&rows, &[1.0, 1.0]);
-        let a = Aggregation::new(&p);
+        let a = Aggregation::new(&p, None);
         assert!(matches!(a.network, Cow::Borrowed(_)));
         assert_eq!(a.n_groups(), 2);
     }

@@ -271,7 +271,7 @@ impl Pass {
             let (lo, hi) = (cand.start[j], cand.start[j + 1]);
             let curve = &model.curves[j];
             let k_j = model.capacity[j] / eps;
-            let q = solve_engine(
+            let (q, slope) = solve_engine(
                 curve,
                 k_j,
                 u,
@@ -301,7 +301,7 @@ impl Pass {
             engines_value += value;
             self.q[j] = q;
             self.load[j] = load;
-            self.slope[j] = curve.response(q).1;
+            self.slope[j] = slope;
         }
         self.shed.clear();
         self.shed.resize(n, 0.0);
@@ -376,13 +376,13 @@ fn solve_engine(
     prev: &[f64],
     hint: f64,
     scratch: &mut Vec<f64>,
-) -> f64 {
+) -> (f64, f64) {
     let base = curve.base_price();
     scratch.clear();
     scratch.extend((0..class.len()).map(|i| u[class[i] as usize] - net[i] + prev[i] / k_j));
     let top = scratch.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     if top <= base {
-        return base;
+        return (base, curve.response(base).1);
     }
     // Only classes within cap/k_j (= ερ) of the best can get flow: x_top = k_j (top − q) ≤ cap.
     // Dropping the rest first keeps the sort short when many classes tie at an engine's window.
@@ -409,7 +409,7 @@ fn solve_engine(
         let (y, dy) = curve.response(q);
         let value = y - k_j * (sum - count * q);
         if value.abs() <= tolerance {
-            return q;
+            return (q, dy);
         }
         if value < 0.0 {
             lo = q;
@@ -422,5 +422,5 @@ fn solve_engine(
             break;
         }
     }
-    q
+    (q, curve.response(q).1)
 }

@@ -66,8 +66,23 @@ pub fn solve(
     warm: Option<&WarmStart>,
     options: &SolverOptions,
 ) -> Result<(Solution, WarmStart), ProblemError> {
-    problem.validate()?;
-    let groups = Aggregation::new(problem);
+    let same_ids = warm.is_some_and(|w| {
+        w.class_ids.len() == problem.classes.len()
+            && w.engine_ids.len() == problem.engines.len()
+            && w.class_ids.iter().zip(&problem.classes).all(|(a, b)| *a == b.id)
+            && w.engine_ids.iter().zip(&problem.engines).all(|(a, b)| *a == b.id)
+    });
+    if same_ids {
+        problem.validate_values()?;
+    } else {
+        problem.validate()?;
+    }
+    let same_classes = warm.is_some_and(|w| {
+        w.class_ids.len() == problem.classes.len()
+            && w.class_ids.iter().zip(&problem.classes).all(|(a, b)| *a == b.id)
+    });
+    let hint = warm.filter(|_| same_classes).map(|w| &w.class_group[..]);
+    let groups = Aggregation::new(problem, hint);
     let model = Model::new(problem, &groups);
     let scale = price_scale(&model);
     let mapped = warm.map(|w| map_warm_start(problem, &model, &groups, w));
@@ -108,6 +123,9 @@ pub fn solve(
     };
     Ok((solution, warm))
 }
+
+/// Relative demand residual to which a stage that only prepares the next ε is solved.
+const STAGE_TOLERANCE: f64 = 1e-3;
 
 /// Relative demand residual at which a stage is first certified.
 const LOOSE_TOLERANCE: f64 = 1e-5;
@@ -198,21 +216,32 @@ impl<'m, 'p> Run<'m, 'p> {
         let eps_min = 1e-6 * self.scale;
         let mut eps = eps_start;
         let mut best_eps = eps;
-        let mut tolerance = LOOSE_TOLERANCE;
+        let mut tolerance = STAGE_TOLERANCE;
+        let mut pass_eps = f64::NAN;
         self.cand.rebuild(self.model, &self.u, self.width(eps), &self.prev);
         self.rebuilds += 1;
         loop {
             if !Self::lists_valid(&self.cand, &self.u, eps, rho) || self.cand.width > 4.0 * self.width(eps) {
                 self.cand.rebuild(self.model, &self.u, self.width(eps), &self.prev);
                 self.rebuilds += 1;
+                pass_eps = f64::NAN;
             }
-            self.pass.run(self.model, &self.cand, &self.u, eps);
-            self.passes += 1;
+            // The pass is current unless ε or the lists changed (Newton keeps it in step with u).
+            if pass_eps != eps {
+                self.pass.run(self.model, &self.cand, &self.u, eps);
+                self.passes += 1;
+                pass_eps = eps;
+            }
             self.newton(eps, tolerance);
             let out_of_steps = self.steps >= self.options.max_newton_steps;
             let smoothing = self.pass.smoothing / self.pass.dual.abs().max(1e-300);
             if smoothing > 2.0 * target && eps > eps_min && !out_of_steps && self.best.is_none() {
                 eps = (eps / (smoothing / (0.5 * target)).clamp(2.0, 50.0)).max(eps_min);
+                tolerance = STAGE_TOLERANCE;
+                continue;
+            }
+            if tolerance > LOOSE_TOLERANCE && !out_of_steps {
+                tolerance = LOOSE_TOLERANCE;
                 continue;
             }
             let repaired =
@@ -235,7 +264,7 @@ impl<'m, 'p> Run<'m, 'p> {
             } else {
                 let factor = (smoothing / (0.5 * target)).clamp(2.0, 50.0);
                 eps = (eps / factor).max(eps_min);
-                tolerance = LOOSE_TOLERANCE;
+                tolerance = STAGE_TOLERANCE;
             }
         }
         let (repaired, cand, q) = self.best.take().expect("the loop stores a solution before leaving");
