@@ -216,14 +216,12 @@ impl Problem {
 
     /// Checks every number and shape; the solver calls this first.
     pub fn validate(&self) -> Result<(), ProblemError> {
-        self.validate_values()?;
-        check_unique("class", self.classes.iter().map(|c| c.id.as_str()))?;
-        check_unique("engine", self.engines.iter().map(|e| e.id.as_str()))
+        self.validate_with(true)
     }
 
-    /// Everything [`Self::validate`] checks except that ids are unique (the solver skips that
-    /// sort when the ids are exactly those of its previous, validated, problem).
-    pub(crate) fn validate_values(&self) -> Result<(), ProblemError> {
+    /// [`Self::validate`], optionally without checking that ids are unique (the solver skips
+    /// that sort when the ids are exactly those of its previous, validated, problem).
+    pub(crate) fn validate_with(&self, check_ids: bool) -> Result<(), ProblemError> {
         if !(self.rho > 0.0 && self.rho <= 1.0) {
             return Err(ProblemError::Rho(self.rho));
         }
@@ -265,6 +263,10 @@ impl Problem {
                     }
                 }
             }
+        }
+        if check_ids {
+            check_unique("class", self.classes.iter().map(|c| c.id.as_str()))?;
+            check_unique("engine", self.engines.iter().map(|e| e.id.as_str()))?;
         }
         if self.network_ms.n_classes != self.classes.len() {
             return Err(ProblemError::NetworkRows {

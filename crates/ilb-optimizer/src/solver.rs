@@ -72,11 +72,7 @@ pub fn solve(
             && w.class_ids.iter().zip(&problem.classes).all(|(a, b)| *a == b.id)
             && w.engine_ids.iter().zip(&problem.engines).all(|(a, b)| *a == b.id)
     });
-    if same_ids {
-        problem.validate_values()?;
-    } else {
-        problem.validate()?;
-    }
+    problem.validate_with(!same_ids)?;
     let same_classes = warm.is_some_and(|w| {
         w.class_ids.len() == problem.classes.len()
             && w.class_ids.iter().zip(&problem.classes).all(|(a, b)| *a == b.id)
