@@ -1,4 +1,5 @@
-//! Solves one generated instance cold, then warm many times (for profilers): `profile_one N M`.
+//! Solves one generated instance cold, then warm many times (for profilers):
+//! `profile_one N M [REPEATS] [overloaded]`.
 use ilb_optimizer::gen::{generate, perturb_demand, GenConfig};
 use ilb_optimizer::{solve, SolverOptions};
 
@@ -10,7 +11,12 @@ fn clock() -> std::time::Instant {
 fn main() {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let (n, m) = (args.first().copied().unwrap_or(100), args.get(1).copied().unwrap_or(5000));
-    let p = generate(&GenConfig::new(n, m, 1));
+    let overloaded = std::env::args().any(|a| a == "overloaded");
+    let p = if overloaded {
+        generate(&GenConfig::new(n, m, 2).overloaded())
+    } else {
+        generate(&GenConfig::new(n, m, 1))
+    };
     let start = clock();
     let (s, w) = solve(&p, None, &SolverOptions::default()).expect("valid");
     let cold_ms = start.elapsed().as_secs_f64() * 1e3;

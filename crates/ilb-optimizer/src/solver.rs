@@ -228,7 +228,7 @@ impl<'m, 'p> Run<'m, 'p> {
                 self.passes += 1;
                 pass_eps = eps;
             }
-            self.newton(eps, tolerance);
+            let converged = self.newton(eps, tolerance);
             let out_of_steps = self.steps >= self.options.max_newton_steps;
             let smoothing = self.pass.smoothing / self.pass.dual.abs().max(1e-300);
             if smoothing > 2.0 * target && eps > eps_min && !out_of_steps && self.best.is_none() {
@@ -236,7 +236,7 @@ impl<'m, 'p> Run<'m, 'p> {
                 tolerance = STAGE_TOLERANCE;
                 continue;
             }
-            if tolerance > LOOSE_TOLERANCE && !out_of_steps {
+            if tolerance > LOOSE_TOLERANCE && !out_of_steps && converged {
                 tolerance = LOOSE_TOLERANCE;
                 continue;
             }
@@ -254,7 +254,7 @@ impl<'m, 'p> Run<'m, 'p> {
             if gap <= target || eps <= eps_min || out_of_steps {
                 break;
             }
-            if self.pass.residual > FINE_TOLERANCE {
+            if self.pass.residual > FINE_TOLERANCE && converged {
                 // Not converged enough for the certificate: tighten first.
                 tolerance = (self.pass.residual * 0.01).max(FINE_TOLERANCE);
             } else {
@@ -270,12 +270,19 @@ impl<'m, 'p> Run<'m, 'p> {
     }
 
     /// Newton iterations at fixed ε until the demand residual is small.
-    fn newton(&mut self, eps: f64, tolerance: f64) {
+    ///
+    /// Returns false when it stalls instead (steps cut to almost nothing twice in a row, as at a
+    /// kink of the dual); the caller then certifies what it has, which is often good enough.
+    fn newton(&mut self, eps: f64, tolerance: f64) -> bool {
         let n = self.model.n_classes();
         let rho = self.model.rho;
         let mut delta = vec![0.0; n];
         let mut u_trial = vec![0.0; n];
+        let mut short_steps = 0;
         while self.pass.residual > tolerance && self.steps < self.options.max_newton_steps {
+            if short_steps >= 2 && self.pass.residual <= STAGE_TOLERANCE {
+                return false;
+            }
             self.steps += 1;
             self.hessian.clear();
             self.hessian.resize(n * n, 0.0);
@@ -366,9 +373,11 @@ impl<'m, 'p> Run<'m, 'p> {
                 t = if secant.is_finite() { secant.clamp(0.05 * t, 0.9 * t) } else { 0.5 * t };
             }
             if !accepted {
-                break;
+                return false;
             }
+            short_steps = if t < 0.02 { short_steps + 1 } else { 0 };
         }
+        true
     }
 
     /// For classes where the dual is locally linear (no flow, or only flow to saturated engines

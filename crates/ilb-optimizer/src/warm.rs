@@ -39,7 +39,11 @@ pub(crate) fn cold_prices(model: &Model) -> Vec<f64> {
             lo = hi;
             hi *= 2.0;
         }
+        // A starting point only: 1e-4 relative is far below what the first stage corrects.
         for _ in 0..60 {
+            if hi - lo <= 1e-4 * hi {
+                break;
+            }
             let mid = 0.5 * (lo + hi);
             if supply(mid) < demand(mid) {
                 lo = mid;
