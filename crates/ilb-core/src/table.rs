@@ -12,6 +12,17 @@ use std::collections::HashMap;
 /// Probes of the slot table before falling back to a scan of all candidates.
 pub const MAX_PROBES: u32 = 24;
 
+/// An engine may hold up to (1 + ε) times its weighted share of its class's in-flight requests
+/// before keys walk on to the next candidate (consistent hashing with bounded loads).
+pub const LOAD_BOUND: f64 = 1.25;
+
+/// Whether a candidate with `in_flight` requests and normalised `weight` is within its load
+/// bound for one more request of a class with `class_in_flight` in flight. Hot path.
+#[inline]
+pub fn within_load_bound(in_flight: f64, weight: f64, class_in_flight: f64) -> bool {
+    in_flight < (LOAD_BOUND * weight * (class_in_flight + 1.0)).ceil()
+}
+
 /// The immutable routing table for one cluster.
 #[derive(Debug)]
 pub struct RoutingTable {

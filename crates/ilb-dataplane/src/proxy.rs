@@ -12,7 +12,7 @@ use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use ilb_core::classify::{self, Endpoint, Priority};
-use ilb_core::table::{ClassTable, Constraints, ModelTable};
+use ilb_core::table::{within_load_bound, ClassTable, Constraints, ModelTable};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -291,8 +291,7 @@ pub(crate) fn choose(
     let bounded = |candidate: usize| {
         let c = &class.candidates[candidate];
         let in_flight = installed.engines[c.engine_idx].in_flight.load(Relaxed) as f64;
-        let bound = (LOAD_BOUND * c.weight * (class_load + 1.0)).ceil();
-        in_flight < bound && healthy(candidate) && has_room(candidate)
+        within_load_bound(in_flight, c.weight, class_load) && healthy(candidate) && has_room(candidate)
     };
     if let Some(p) =
         class.pick(key_hash, bounded).or_else(|| class.pick(key_hash, |c| healthy(c) && has_room(c)))
@@ -305,10 +304,6 @@ pub(crate) fn choose(
         Err(NoCandidate::Unavailable)
     }
 }
-
-/// An engine may hold up to (1 + ε) times its weighted share of the class's in-flight requests
-/// before keys walk on to the next candidate (consistent hashing with bounded loads).
-pub const LOAD_BOUND: f64 = 1.25;
 
 async fn read_body(shared: &Shared, headers: &HeaderMap, body: Incoming) -> Result<Bytes, ProxyError> {
     let limit = shared.config.max_body_bytes;

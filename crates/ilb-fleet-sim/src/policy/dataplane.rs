@@ -12,11 +12,6 @@ use rand::Rng;
 use rand_pcg::Pcg64Mcg;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-/// An engine may hold up to this many times its weighted share of the class's in-flight
-/// requests before keys walk on: the same constant as `ilb_dataplane::proxy::LOAD_BOUND`
-/// (the data plane crate is an async proxy, so the simulator does not depend on it).
-pub const LOAD_BOUND: f64 = 1.25;
-
 struct Installed {
     table: RoutingTable,
     /// Table engine index → simulator engine index.
@@ -132,7 +127,7 @@ impl DataPlanes {
             let cand = &class.candidates[candidate];
             let j = installed.engine_map[cand.engine_idx];
             let in_flight = f64::from(load.cluster_in_flight[c * n + j]);
-            in_flight < (LOAD_BOUND * cand.weight * (class_load + 1.0)).ceil() && usable(candidate)
+            ilb_core::table::within_load_bound(in_flight, cand.weight, class_load) && usable(candidate)
         };
         match class.pick(key_hash, bounded).or_else(|| class.pick(key_hash, usable)) {
             Some(picked) => {

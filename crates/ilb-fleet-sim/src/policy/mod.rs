@@ -12,7 +12,6 @@ mod feedback;
 mod ilb;
 
 pub use baseline::Baseline;
-pub use dataplane::LOAD_BOUND;
 pub use feedback::Feedback;
 pub use ilb::Ilb;
 
