@@ -124,7 +124,7 @@ pub fn solve(
 const STAGE_TOLERANCE: f64 = 1e-3;
 
 /// Relative demand residual at which a stage is first certified.
-const LOOSE_TOLERANCE: f64 = 1e-5;
+const LOOSE_TOLERANCE: f64 = 1e-4;
 
 /// The tightest residual a stage is driven to before ε shrinks instead.
 const FINE_TOLERANCE: f64 = 1e-10;
