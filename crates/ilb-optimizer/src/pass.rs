@@ -390,15 +390,32 @@ fn solve_engine(
     scratch.retain(|&r| r > floor);
     scratch.sort_unstable_by(|a, b| b.total_cmp(a));
     // Find m ≥ 1 with the root in [max(r_m, base), r_{m−1}] (r sorted descending, r_len = −∞).
-    let mut sum = scratch[0];
-    let mut m = 1;
-    while m < scratch.len() && scratch[m] > base {
-        let q = scratch[m];
-        if curve.response(q).0 - k_j * (sum - m as f64 * q) <= 0.0 {
-            break;
+    // φ(q) = Y(q) − k_j·Σ_{i<m}(r_i − q) is increasing, so the piece is found by walking the
+    // breakpoints; the walk starts at the hint's piece (the previous pass's price), where the
+    // root usually still is, instead of at the top: one curve evaluation instead of one per class.
+    let phi = |q: f64, m: usize, sum: f64| curve.response(q).0 - k_j * (sum - m as f64 * q);
+    let (mut m, mut sum) = (1, scratch[0]);
+    if hint > base && hint < scratch[0] {
+        while m < scratch.len() && scratch[m] > hint {
+            sum += scratch[m];
+            m += 1;
         }
-        sum += scratch[m];
-        m += 1;
+        if phi(hint, m, sum) > 0.0 {
+            while m < scratch.len() && scratch[m] > base && phi(scratch[m], m, sum) > 0.0 {
+                sum += scratch[m];
+                m += 1;
+            }
+        } else {
+            while m > 1 && phi(scratch[m - 1], m, sum) < 0.0 {
+                m -= 1;
+                sum -= scratch[m];
+            }
+        }
+    } else {
+        while m < scratch.len() && scratch[m] > base && phi(scratch[m], m, sum) > 0.0 {
+            sum += scratch[m];
+            m += 1;
+        }
     }
     let count = m as f64;
     let mut lo = if m < scratch.len() { scratch[m].max(base) } else { base };
