@@ -116,20 +116,26 @@ pub(crate) fn repair(
     if !short.is_empty() {
         // Class → entries index, only needed when some class is short.
         let mut by_class: Vec<Vec<(f64, usize, usize)>> = vec![Vec::new(); n];
-        let mut is_short = vec![false; n];
+        // Only entries cheaper than the largest marginal penalty a class can reach (the one at
+        // its current shortfall; topping up only lowers it) and with spare capacity can be used.
+        let mut threshold = vec![f64::NEG_INFINITY; n];
         for &k in &short {
-            is_short[k] = true;
+            threshold[k] = model.marginal_penalty(k, shed[k] + missing[k]);
         }
         for j in 0..m {
+            if load[j] >= model.curves[j].cap() {
+                continue;
+            }
             for e in cand.start[j]..cand.start[j + 1] {
                 let k = cand.class[e] as usize;
-                if is_short[k] {
-                    by_class[k].push((cand.net[e] + pass.q[j], j, e));
+                let price = cand.net[e] + pass.q[j];
+                if price < threshold[k] {
+                    by_class[k].push((price, j, e));
                 }
             }
         }
         for &k in &short {
-            let mut missing = model.demand[k] - shed[k] - x_sum(&x, &by_class[k]);
+            let mut missing = missing[k];
             by_class[k].sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
             for &(price, j, e) in &by_class[k] {
                 if missing <= 0.0 || price >= model.marginal_penalty(k, shed[k] + missing) {
@@ -155,10 +161,6 @@ pub(crate) fn repair(
     }
     let lower_bound = lower_bound(model, cand, pass, u, eps);
     Repaired { x, shed, load, objective, lower_bound }
-}
-
-fn x_sum(x: &[f64], entries: &[(f64, usize, usize)]) -> f64 {
-    entries.iter().map(|&(_, _, e)| x[e]).sum()
 }
 
 /// The Lagrangian bound at engine prices p = q:
