@@ -19,7 +19,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run engines, data planes and a traffic generator in one process on loopback.
+    /// Run engines, the control plane, data planes and conversation traffic in one process on loopback.
     Demo(cmd::demo::DemoArgs),
     /// Run the global control plane: signals, optimizer, published snapshots.
     ControlPlane(cmd::control_plane::ControlPlaneArgs),
