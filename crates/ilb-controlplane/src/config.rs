@@ -62,6 +62,46 @@ pub struct ControlPlaneSettings {
     pub token: String,
     /// `[control_plane.outliers]`: detection of outlier engines and their penalties.
     pub outliers: OutlierSettings,
+    /// Measured latency curves by profile name: `[control_plane.measured_curves.NAME]` with
+    /// `ttft_curve` and/or `tbot_curve`, each `[[load_rps_per_replica, latency_ms], …]` (at
+    /// least 2 points, loads strictly increasing, TBOT in ms per token). A given curve replaces
+    /// the profile's queueing curve of that signal when planning, because a real engine's curve
+    /// (TBOT especially) is often not queueing-shaped; the queueing curve still serves as the
+    /// offline reference for outlier detection. Default: none.
+    pub measured_curves: BTreeMap<String, MeasuredCurves>,
+}
+
+/// Measured latency curves of one hardware profile, points `[load_rps_per_replica, latency_ms]`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MeasuredCurves {
+    /// Mean time to first token, ms, by per-replica load, req/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_curve: Option<Vec<[f64; 2]>>,
+    /// Mean time between output tokens, ms, by per-replica load, req/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tbot_curve: Option<Vec<[f64; 2]>>,
+}
+
+impl MeasuredCurves {
+    /// Finite non-negative points, at least two, loads strictly increasing; `field` prefixes errors.
+    fn validate(&self, field: &str) -> Result<(), ConfigError> {
+        for (name, curve) in [("ttft_curve", &self.ttft_curve), ("tbot_curve", &self.tbot_curve)] {
+            let Some(points) = curve else { continue };
+            if points.len() < 2 {
+                return err(format!("{field}.{name}: needs at least 2 points"));
+            }
+            for (i, &[load, ms]) in points.iter().enumerate() {
+                if !(load.is_finite() && ms.is_finite() && load >= 0.0 && ms >= 0.0) {
+                    return err(format!("{field}.{name}[{i}]: must be non-negative numbers"));
+                }
+                if i > 0 && load <= points[i - 1][0] {
+                    return err(format!("{field}.{name}[{i}]: loads must be strictly increasing"));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Default for ControlPlaneSettings {
@@ -88,6 +128,7 @@ impl Default for ControlPlaneSettings {
             demand_floor_rps: 0.1,
             token: String::new(),
             outliers: OutlierSettings::default(),
+            measured_curves: BTreeMap::new(),
         }
     }
 }
@@ -450,6 +491,13 @@ impl FleetConfig {
             if p.capacity_rps <= 0.0 {
                 return err(format!("profiles.{name}.capacity_rps: must be positive"));
             }
+        }
+        for (name, curves) in &cp.measured_curves {
+            let field = format!("control_plane.measured_curves.{name}");
+            if !self.profiles.contains_key(name) {
+                return err(format!("{field}: unknown profile '{name}'"));
+            }
+            curves.validate(&field)?;
         }
         if self.engines.is_empty() {
             return err("engines: at least one engine is needed");

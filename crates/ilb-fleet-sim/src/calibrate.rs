@@ -9,9 +9,13 @@
 //!    lengths and the prefix-cache hit rate `h` (sessions stay on the one engine);
 //! 2. capacity is the engine model's own closed-form estimate,
 //!    `HardwareProfile::capacity_rps(P·(1 − h), O)` per replica (computed prompt tokens);
-//! 3. seven runs at 30 % … 92 % of that capacity measure mean TTFT and mean time between tokens;
-//! 4. `t0` and `b` are fitted to them by the control plane's own least-squares fit
-//!    (`fit_queueing`, without a prior), weighted by the 8th power of the load fraction.
+//! 3. eight runs at 30 % … 95 % of that capacity measure mean TTFT and mean time between tokens;
+//! 4. the measured points themselves become the profile's measured curves (per replica), which
+//!    the control plane plans with: the engine model's TBOT in particular is not
+//!    queueing-shaped, and one queueing curve misses it by several per cent at 85–90 % load;
+//! 5. `t0` and `b` are still fitted to them by the control plane's own least-squares fit
+//!    (`fit_queueing`, without a prior), weighted by the 8th power of the load fraction: the
+//!    queueing profile is the offline reference for outlier detection.
 //!
 //! Every run is this simulator with the `round-robin` policy over a one-engine fleet.
 
@@ -21,13 +25,14 @@ use crate::scenario::{
 };
 use crate::sim::{self, RunSpec};
 use crate::SimError;
+use ilb_controlplane::config::MeasuredCurves;
 use ilb_controlplane::profile::{fit_queueing, LatencyProfile, Observation, QueueingPrior};
 use ilb_engine_sim::HardwareProfile;
 use serde::Serialize;
 
 /// Fractions of capacity measured.
 /// Denser near the top, where a planned fleet runs (the optimizer loads engines to 85–95 %).
-const LOADS: [f64; 7] = [0.3, 0.5, 0.65, 0.75, 0.82, 0.88, 0.92];
+const LOADS: [f64; 8] = [0.3, 0.5, 0.65, 0.75, 0.82, 0.88, 0.92, 0.95];
 
 /// A calibrated control-plane profile for one hardware type (and replica count).
 #[derive(Clone, Debug, Serialize)]
@@ -45,6 +50,28 @@ pub struct Calibration {
     pub mean_output_tokens: f64,
     /// Measured (load rps, mean TTFT ms, mean TBOT ms).
     pub points: Vec<(f64, f64, f64)>,
+}
+
+impl Calibration {
+    /// The measured (load rps per replica, mean TTFT ms) and (…, mean TBOT ms) curves, for the
+    /// control plane's `measured_curves`; a curve is `None` unless it has two points.
+    pub fn curves(&self) -> MeasuredCurves {
+        let replicas = f64::from(self.replicas.max(1));
+        let curve = |latency: fn(&(f64, f64, f64)) -> f64| {
+            let mut points: Vec<[f64; 2]> = Vec::with_capacity(self.points.len());
+            for p in &self.points {
+                let point = [p.0 / replicas, latency(p)];
+                // Completed-request rates of neighbouring runs can cross; keep loads increasing.
+                if point.iter().all(|v| v.is_finite() && *v >= 0.0)
+                    && points.last().is_none_or(|last| point[0] > last[0])
+                {
+                    points.push(point);
+                }
+            }
+            (points.len() >= 2).then_some(points)
+        };
+        MeasuredCurves { ttft_curve: curve(|p| p.1), tbot_curve: curve(|p| p.2) }
+    }
 }
 
 pub fn key(hardware: &str, profile: &HardwareProfile) -> String {

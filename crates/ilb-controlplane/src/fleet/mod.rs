@@ -290,14 +290,29 @@ impl Fleet {
 
     /// The latency curve the optimizer minimises for engine `idx`: the offline TTFT profile
     /// refined by the observed (load, TTFT) pairs, combined with TBOT per the objective.
+    /// A measured curve (`control_plane.measured_curves`) replaces the queueing profile of its
+    /// signal, without refinement: it already is what the engine does.
     pub fn latency_profile(&self, idx: usize) -> LatencyProfile {
         let e = &self.config.engines[idx];
         let p = &self.config.profiles[&e.profile];
         let capacity = self.nominal_capacity(idx);
-        let observations: Vec<Observation> = self.engines[idx].observations.iter().map(|(_, o)| *o).collect();
-        let prior = QueueingPrior { t0_ms: p.ttft_t0_ms, b_ms: p.ttft_b_ms, weight: PRIOR_WEIGHT };
-        let ttft = fit_queueing(prior, capacity, &observations);
-        let tbot = LatencyProfile::Queueing { t0_ms: p.tbot_t0_ms, b_ms: p.tbot_b_ms };
+        let curves = self.config.control_plane.measured_curves.get(&e.profile);
+        // Curves are per replica; the engine's replicas share its load evenly.
+        let replicas = f64::from(e.replicas.max(1));
+        let measured = |curve: Option<&Vec<[f64; 2]>>| {
+            curve.map(|points| {
+                LatencyProfile::Piecewise(points.iter().map(|&[load, ms]| (load * replicas, ms)).collect())
+                    .convexified()
+            })
+        };
+        let ttft = measured(curves.and_then(|c| c.ttft_curve.as_ref())).unwrap_or_else(|| {
+            let observations: Vec<Observation> =
+                self.engines[idx].observations.iter().map(|(_, o)| *o).collect();
+            let prior = QueueingPrior { t0_ms: p.ttft_t0_ms, b_ms: p.ttft_b_ms, weight: PRIOR_WEIGHT };
+            fit_queueing(prior, capacity, &observations)
+        });
+        let tbot = measured(curves.and_then(|c| c.tbot_curve.as_ref()))
+            .unwrap_or(LatencyProfile::Queueing { t0_ms: p.tbot_t0_ms, b_ms: p.tbot_b_ms });
         combine(&ttft, &tbot, self.config.objective(), capacity)
     }
 
