@@ -290,6 +290,11 @@ pub struct ControlSpec {
     /// Seconds between time-series samples (plots, weight churn, oscillation). Default: the
     /// solve period.
     pub sample_period_s: Option<f64>,
+    /// Plan with the calibration's measured latency points as piecewise curves
+    /// (`control_plane.measured_curves`) instead of the fitted queueing shape. Default false:
+    /// on `global-day` the kinked curves raised weight churn and oscillation more than they
+    /// improved the steady-state prediction on `three-regions` (8.5 % → 7.4 % error).
+    pub measured_curves: bool,
 }
 
 impl Default for ControlSpec {
@@ -305,6 +310,7 @@ impl Default for ControlSpec {
             shed_penalty_ms: ilb_controlplane::config::ControlPlaneSettings::default().shed_penalty_ms,
             calibration_s: 60.0,
             sample_period_s: None,
+            measured_curves: false,
         }
     }
 }
