@@ -11,7 +11,7 @@ use crate::profile::LatencyProfile;
 use ilb_core::snapshot::{ClassRoutes, EngineEntry, EngineWeight, ModelRoutes, Snapshot, FORMAT};
 use ilb_core::{ClassId, ClusterId, EngineId, ModelName, SnapshotVersion};
 use ilb_optimizer::{Class, Engine, Latency, NetworkMatrix, Problem, Solution};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// One model's problem and how its indices map back to the fleet.
 #[derive(Clone, Debug)]
@@ -151,7 +151,7 @@ pub fn snapshots(
     let utilisation = if capacity > 0.0 { (planned_load / capacity).clamp(0.0, 1.0) } else { 1.0 };
     let mut out = BTreeMap::new();
     for cluster in &config.clusters {
-        let mut engines_used: BTreeMap<usize, ()> = BTreeMap::new();
+        let mut engines_used: BTreeSet<usize> = BTreeSet::new();
         let mut models = Vec::new();
         for (plan, solution) in plans.iter().zip(solutions) {
             let mut classes = Vec::new();
@@ -164,7 +164,7 @@ pub fn snapshots(
                         Some(_) => routes.iter().find(|r| r.engine == j).map_or(0.0, |r| r.weight),
                         None => plan.capacity_rps[j],
                     };
-                    engines_used.insert(fleet_idx, ());
+                    engines_used.insert(fleet_idx);
                     weights.push(EngineWeight {
                         engine: EngineId::new(&config.engines[fleet_idx].id),
                         weight,
@@ -195,7 +195,7 @@ pub fn snapshots(
             }
         }
         let engines = engines_used
-            .keys()
+            .iter()
             .map(|&j| {
                 let e = &config.engines[j];
                 EngineEntry {

@@ -36,28 +36,6 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-impl Shared {
-    /// Installs a snapshot, logging the outcome (not on the request path).
-    pub fn install(&self, snapshot: &Snapshot) -> Result<(), InstallError> {
-        let expected = self.config.cluster.as_ref().map(|c| c.as_str());
-        let installed = match self.routing.install(snapshot, expected, clock::unix_ms()) {
-            Ok(installed) => installed,
-            Err(e) => {
-                self.snapshot_rejections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                return Err(e);
-            }
-        };
-        self.snapshot_installs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        tracing::debug!(
-            version = %installed.table.version,
-            engines = installed.table.engines.len(),
-            models = installed.table.model_names().len(),
-            "snapshot installed"
-        );
-        Ok(())
-    }
-}
-
 /// A running data plane.
 pub struct DataPlane {
     shared: Arc<Shared>,

@@ -180,7 +180,8 @@ async fn forward(
         if shared.config.create_traceparent && !parts.headers.contains_key(TRACEPARENT) {
             upstream.headers_mut().insert(TRACEPARENT, traceparent(shared.trace_seed, request_id));
         }
-        let engine = installed.table.engines[engine_idx].id.to_string();
+        // Named in errors only: built on the failure paths, not per attempt.
+        let engine_id = || installed.table.engines[engine_idx].id.to_string();
         match tokio::time::timeout(shared.config.timeouts.first_byte, shared.client.request(upstream)).await {
             Ok(Ok(response)) => {
                 in_flight.first_byte();
@@ -188,8 +189,8 @@ async fn forward(
                 if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
                     // 429 means busy, not broken: retry elsewhere but do not count it against the engine.
                     in_flight.finish(status == StatusCode::TOO_MANY_REQUESTS);
-                    last_error =
-                        Some(ProxyError::EngineFailed { engine, detail: format!("status {status}") });
+                    let detail = format!("status {status}");
+                    last_error = Some(ProxyError::EngineFailed { engine: engine_id(), detail });
                     last_response = Some((response, in_flight));
                 } else {
                     class_state.ok.fetch_add(1, Relaxed);
@@ -199,13 +200,13 @@ async fn forward(
             }
             Ok(Err(e)) => {
                 in_flight.finish(false);
-                last_error = Some(ProxyError::EngineFailed { engine, detail: error_chain(&e) });
+                last_error = Some(ProxyError::EngineFailed { engine: engine_id(), detail: error_chain(&e) });
                 last_response = None;
             }
             Err(_elapsed) => {
                 in_flight.finish(false);
                 let timeout_ms = shared.config.timeouts.first_byte.as_millis() as u64;
-                last_error = Some(ProxyError::EngineTimeout { engine, timeout_ms });
+                last_error = Some(ProxyError::EngineTimeout { engine: engine_id(), timeout_ms });
                 last_response = None;
             }
         }
@@ -380,23 +381,28 @@ fn build_upstream(
     *request.method_mut() = Method::POST;
     *request.uri_mut() = target;
     let out = request.headers_mut();
-    out.reserve(headers.len());
-    for (name, value) in headers {
-        if !is_hop_by_hop(name, headers) && name != header::HOST && name != header::CONTENT_LENGTH {
-            out.append(name.clone(), value.clone());
-        }
-    }
+    *out = headers.clone();
+    strip_hop_by_hop(out);
+    // hyper sets both for the engine's connection and body.
+    out.remove(header::HOST);
+    out.remove(header::CONTENT_LENGTH);
     Ok(request)
 }
 
-/// Hop-by-hop: the fixed list, plus any header the message's own `Connection` header names
-/// (RFC 9110 §7.6.1).
-fn is_hop_by_hop(name: &HeaderName, headers: &HeaderMap) -> bool {
-    HOP_BY_HOP.contains(name)
-        || headers.get_all(header::CONNECTION).iter().any(|v| {
-            v.to_str()
-                .is_ok_and(|v| v.split(',').any(|token| token.trim().eq_ignore_ascii_case(name.as_str())))
-        })
+/// Removes hop-by-hop headers, in either direction: the fixed list, plus any header the
+/// message's own `Connection` header names (RFC 9110 §7.6.1). Allocates only when a
+/// `Connection` header names something.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+        .collect();
+    for name in HOP_BY_HOP.iter().chain(&named) {
+        headers.remove(name);
+    }
 }
 
 fn route_header(
@@ -431,11 +437,7 @@ fn stream_back(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ct| ct.starts_with("text/event-stream"));
-    let connection_named: Vec<HeaderName> =
-        parts.headers.keys().filter(|name| is_hop_by_hop(name, &parts.headers)).cloned().collect();
-    for name in connection_named {
-        parts.headers.remove(name);
-    }
+    strip_hop_by_hop(&mut parts.headers);
     parts.headers.insert(HeaderName::from_static(ROUTE_HEADER), route);
     let body = UpstreamBody::new(body, shared.config.timeouts.idle, sse, in_flight);
     Response::from_parts(parts, ProxyBody::Upstream(Box::new(body)))

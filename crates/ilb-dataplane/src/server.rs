@@ -5,7 +5,7 @@ use crate::body::ProxyBody;
 use crate::config::DataPlaneConfig;
 use crate::engines::EngineState;
 use crate::error::ProxyError;
-use crate::state::RoutingState;
+use crate::state::{InstallError, RoutingState};
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
@@ -13,6 +13,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use ilb_core::classify::Endpoint;
+use ilb_core::snapshot::Snapshot;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -61,6 +62,26 @@ impl Shared {
             snapshot_rejections: AtomicU64::new(0),
             trace_seed: ilb_core::slots::mix(crate::clock::unix_ms() ^ u64::from(std::process::id()) << 32),
         }
+    }
+
+    /// Installs a snapshot, logging the outcome (not on the request path).
+    pub fn install(&self, snapshot: &Snapshot) -> Result<(), InstallError> {
+        let expected = self.config.cluster.as_ref().map(|c| c.as_str());
+        let installed = match self.routing.install(snapshot, expected, crate::clock::unix_ms()) {
+            Ok(installed) => installed,
+            Err(e) => {
+                self.snapshot_rejections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                return Err(e);
+            }
+        };
+        self.snapshot_installs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::debug!(
+            version = %installed.table.version,
+            engines = installed.table.engines.len(),
+            models = installed.table.model_names().len(),
+            "snapshot installed"
+        );
+        Ok(())
     }
 
     /// Milliseconds since this data plane started (monotonic).

@@ -87,23 +87,32 @@ pub fn addr(port: u16) -> SocketAddr {
     SocketAddr::from((Ipv4Addr::LOCALHOST, port))
 }
 
+/// Starts the demo's `index`-th simulated engine, on port `port_base + 2000 + index`.
+pub(crate) async fn spawn_engine(
+    args: &DemoArgs,
+    index: usize,
+    id: &str,
+    model: &str,
+    profile: HardwareProfile,
+) -> anyhow::Result<EngineHandle> {
+    let config = EngineConfig {
+        id: ilb_core::EngineId::new(id),
+        model: ilb_core::ModelName::new(model),
+        profile,
+        latency: true,
+        seed: index as u64,
+        ..EngineConfig::default()
+    };
+    let port = args.port_base + 2000 + index as u16;
+    ilb_engine_sim::spawn(config, addr(port)).await.with_context(|| format!("engine on port {port}"))
+}
+
 async fn demo(args: DemoArgs) -> anyhow::Result<()> {
     let regions = regions();
     let mut engines: Vec<EngineHandle> = Vec::new();
     for (i, region) in regions.iter().enumerate() {
-        let config = EngineConfig {
-            id: ilb_core::EngineId::new(format!("engine-{}", region.name)),
-            model: ilb_core::ModelName::new(MODEL),
-            profile: region.profile.clone(),
-            latency: true,
-            seed: i as u64,
-            ..EngineConfig::default()
-        };
-        let port = args.port_base + 2000 + i as u16;
-        let engine = ilb_engine_sim::spawn(config, addr(port))
-            .await
-            .with_context(|| format!("engine on port {port}"))?;
-        engines.push(engine);
+        let id = format!("engine-{}", region.name);
+        engines.push(spawn_engine(&args, i, &id, MODEL, region.profile.clone()).await?);
     }
     let capacity: Vec<f64> = regions
         .iter()

@@ -8,10 +8,10 @@
 //! fault), demand is multiplied by `scale`, and the control plane's profiles follow; the
 //! routing problem keeps its shape, latencies stretch by `1/scale`.
 
-use super::demo::{addr, serve_stack, DemoArgs};
+use super::demo::{addr, serve_stack, spawn_engine, DemoArgs};
 use crate::traffic::Target;
 use anyhow::{bail, Context};
-use ilb_engine_sim::{EngineConfig, Faults};
+use ilb_engine_sim::Faults;
 use ilb_fleet_sim::{calibrate, fleet_config, workload, Scenario};
 use std::path::Path;
 use std::sync::Arc;
@@ -56,18 +56,8 @@ pub async fn run(args: DemoArgs, path: &Path) -> anyhow::Result<()> {
     let mut engines = Vec::with_capacity(scenario.engines.len());
     let mut labels = Vec::with_capacity(scenario.engines.len());
     for (i, spec) in scenario.engines.iter().enumerate() {
-        let config = EngineConfig {
-            id: ilb_core::EngineId::new(&spec.id),
-            model: ilb_core::ModelName::new(&scenario.models[spec.model]),
-            profile: spec.profile.clone(),
-            latency: true,
-            seed: i as u64,
-            ..EngineConfig::default()
-        };
-        let port = args.port_base + 2000 + i as u16;
-        let engine = ilb_engine_sim::spawn(config, addr(port))
-            .await
-            .with_context(|| format!("engine on port {port}"))?;
+        let engine =
+            spawn_engine(&args, i, &spec.id, &scenario.models[spec.model], spec.profile.clone()).await?;
         if scale < 1.0 {
             engine
                 .set_faults(Faults { slowdown: 1.0 / scale, ..Faults::default() })
