@@ -37,6 +37,14 @@ enum Shape {
         s: Vec<f64>,
         breaks: Vec<f64>,
     },
+    /// The marginal cost f' tabulated: f'(load[i]) = price[i], linear in between, both strictly
+    /// increasing; `integral[i]` = f(load[i]). The solver's aggregate of several engines (see
+    /// `coarse`), never built from user input.
+    Table {
+        price: Vec<f64>,
+        load: Vec<f64>,
+        integral: Vec<f64>,
+    },
 }
 
 impl Curve {
@@ -58,6 +66,28 @@ impl Curve {
         }
     }
 
+    /// The curve whose marginal cost runs through `(price, load)` points, linear in between:
+    /// prices strictly increasing, loads non-decreasing from 0; points that add no load are
+    /// dropped. The usable capacity is the last load. None with fewer than two useful points.
+    pub(crate) fn from_marginal_table(points: &[(f64, f64)]) -> Option<Self> {
+        let (&(p0, y0), rest) = points.split_first()?;
+        if y0 != 0.0 {
+            return None;
+        }
+        let (mut price, mut load, mut integral) = (vec![p0], vec![0.0], vec![0.0]);
+        for &(p, y) in rest {
+            let (last_p, last_y) = (price[price.len() - 1], load[load.len() - 1]);
+            if !(p > last_p && y > last_y && p.is_finite() && y.is_finite()) {
+                continue;
+            }
+            integral.push(integral[integral.len() - 1] + 0.5 * (y - last_y) * (p + last_p));
+            price.push(p);
+            load.push(y);
+        }
+        let cap = *load.last()?;
+        (load.len() >= 2).then_some(Curve { shape: Shape::Table { price, load, integral }, cap })
+    }
+
     /// Usable capacity ρ·c (req/s).
     pub fn cap(&self) -> f64 {
         self.cap
@@ -66,7 +96,7 @@ impl Curve {
     /// For a piecewise curve, the lines `(intercept_ms, slope)` whose maximum is L(y) for y ≥ 0.
     pub fn envelope_lines(&self) -> Option<Vec<(f64, f64)>> {
         match &self.shape {
-            Shape::Queueing { .. } => None,
+            Shape::Queueing { .. } | Shape::Table { .. } => None,
             Shape::Lines { a, s, .. } => Some(a.iter().copied().zip(s.iter().copied()).collect()),
         }
     }
@@ -75,7 +105,7 @@ impl Curve {
     pub fn queueing_params(&self) -> Option<(f64, f64, f64)> {
         match self.shape {
             Shape::Queueing { t0, b, c } => Some((t0, b, c)),
-            Shape::Lines { .. } => None,
+            Shape::Lines { .. } | Shape::Table { .. } => None,
         }
     }
 
@@ -97,15 +127,27 @@ impl Curve {
                 let i = Self::segment(breaks, y);
                 a[i] + s[i] * y
             }
+            Shape::Table { price, .. } => {
+                if y <= 0.0 {
+                    price[0]
+                } else {
+                    self.cost(y) / y
+                }
+            }
         }
     }
 
     /// Cost f(y) = y·L(y) (ms·req/s).
     pub fn cost(&self, y: f64) -> f64 {
         if y <= 0.0 {
-            0.0
-        } else {
-            y * self.latency(y)
+            return 0.0;
+        }
+        match &self.shape {
+            Shape::Table { price, load, integral } => {
+                let i = Self::segment(load, y).min(load.len() - 2);
+                integral[i] + 0.5 * (y - load[i]) * (price[i] + self.marginal(y))
+            }
+            _ => y * self.latency(y),
         }
     }
 
@@ -119,6 +161,11 @@ impl Curve {
             Shape::Lines { a, s, breaks } => {
                 let i = Self::segment(breaks, y);
                 a[i] + 2.0 * s[i] * y
+            }
+            Shape::Table { price, load, .. } => {
+                let i = Self::segment(load, y).min(load.len() - 2);
+                let t = ((y - load[i]) / (load[i + 1] - load[i])).max(0.0);
+                price[i] + t * (price[i + 1] - price[i])
             }
         }
     }
@@ -156,6 +203,19 @@ impl Curve {
                         }
                     }
                     ((q - a[i]) / (2.0 * s[i]), 0.5 / s[i])
+                }
+            }
+            Shape::Table { price, load, .. } => {
+                if q <= price[0] {
+                    (0.0, 0.0)
+                } else {
+                    let i = Self::segment(price, q);
+                    if i + 1 >= price.len() {
+                        (self.cap, 0.0)
+                    } else {
+                        let slope = (load[i + 1] - load[i]) / (price[i + 1] - price[i]);
+                        (load[i] + slope * (q - price[i]), slope)
+                    }
                 }
             }
         };
@@ -265,6 +325,28 @@ mod tests {
         }
         assert_eq!(c.response(1e9).0, c.cap());
         assert_eq!(c.response(10.0).0, 0.0);
+    }
+
+    #[test]
+    fn table_is_consistent() {
+        let c = Curve::from_marginal_table(&[(10.0, 0.0), (20.0, 5.0), (20.0, 6.0), (40.0, 8.0)])
+            .expect("two useful points");
+        assert_eq!(c.cap(), 8.0);
+        assert_eq!(c.base_price(), 10.0);
+        assert_eq!(c.response(5.0), (0.0, 0.0));
+        assert_eq!(c.response(15.0), (2.5, 0.5));
+        assert_eq!(c.response(50.0), (8.0, 0.0));
+        assert!((c.marginal(2.5) - 15.0).abs() < 1e-12);
+        // f(5) = ∫ f' = 5·(10 + 20)/2, and f(8) adds 3·(20 + 40)/2.
+        assert!((c.cost(5.0) - 75.0).abs() < 1e-12);
+        assert!((c.cost(8.0) - 165.0).abs() < 1e-12);
+        assert!((c.latency(5.0) - 15.0).abs() < 1e-12);
+        for q in [12.0, 19.0, 25.0, 39.0] {
+            let (y, _) = c.response(q);
+            assert!((c.marginal(y) - q).abs() < 1e-9);
+        }
+        assert!(Curve::from_marginal_table(&[(10.0, 0.0)]).is_none());
+        assert!(Curve::from_marginal_table(&[(10.0, 1.0), (20.0, 2.0)]).is_none());
     }
 
     #[test]

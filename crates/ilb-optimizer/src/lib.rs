@@ -9,6 +9,7 @@
 
 mod aggregate;
 mod certify;
+mod coarse;
 mod curve;
 pub mod gen;
 mod linalg;

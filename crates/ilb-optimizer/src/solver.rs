@@ -4,6 +4,7 @@
 
 use crate::aggregate::Aggregation;
 use crate::certify::{repair, Repaired};
+use crate::coarse;
 use crate::linalg::cholesky_solve;
 use crate::pass::{Candidates, Model, Pass, PrevRoutes};
 use crate::problem::{Problem, ProblemError};
@@ -87,7 +88,13 @@ pub fn solve(
             let prev = if options.proximal { m.prev } else { PrevRoutes::default() };
             (m.prices, prev, m.epsilon.clamp(1e-7 * scale, 0.05 * scale), Some(m.old))
         }
-        None => (cold_prices(&model), PrevRoutes::default(), 0.2 * scale, None),
+        None => match coarse::start(&model, options, scale) {
+            Some(c) => {
+                let prev = if options.proximal { c.prev } else { PrevRoutes::default() };
+                (c.prices, prev, c.epsilon.clamp(1e-7 * scale, 0.05 * scale), None)
+            }
+            None => (cold_prices(&model), PrevRoutes::default(), 0.2 * scale, None),
+        },
     };
     let mut run = Run::new(&model, options, scale, prev);
     let (repaired, eps) = run.solve(u, eps_start);
@@ -146,15 +153,17 @@ fn price_scale(model: &Model) -> f64 {
 }
 
 /// The working state of one solve.
-struct Run<'m, 'p> {
+pub(crate) struct Run<'m, 'p> {
     model: &'m Model<'p>,
     options: &'m SolverOptions,
     scale: f64,
     prev: PrevRoutes,
-    u: Vec<f64>,
-    cand: Candidates,
+    /// Group prices of the last iterate.
+    pub u: Vec<f64>,
+    /// After `solve`: the candidate lists and engine prices of the returned routing.
+    pub cand: Candidates,
     spare: Candidates,
-    pass: Pass,
+    pub pass: Pass,
     trial: Pass,
     hessian: Vec<f64>,
     best: Option<(Repaired, Candidates, Vec<f64>)>,
@@ -168,7 +177,7 @@ struct Run<'m, 'p> {
 }
 
 impl<'m, 'p> Run<'m, 'p> {
-    fn new(model: &'m Model<'p>, options: &'m SolverOptions, scale: f64, prev: PrevRoutes) -> Self {
+    pub fn new(model: &'m Model<'p>, options: &'m SolverOptions, scale: f64, prev: PrevRoutes) -> Self {
         Run {
             model,
             options,
@@ -204,7 +213,7 @@ impl<'m, 'p> Run<'m, 'p> {
     /// difference between the smoothed and the true objective), so while it is well above the
     /// target the stage is solved only loosely and ε shrinks by the predicted factor; once it is
     /// small the residual is driven down until the certificate passes.
-    fn solve(&mut self, u: Vec<f64>, eps_start: f64) -> (Repaired, f64) {
+    pub fn solve(&mut self, u: Vec<f64>, eps_start: f64) -> (Repaired, f64) {
         self.u = u;
         self.radius = 2.0 * eps_start;
         let rho = self.model.rho;

@@ -1,0 +1,225 @@
+//! Cold start from a coarse problem. Engines whose network columns differ only by a constant b_j
+//! (the engines of one region, seen from every front end) are interchangeable up to that
+//! constant: at engine prices q_j = Q − b_j they cost every class the same, so together they act
+//! as one engine whose load at price Q is Σ_j Y_j(Q − b_j). The coarse problem (groups ×
+//! clusters, ~30 × 16 for 200 × 20,000) is solved by the same method; its prices, and its flows
+//! split over each cluster's engines in proportion to their loads at those prices, are an almost
+//! optimal dual and primal point of the full problem. The full solve then starts like a warm one,
+//! with the proximal centre at that split, and needs a few Newton steps instead of tens.
+//!
+//! Where columns do not line up (every engine its own cluster) nothing is gained and the plain
+//! cold start is used.
+
+use crate::curve::Curve;
+use crate::pass::{Model, PrevRoutes};
+use crate::problem::NetworkMatrix;
+use crate::solver::{Run, SolverOptions};
+use crate::warm::cold_prices;
+
+/// Normalised columns are compared after rounding to this many ms: latencies that agree this
+/// closely are the same for a starting point (the full solve corrects the rest).
+const QUANTUM_MS: f64 = 0.01;
+
+/// Price samples of each cluster's response curve, spaced geometrically above its base price
+/// (the response rises steeply there and flattens towards saturation).
+const SAMPLES: usize = 48;
+
+/// Smallest spacing of the samples, relative to the cluster's price range.
+const FIRST_SAMPLE: f64 = 1e-4;
+
+/// The coarse start is used only when it shrinks the engine count at least this much...
+const MIN_REDUCTION: usize = 4;
+/// ...and the problem is large enough for the plain cold start to be slow.
+const MIN_ENGINES: usize = 64;
+
+/// Where the full solve starts.
+pub(crate) struct CoarseStart {
+    /// Group prices.
+    pub prices: Vec<f64>,
+    /// The coarse flows split over the engines: the proximal centre.
+    pub prev: PrevRoutes,
+    /// The smoothing at which the coarse problem was certified.
+    pub epsilon: f64,
+}
+
+/// Engines grouped by normalised column (CSR), with each engine's offset b_j.
+struct Clusters {
+    start: Vec<usize>,
+    engine: Vec<u32>,
+    offset: Vec<f64>,
+}
+
+impl Clusters {
+    fn len(&self) -> usize {
+        self.start.len() - 1
+    }
+
+    fn members(&self, s: usize) -> &[u32] {
+        &self.engine[self.start[s]..self.start[s + 1]]
+    }
+}
+
+/// Solves the coarse problem; None when the engines do not cluster well enough to pay off.
+pub(crate) fn start(model: &Model, options: &SolverOptions, scale: f64) -> Option<CoarseStart> {
+    let clusters = cluster(model)?;
+    let n = model.n_classes();
+    let mut values = Vec::with_capacity(n * clusters.len());
+    let mut curves = Vec::with_capacity(clusters.len());
+    let mut capacity = Vec::with_capacity(clusters.len());
+    for s in 0..clusters.len() {
+        let members = clusters.members(s);
+        let first = members[0] as usize;
+        let b = clusters.offset[first];
+        values.extend(model.network.engine_column(first).iter().map(|&v| (v - b).max(0.0)));
+        curves.push(cluster_curve(model, members, &clusters.offset)?);
+        capacity.push(members.iter().map(|&j| model.capacity[j as usize]).sum());
+    }
+    let network = NetworkMatrix::from_engine_major(n, clusters.len(), values);
+    let coarse = Model {
+        network: &network,
+        curves,
+        demand: model.demand.clone(),
+        penalty: model.penalty.clone(),
+        tier_start: model.tier_start.clone(),
+        tiers: model.tiers.clone(),
+        class_on: model.class_on.clone(),
+        engine_on: vec![true; clusters.len()],
+        capacity,
+        rho: model.rho,
+    };
+    let mut run = Run::new(&coarse, options, scale, PrevRoutes::default());
+    let (repaired, epsilon) = run.solve(cold_prices(&coarse), 0.2 * scale);
+    if !repaired.gap().is_finite() {
+        return None;
+    }
+
+    // Each cluster's flows, split over its members in proportion to their loads at the
+    // cluster's price (their capacities if none would take load there).
+    let m = model.n_engines();
+    let mut share = vec![0.0; m];
+    let mut cluster_of = vec![u32::MAX; m];
+    for s in 0..clusters.len() {
+        let members = clusters.members(s);
+        let price = run.pass.q[s];
+        let mut total = 0.0;
+        for &j in members {
+            let j = j as usize;
+            share[j] = model.curves[j].response(price - clusters.offset[j]).0;
+            total += share[j];
+            cluster_of[j] = s as u32;
+        }
+        if total <= 0.0 {
+            total = 0.0;
+            for &j in members {
+                share[j as usize] = model.curves[j as usize].cap();
+                total += share[j as usize];
+            }
+        }
+        for &j in members {
+            share[j as usize] /= total;
+        }
+    }
+    let cand = &run.cand;
+    let mut prev = PrevRoutes { start: Vec::with_capacity(m + 1), class: Vec::new(), rps: Vec::new() };
+    prev.start.push(0);
+    for j in 0..m {
+        if let Some(s) = (cluster_of[j] != u32::MAX).then_some(cluster_of[j] as usize) {
+            // Candidate entries list classes in ascending order, as the centre wants them.
+            for e in cand.start[s]..cand.start[s + 1] {
+                let rps = repaired.x[e] * share[j];
+                if rps > 0.0 {
+                    prev.class.push(cand.class[e]);
+                    prev.rps.push(rps);
+                }
+            }
+        }
+        prev.start.push(prev.class.len());
+    }
+    Some(CoarseStart { prices: run.u, prev, epsilon })
+}
+
+/// Groups the engines that take load by network column minus its smallest entry (over groups
+/// with demand), rounded to `QUANTUM_MS`. None when that leaves too many clusters.
+fn cluster(model: &Model) -> Option<Clusters> {
+    let (n, m) = (model.n_classes(), model.n_engines());
+    let mut offset = vec![0.0; m];
+    let mut keyed: Vec<(u64, u32)> = Vec::with_capacity(m);
+    let key = |column: &[f64], b: f64, k: usize| -> i64 {
+        let v = column[k];
+        if v.is_finite() {
+            ((v - b) / QUANTUM_MS).round() as i64
+        } else {
+            i64::MAX
+        }
+    };
+    for j in 0..m {
+        if !model.engine_on[j] {
+            continue;
+        }
+        let column = model.network.engine_column(j);
+        let b = (0..n).filter(|&k| model.class_on[k]).map(|k| column[k]).fold(f64::INFINITY, f64::min);
+        if !b.is_finite() {
+            continue; // no class may use it
+        }
+        offset[j] = b;
+        let mut hash = 0xcbf2_9ce4_8422_2325u64;
+        for k in (0..n).filter(|&k| model.class_on[k]) {
+            hash = (hash ^ key(column, b, k) as u64).wrapping_mul(0x0000_0100_0000_01b3);
+            hash ^= hash >> 29;
+        }
+        keyed.push((hash, j as u32));
+    }
+    if keyed.len() < MIN_ENGINES {
+        return None;
+    }
+    keyed.sort_unstable();
+    let mut clusters = Clusters { start: vec![0], engine: Vec::with_capacity(keyed.len()), offset };
+    let mut head = usize::MAX;
+    for (i, &(hash, j)) in keyed.iter().enumerate() {
+        let same = head != usize::MAX && keyed[head].0 == hash && {
+            let (a, b) = (keyed[head].1 as usize, j as usize);
+            let (ca, cb) = (model.network.engine_column(a), model.network.engine_column(b));
+            (0..n)
+                .filter(|&k| model.class_on[k])
+                .all(|k| key(ca, clusters.offset[a], k) == key(cb, clusters.offset[b], k))
+        };
+        if !same && head != usize::MAX {
+            clusters.start.push(clusters.engine.len());
+        }
+        if !same {
+            head = i;
+        }
+        clusters.engine.push(j);
+    }
+    clusters.start.push(clusters.engine.len());
+    (clusters.len() * MIN_REDUCTION <= keyed.len()).then_some(clusters)
+}
+
+/// The cluster as one engine: its marginal cost tabulated at prices from the cheapest member's
+/// base price to where every member is saturated, load Σ_j Y_j(Q − b_j).
+fn cluster_curve(model: &Model, members: &[u32], offset: &[f64]) -> Option<Curve> {
+    let (mut base, mut top, mut cap) = (f64::INFINITY, f64::NEG_INFINITY, 0.0);
+    for &j in members {
+        let (curve, b) = (&model.curves[j as usize], offset[j as usize]);
+        base = base.min(curve.base_price() + b);
+        top = top.max(curve.marginal(curve.cap()) + b);
+        cap += curve.cap();
+    }
+    let range = top - base;
+    if !(range > 0.0 && range.is_finite()) {
+        return None;
+    }
+    let growth = (1.0 / FIRST_SAMPLE).ln();
+    let mut points = Vec::with_capacity(SAMPLES + 1);
+    points.push((base, 0.0));
+    for i in 1..SAMPLES {
+        let price = base + range * ((growth * i as f64 / SAMPLES as f64).exp() - 1.0) / (1.0 / FIRST_SAMPLE - 1.0);
+        let load = members
+            .iter()
+            .map(|&j| model.curves[j as usize].response(price - offset[j as usize]).0)
+            .sum::<f64>();
+        points.push((price, load));
+    }
+    points.push((top, cap));
+    Curve::from_marginal_table(&points)
+}
