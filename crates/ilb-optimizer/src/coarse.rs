@@ -24,6 +24,9 @@ const QUANTUM_MS: f64 = 0.01;
 /// (the response rises steeply there and flattens towards saturation).
 const SAMPLES: usize = 48;
 
+/// Re-solves of the coarse problem centred on its own routes (see `start`).
+const PROXIMAL_ROUNDS: usize = 1;
+
 /// Smallest spacing of the samples, relative to the cluster's price range.
 const FIRST_SAMPLE: f64 = 1e-4;
 
@@ -40,6 +43,8 @@ pub(crate) struct CoarseStart {
     pub prev: PrevRoutes,
     /// The smoothing at which the coarse problem was certified.
     pub epsilon: f64,
+    /// Engines of the coarse problem.
+    pub clusters: usize,
 }
 
 /// Engines grouped by normalised column (CSR), with each engine's offset b_j.
@@ -88,7 +93,19 @@ pub(crate) fn start(model: &Model, options: &SolverOptions, scale: f64) -> Optio
         rho: model.rho,
     };
     let mut run = Run::new(&coarse, options, scale, PrevRoutes::default());
-    let (repaired, epsilon) = run.solve(cold_prices(&coarse), 0.2 * scale);
+    let (mut repaired, mut epsilon) = run.solve(cold_prices(&coarse), 0.2 * scale);
+    // The cold coarse solution's prices carry the smoothing's spread between the classes an
+    // engine serves (u_k − n_k − q = ε·x_k/c, centre zero). Re-solved once with its own routes as
+    // the proximal centre, the spread vanishes where routes stay put, so the split below is
+    // (nearly) a fixed point of the full problem centred on it.
+    for _ in 0..PROXIMAL_ROUNDS {
+        let prev = routes_of(&run.cand, &repaired.x);
+        let u = std::mem::take(&mut run.u);
+        run = Run::new(&coarse, options, scale, prev);
+        let (r, e) = run.solve(u, epsilon);
+        repaired = r;
+        epsilon = e;
+    }
     if !repaired.gap().is_finite() {
         return None;
     }
@@ -135,19 +152,35 @@ pub(crate) fn start(model: &Model, options: &SolverOptions, scale: f64) -> Optio
         }
         prev.start.push(prev.class.len());
     }
-    Some(CoarseStart { prices: run.u, prev, epsilon })
+    Some(CoarseStart { prices: run.u, prev, epsilon, clusters: clusters.len() })
+}
+
+/// Candidate-entry flows as routes (entries are engine-major with classes ascending already).
+fn routes_of(cand: &crate::pass::Candidates, x: &[f64]) -> PrevRoutes {
+    let mut prev = PrevRoutes { start: vec![0], class: Vec::new(), rps: Vec::new() };
+    for j in 0..cand.start.len() - 1 {
+        for e in cand.start[j]..cand.start[j + 1] {
+            if x[e] > 0.0 {
+                prev.class.push(cand.class[e]);
+                prev.rps.push(x[e]);
+            }
+        }
+        prev.start.push(prev.class.len());
+    }
+    prev
 }
 
 /// Groups the engines that take load by network column minus its smallest entry (over groups
 /// with demand), rounded to `QUANTUM_MS`. None when that leaves too many clusters.
 fn cluster(model: &Model) -> Option<Clusters> {
-    let (n, m) = (model.n_classes(), model.n_engines());
+    let m = model.n_engines();
+    let active: Vec<usize> = (0..model.n_classes()).filter(|&k| model.class_on[k]).collect();
     let mut offset = vec![0.0; m];
     let mut keyed: Vec<(u64, u32)> = Vec::with_capacity(m);
-    let key = |column: &[f64], b: f64, k: usize| -> i64 {
-        let v = column[k];
+    // v − b ≥ 0, so adding a half and truncating rounds to the nearest quantum.
+    let key = |v: f64, b: f64| -> i64 {
         if v.is_finite() {
-            ((v - b) / QUANTUM_MS).round() as i64
+            ((v - b) * (1.0 / QUANTUM_MS) + 0.5) as i64
         } else {
             i64::MAX
         }
@@ -157,14 +190,14 @@ fn cluster(model: &Model) -> Option<Clusters> {
             continue;
         }
         let column = model.network.engine_column(j);
-        let b = (0..n).filter(|&k| model.class_on[k]).map(|k| column[k]).fold(f64::INFINITY, f64::min);
+        let b = active.iter().map(|&k| column[k]).fold(f64::INFINITY, f64::min);
         if !b.is_finite() {
             continue; // no class may use it
         }
         offset[j] = b;
         let mut hash = 0xcbf2_9ce4_8422_2325u64;
-        for k in (0..n).filter(|&k| model.class_on[k]) {
-            hash = (hash ^ key(column, b, k) as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        for &k in &active {
+            hash = (hash ^ key(column[k], b) as u64).wrapping_mul(0x0000_0100_0000_01b3);
             hash ^= hash >> 29;
         }
         keyed.push((hash, j as u32));
@@ -174,20 +207,20 @@ fn cluster(model: &Model) -> Option<Clusters> {
     }
     keyed.sort_unstable();
     let mut clusters = Clusters { start: vec![0], engine: Vec::with_capacity(keyed.len()), offset };
-    let mut head = usize::MAX;
+    let mut head: Option<usize> = None;
     for (i, &(hash, j)) in keyed.iter().enumerate() {
-        let same = head != usize::MAX && keyed[head].0 == hash && {
-            let (a, b) = (keyed[head].1 as usize, j as usize);
+        // Equal hashes are checked entry by entry: a collision starts a new cluster.
+        let same = head.is_some_and(|h| {
+            let (a, b) = (keyed[h].1 as usize, j as usize);
             let (ca, cb) = (model.network.engine_column(a), model.network.engine_column(b));
-            (0..n)
-                .filter(|&k| model.class_on[k])
-                .all(|k| key(ca, clusters.offset[a], k) == key(cb, clusters.offset[b], k))
-        };
-        if !same && head != usize::MAX {
-            clusters.start.push(clusters.engine.len());
-        }
+            let (oa, ob) = (clusters.offset[a], clusters.offset[b]);
+            keyed[h].0 == hash && active.iter().all(|&k| key(ca[k], oa) == key(cb[k], ob))
+        });
         if !same {
-            head = i;
+            if head.is_some() {
+                clusters.start.push(clusters.engine.len());
+            }
+            head = Some(i);
         }
         clusters.engine.push(j);
     }
@@ -213,7 +246,8 @@ fn cluster_curve(model: &Model, members: &[u32], offset: &[f64]) -> Option<Curve
     let mut points = Vec::with_capacity(SAMPLES + 1);
     points.push((base, 0.0));
     for i in 1..SAMPLES {
-        let price = base + range * ((growth * i as f64 / SAMPLES as f64).exp() - 1.0) / (1.0 / FIRST_SAMPLE - 1.0);
+        let price =
+            base + range * ((growth * i as f64 / SAMPLES as f64).exp() - 1.0) / (1.0 / FIRST_SAMPLE - 1.0);
         let load = members
             .iter()
             .map(|&j| model.curves[j as usize].response(price - offset[j as usize]).0)

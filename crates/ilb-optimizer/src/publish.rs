@@ -20,6 +20,7 @@ pub(crate) struct RunSummary<'r> {
     pub passes: usize,
     pub rebuilds: usize,
     pub epsilon: f64,
+    pub coarse_engines: Option<usize>,
 }
 
 /// The published solution and the engine-major class routes (class, engine, rps) for the warm start.
@@ -175,6 +176,7 @@ pub(crate) fn publish(
         passes: run.passes,
         rebuilds: run.rebuilds,
         epsilon: run.epsilon,
+        coarse_engines: run.coarse_engines,
     };
     let published = Published { class_group: groups.class_group.clone(), share, routes: engine_major };
     (solution, published)

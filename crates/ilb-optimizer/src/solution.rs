@@ -45,7 +45,7 @@ pub struct Solution {
     pub mean_latency_ms: f64,
     /// Σ|x − x_prev| / 2 / Σ d against the warm-start routes; `None` on a cold solve.
     pub traffic_moved: Option<f64>,
-    /// Newton steps taken (diagnostics).
+    /// Newton steps taken on the full problem (diagnostics).
     pub newton_steps: usize,
     /// Passes over the engines (diagnostics).
     pub passes: usize,
@@ -53,6 +53,9 @@ pub struct Solution {
     pub rebuilds: usize,
     /// Final smoothing ε (ms).
     pub epsilon: f64,
+    /// Engines of the coarse problem a cold solve started from (clusters of engines whose
+    /// network columns differ by a constant); `None` when it did not use one (diagnostics).
+    pub coarse_engines: Option<usize>,
 }
 
 impl Solution {

@@ -83,6 +83,7 @@ pub fn solve(
     let model = Model::new(problem, &groups);
     let scale = price_scale(&model);
     let mapped = warm.map(|w| map_warm_start(problem, &model, &groups, w));
+    let mut coarse_engines = None;
     let (u, prev, eps_start, lost) = match mapped {
         Some(m) => {
             let prev = if options.proximal { m.prev } else { PrevRoutes::default() };
@@ -90,6 +91,7 @@ pub fn solve(
         }
         None => match coarse::start(&model, options, scale) {
             Some(c) => {
+                coarse_engines = Some(c.clusters);
                 let prev = if options.proximal { c.prev } else { PrevRoutes::default() };
                 (c.prices, prev, c.epsilon.clamp(1e-7 * scale, 0.05 * scale), None)
             }
@@ -105,6 +107,7 @@ pub fn solve(
         passes: run.passes,
         rebuilds: run.rebuilds,
         epsilon: eps,
+        coarse_engines,
     };
     let (solution, published) = publish(problem, &groups, &model, summary, &repaired, lost.as_ref());
     let warm = WarmStart {

@@ -39,6 +39,23 @@ fn medium_instances_agree() {
     }
 }
 
+/// Instances large enough for the cold start from clustered engines (each region's engines
+/// differ only by a constant network offset), with queueing and with fitted curves.
+#[test]
+fn clustered_instances_agree() {
+    for seed in 0..2 {
+        let mut config = GenConfig::new(10, 120, 200 + seed);
+        check(config.clone());
+        check(config.clone().overloaded());
+        config.piecewise_fraction = 1.0;
+        check(config.clone());
+        check(config.overloaded());
+    }
+    let problem = generate(&GenConfig::new(10, 120, 200));
+    let (solution, _) = solve(&problem, None, &SolverOptions::default()).unwrap();
+    assert!(solution.coarse_engines.is_some_and(|c| c <= 30), "{:?}", solution.coarse_engines);
+}
+
 #[test]
 fn all_piecewise_curves_agree() {
     for seed in 0..3 {

@@ -47,6 +47,30 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// The same properties on instances large enough for the coarse cold start.
+    #[test]
+    fn clustered_cold_starts_are_feasible_certified_and_deterministic(
+        (n, m, seed, load, piecewise) in (1usize..14, 64usize..260, any::<u64>(), 0.2f64..1.6, 0.0f64..1.0)
+    ) {
+        let config = GenConfig { load_factor: load, piecewise_fraction: piecewise, ..GenConfig::new(n, m, seed) };
+        let problem = generate(&config);
+        let options = SolverOptions::default();
+        let (a, warm) = solve(&problem, None, &options).unwrap();
+        let (b, _) = solve(&problem, None, &options).unwrap();
+        common::check_invariants(&problem, &a);
+        prop_assert!(a.coarse_engines.is_some(), "the coarse start was not used");
+        prop_assert!(a.gap <= 1e-3, "gap {}", a.gap);
+        prop_assert_eq!(&a, &b);
+        let changed = perturb_demand(&problem, seed, 0.01);
+        let (c, _) = solve(&changed, Some(&warm), &options).unwrap();
+        common::check_invariants(&changed, &c);
+        prop_assert!(c.gap <= 1e-3, "warm gap {}", c.gap);
+    }
+}
+
 fn class(id: &str, demand: f64) -> Class {
     Class { id: id.into(), demand_rps: demand, shed_penalty_ms: 10_000.0 }
 }
@@ -135,6 +159,33 @@ fn json_round_trip() {
     assert_eq!(problem.network_ms.get(0, 1), None);
     let back = Problem::from_json(&serde_json::to_string(&problem).unwrap()).unwrap();
     assert_eq!(problem, back);
+}
+
+/// A cold solve of a large instance starts from the clustered coarse problem (one engine per
+/// region) and then needs only a few Newton steps on the full one; without that structure
+/// (independent noise on every pair) it falls back to the plain cold start, still certified.
+#[test]
+fn cold_start_from_clusters() {
+    let problem = generate(&GenConfig::new(100, 5_000, 1));
+    let (solution, _) = solve(&problem, None, &SolverOptions::default()).unwrap();
+    common::check_invariants(&problem, &solution);
+    assert!(solution.gap <= 5e-4, "gap {}", solution.gap);
+    let regions = 16;
+    assert!(solution.coarse_engines.is_some_and(|c| c <= regions), "{:?}", solution.coarse_engines);
+    assert!(solution.newton_steps <= 6, "{} Newton steps after the coarse start", solution.newton_steps);
+
+    let mut noisy = generate(&GenConfig::new(20, 200, 3));
+    let mut state = 0x1234_5678u64;
+    let matrix = &noisy.network_ms;
+    noisy.network_ms = NetworkMatrix::from_fn(matrix.n_classes(), matrix.n_engines(), |k, j| {
+        state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        matrix.get(k, j).map(|v| v + (state >> 40) as f64 / (1u64 << 24) as f64)
+    })
+    .unwrap();
+    let (solution, _) = solve(&noisy, None, &SolverOptions::default()).unwrap();
+    common::check_invariants(&noisy, &solution);
+    assert!(solution.gap <= 5e-4, "gap {}", solution.gap);
+    assert_eq!(solution.coarse_engines, None);
 }
 
 /// The stability requirement: after a ±1 % demand change on a 100 × 5,000 instance a warm
