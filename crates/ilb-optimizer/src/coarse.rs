@@ -16,9 +16,12 @@ use crate::problem::NetworkMatrix;
 use crate::solver::{Run, SolverOptions};
 use crate::warm::cold_prices;
 
-/// Normalised columns are compared after rounding to this many ms: latencies that agree this
-/// closely are the same for a starting point (the full solve corrects the rest).
-const QUANTUM_MS: f64 = 0.01;
+/// Engines whose normalised columns agree within this many ms share a cluster: measured
+/// round-trip times jitter by this much, and the full solve corrects the difference.
+const TOLERANCE_MS: f64 = 0.5;
+
+/// Clustering gives up beyond this many clusters (bounds its cost on unstructured matrices).
+const MAX_CLUSTERS: usize = 256;
 
 /// Price samples of each cluster's response curve, spaced geometrically above its base price
 /// (the response rises steeply there and flattens towards saturation).
@@ -171,20 +174,15 @@ fn routes_of(cand: &crate::pass::Candidates, x: &[f64]) -> PrevRoutes {
 }
 
 /// Groups the engines that take load by network column minus its smallest entry (over groups
-/// with demand), rounded to `QUANTUM_MS`. None when that leaves too many clusters.
+/// with demand): an engine joins the first cluster whose first member's normalised column is
+/// within `TOLERANCE_MS` everywhere (and forbidden at the same groups), else starts a new one.
+/// None when that leaves too many clusters.
 fn cluster(model: &Model) -> Option<Clusters> {
     let m = model.n_engines();
     let active: Vec<usize> = (0..model.n_classes()).filter(|&k| model.class_on[k]).collect();
     let mut offset = vec![0.0; m];
-    let mut keyed: Vec<(u64, u32)> = Vec::with_capacity(m);
-    // v − b ≥ 0, so adding a half and truncating rounds to the nearest quantum.
-    let key = |v: f64, b: f64| -> i64 {
-        if v.is_finite() {
-            ((v - b) * (1.0 / QUANTUM_MS) + 0.5) as i64
-        } else {
-            i64::MAX
-        }
-    };
+    let mut heads: Vec<usize> = Vec::new();
+    let mut of_engine: Vec<(u32, u32)> = Vec::with_capacity(m); // (cluster, engine)
     for j in 0..m {
         if !model.engine_on[j] {
             continue;
@@ -195,37 +193,38 @@ fn cluster(model: &Model) -> Option<Clusters> {
             continue; // no class may use it
         }
         offset[j] = b;
-        let mut hash = 0xcbf2_9ce4_8422_2325u64;
-        for &k in &active {
-            hash = (hash ^ key(column[k], b) as u64).wrapping_mul(0x0000_0100_0000_01b3);
-            hash ^= hash >> 29;
-        }
-        keyed.push((hash, j as u32));
+        let close = |&h: &usize| {
+            let (head, bh) = (model.network.engine_column(h), offset[h]);
+            active.iter().all(|&k| {
+                let (v, w) = (column[k], head[k]);
+                // Equal infinities (both forbidden) subtract to NaN: compare finiteness first.
+                v.is_finite() == w.is_finite()
+                    && (!v.is_finite() || ((v - b) - (w - bh)).abs() <= TOLERANCE_MS)
+            })
+        };
+        let s = match heads.iter().position(close) {
+            Some(s) => s,
+            None if heads.len() < MAX_CLUSTERS => {
+                heads.push(j);
+                heads.len() - 1
+            }
+            None => return None,
+        };
+        of_engine.push((s as u32, j as u32));
     }
-    if keyed.len() < MIN_ENGINES {
+    if of_engine.len() < MIN_ENGINES || heads.len() * MIN_REDUCTION > of_engine.len() {
         return None;
     }
-    keyed.sort_unstable();
-    let mut clusters = Clusters { start: vec![0], engine: Vec::with_capacity(keyed.len()), offset };
-    let mut head: Option<usize> = None;
-    for (i, &(hash, j)) in keyed.iter().enumerate() {
-        // Equal hashes are checked entry by entry: a collision starts a new cluster.
-        let same = head.is_some_and(|h| {
-            let (a, b) = (keyed[h].1 as usize, j as usize);
-            let (ca, cb) = (model.network.engine_column(a), model.network.engine_column(b));
-            let (oa, ob) = (clusters.offset[a], clusters.offset[b]);
-            keyed[h].0 == hash && active.iter().all(|&k| key(ca[k], oa) == key(cb[k], ob))
-        });
-        if !same {
-            if head.is_some() {
-                clusters.start.push(clusters.engine.len());
-            }
-            head = Some(i);
-        }
-        clusters.engine.push(j);
+    // Stable by cluster, engines ascending within one; the head is each cluster's first member.
+    of_engine.sort_unstable();
+    let mut start = vec![0usize; heads.len() + 1];
+    for &(s, _) in &of_engine {
+        start[s as usize + 1] += 1;
     }
-    clusters.start.push(clusters.engine.len());
-    (clusters.len() * MIN_REDUCTION <= keyed.len()).then_some(clusters)
+    for s in 0..heads.len() {
+        start[s + 1] += start[s];
+    }
+    Some(Clusters { start, engine: of_engine.into_iter().map(|(_, j)| j).collect(), offset })
 }
 
 /// The cluster as one engine: its marginal cost tabulated at prices from the cheapest member's
