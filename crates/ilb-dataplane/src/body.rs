@@ -51,7 +51,20 @@ pub struct UpstreamBody {
 
 impl UpstreamBody {
     pub fn new(inner: Incoming, idle_timeout: Duration, sse: bool, in_flight: InFlight) -> Self {
-        UpstreamBody { inner, idle: None, idle_timeout, sse, at_boundary: true, done: false, in_flight }
+        let mut body =
+            UpstreamBody { inner, idle: None, idle_timeout, sse, at_boundary: true, done: false, in_flight };
+        if body.inner.is_end_stream() {
+            // An empty body (length 0): hyper will not poll it at all.
+            body.end();
+        }
+        body
+    }
+
+    /// The engine's body ended cleanly: count the success and free its connection for reuse.
+    fn end(&mut self) {
+        self.done = true;
+        self.in_flight.finish(true);
+        self.in_flight.release_conn();
     }
 
     /// Ends the stream after a failure: an SSE error event for streams, an error otherwise.
@@ -113,6 +126,11 @@ impl UpstreamBody {
                         idle.as_mut().reset(Instant::now() + self.idle_timeout);
                     }
                 }
+                if self.inner.is_end_stream() {
+                    // A body of known length ends with its last chunk: hyper stops polling once
+                    // it has written that many bytes, so record the end now.
+                    self.end();
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
@@ -120,8 +138,7 @@ impl UpstreamBody {
                 self.fail(ProxyError::EngineFailed { engine, detail: format!("stream broken: {e}") })
             }
             Poll::Ready(None) => {
-                self.done = true;
-                self.in_flight.finish(true);
+                self.end();
                 Poll::Ready(None)
             }
             Poll::Pending => {

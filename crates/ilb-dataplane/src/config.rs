@@ -30,6 +30,8 @@ pub struct DataPlaneConfig {
     /// Add a W3C `traceparent` header to requests that arrive without one (existing ones pass
     /// through unchanged). Default true.
     pub create_traceparent: bool,
+    /// Idle engine connections: how long they are kept and how many per engine.
+    pub upstream_pool: crate::upstream::PoolConfig,
 }
 
 #[derive(Clone, Debug)]
@@ -73,6 +75,7 @@ impl DataPlaneConfig {
             queue_wait: Duration::from_secs(2),
             max_waiting: 1024,
             create_traceparent: true,
+            upstream_pool: Default::default(),
         }
     }
 }

@@ -40,9 +40,14 @@ pub struct EngineState {
     pub id: EngineId,
     /// `http://host:port` with any path prefix, without a trailing slash.
     pub base_url: String,
-    /// Parsed once here so that building each upstream URI copies no strings.
-    authority: Option<http::uri::Authority>,
+    /// The `Host` header sent to the engine, built once.
+    host: http::HeaderValue,
+    /// Where to connect: host (without IPv6 brackets) and port.
+    connect_host: String,
+    connect_port: u16,
     path_prefix: String,
+    /// Idle connections to this engine; dropped with this state when the engine leaves.
+    pub pool: crate::upstream::Pool,
     /// Requests sent and not yet finished (streamed responses count until their last byte).
     pub in_flight: AtomicU32,
     consecutive_failures: AtomicU32,
@@ -71,10 +76,17 @@ impl EngineState {
         let base_url = url.trim_end_matches('/').to_owned();
         let rest = base_url.strip_prefix("http://").unwrap_or(&base_url);
         let (authority, path_prefix) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        let parsed: Option<http::uri::Authority> = authority.parse().ok();
+        let connect_host = parsed.as_ref().map_or(authority, |a| a.host());
+        let connect_host = connect_host.trim_start_matches('[').trim_end_matches(']').to_owned();
         EngineState {
             id,
-            authority: authority.parse().ok(),
+            host: http::HeaderValue::from_str(authority)
+                .unwrap_or_else(|_| http::HeaderValue::from_static("localhost")),
+            connect_host,
+            connect_port: parsed.as_ref().and_then(|a| a.port_u16()).unwrap_or(80),
             path_prefix: path_prefix.to_owned(),
+            pool: crate::upstream::Pool::default(),
             base_url,
             in_flight: AtomicU32::new(0),
             consecutive_failures: AtomicU32::new(0),
@@ -85,8 +97,8 @@ impl EngineState {
         }
     }
 
-    /// The engine's URI for a request path (and query). Hot path: no string parsing unless the
-    /// engine URL has a path prefix.
+    /// The engine's origin-form URI (path and query, behind the engine URL's path prefix) for
+    /// a request path. Hot path: no string parsing unless the engine URL has a path prefix.
     pub fn upstream_uri(
         &self,
         path_and_query: Option<&http::uri::PathAndQuery>,
@@ -94,13 +106,20 @@ impl EngineState {
         let path = match path_and_query {
             Some(pq) if self.path_prefix.is_empty() => pq.clone(),
             Some(pq) => format!("{}{}", self.path_prefix, pq.as_str()).parse()?,
-            None => http::uri::PathAndQuery::from_static("/"),
+            None if self.path_prefix.is_empty() => http::uri::PathAndQuery::from_static("/"),
+            None => self.path_prefix.parse()?,
         };
-        let mut builder = http::Uri::builder().scheme("http").path_and_query(path);
-        if let Some(authority) = &self.authority {
-            builder = builder.authority(authority.clone());
-        }
-        builder.build()
+        Ok(http::Uri::from(path))
+    }
+
+    /// The `Host` header value for requests to this engine.
+    pub fn host_header(&self) -> &http::HeaderValue {
+        &self.host
+    }
+
+    /// Host (without IPv6 brackets) and port to connect to.
+    pub fn connect_addr(&self) -> (&str, u16) {
+        (&self.connect_host, self.connect_port)
     }
 
     /// Hot path: one relaxed load.

@@ -23,6 +23,7 @@ mod server;
 pub mod sources;
 pub mod state;
 mod telemetry;
+pub mod upstream;
 
 pub use config::{DataPlaneConfig, Timeouts};
 pub use sources::SnapshotSource;

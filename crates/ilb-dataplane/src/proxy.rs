@@ -12,16 +12,18 @@ use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use ilb_core::classify::{self, Endpoint, Priority};
-use ilb_core::table::{within_load_bound, ClassTable, Constraints, ModelTable};
+use ilb_core::table::{within_load_bound, ClassTable, Constraints};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use tokio::time::Instant;
 
-pub const ROUTE_HEADER: &str = "x-ilb-route";
-pub const SESSION_HEADERS: [&str; 2] = ["x-session-id", "x-ilb-affinity-key"];
-pub const REQUIRE_HEADER: &str = "x-ilb-require";
-pub const RESIDENCY_HEADER: &str = "x-ilb-residency";
-pub const PRIORITY_HEADER: &str = "x-ilb-priority";
+// Names as `HeaderName` constants: a lookup by `&str` parses and validates the name each time.
+pub const ROUTE_HEADER: HeaderName = HeaderName::from_static("x-ilb-route");
+pub const SESSION_HEADERS: [HeaderName; 2] =
+    [HeaderName::from_static("x-session-id"), HeaderName::from_static("x-ilb-affinity-key")];
+pub const REQUIRE_HEADER: HeaderName = HeaderName::from_static("x-ilb-require");
+pub const RESIDENCY_HEADER: HeaderName = HeaderName::from_static("x-ilb-residency");
+pub const PRIORITY_HEADER: HeaderName = HeaderName::from_static("x-ilb-priority");
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1), plus those ilb rewrites.
 const HOP_BY_HOP: [HeaderName; 8] = [
@@ -52,6 +54,8 @@ pub struct InFlight {
     class: Arc<crate::state::ClassState>,
     started: Instant,
     finished: bool,
+    /// The engine connection, returned to its pool once the response body has ended cleanly.
+    conn: Option<crate::upstream::Sender>,
 }
 
 impl InFlight {
@@ -61,7 +65,14 @@ impl InFlight {
         engine.in_flight.fetch_add(1, Relaxed);
         engine.counters.attempts.fetch_add(1, Relaxed);
         class.in_flight.fetch_add(1, Relaxed);
-        InFlight { shared: Arc::clone(shared), engine, class, started: Instant::now(), finished: false }
+        InFlight {
+            shared: Arc::clone(shared),
+            engine,
+            class,
+            started: Instant::now(),
+            finished: false,
+            conn: None,
+        }
     }
 
     pub fn engine_id(&self) -> &str {
@@ -78,6 +89,14 @@ impl InFlight {
             self.engine.record_success();
         } else {
             self.shared.engine_failed(&self.engine);
+        }
+    }
+
+    /// The response body was read to its end: its connection may carry another request.
+    pub fn release_conn(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            let shared = &self.shared;
+            self.engine.pool.push(conn, shared.pool_clock.ms(), &shared.config.upstream_pool);
         }
     }
 
@@ -142,14 +161,15 @@ async fn forward(
     // The last engine error response, passed on as is when no retry is left.
     let mut last_response: Option<(Response<Incoming>, InFlight)> = None;
     let mut budget_exhausted = false;
-    let started = Instant::now();
+    // Read the clock only when a request has to wait for a slot.
+    let mut wait_started: Option<Instant> = None;
     loop {
         let candidate = match choose(&installed, class, &constraints, request.key_hash, &tried) {
             Ok(candidate) => candidate,
             Err(NoCandidate::Saturated) if last_error.is_none() => {
                 // Every usable engine is at its concurrency limit: wait (bounded) for a slot.
                 let limit = shared.config.queue_wait * if priority == 3 { 2 } else { 1 };
-                let waited = started.elapsed();
+                let waited = wait_started.get_or_insert_with(Instant::now).elapsed();
                 let full = shared.waiters.total() >= shared.config.max_waiting && priority < 3;
                 if full || waited >= limit {
                     class_state.overloaded.fetch_add(1, Relaxed);
@@ -177,14 +197,22 @@ async fn forward(
         let engine_idx = class.candidates[candidate].engine_idx;
         let mut in_flight = InFlight::start(shared, &installed, engine_idx, class.seq);
         let mut upstream = build_upstream(&installed, engine_idx, &parts.uri, &parts.headers, body.clone())?;
-        if shared.config.create_traceparent && !parts.headers.contains_key(TRACEPARENT) {
+        if shared.config.create_traceparent && !parts.headers.contains_key(&TRACEPARENT) {
             upstream.headers_mut().insert(TRACEPARENT, traceparent(shared.trace_seed, request_id));
         }
         // Named in errors only: built on the failure paths, not per attempt.
         let engine_id = || installed.table.engines[engine_idx].id.to_string();
-        match tokio::time::timeout(shared.config.timeouts.first_byte, shared.client.request(upstream)).await {
-            Ok(Ok(response)) => {
+        let send = crate::upstream::send(
+            &installed.engines[engine_idx],
+            shared.pool_clock.ms(),
+            &shared.config.upstream_pool,
+            shared.config.timeouts.connect,
+            upstream,
+        );
+        match tokio::time::timeout_at(in_flight.started + shared.config.timeouts.first_byte, send).await {
+            Ok(Ok((response, conn))) => {
                 in_flight.first_byte();
+                in_flight.conn = Some(conn);
                 let status = response.status();
                 if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
                     // 429 means busy, not broken: retry elsewhere but do not count it against the engine.
@@ -194,7 +222,7 @@ async fn forward(
                     last_response = Some((response, in_flight));
                 } else {
                     class_state.ok.fetch_add(1, Relaxed);
-                    let route = route_header(&installed, model, class, candidate, tried.len(), false);
+                    let route = route_header(&installed, class, candidate, tried.len(), false);
                     return Ok(stream_back(shared, response, in_flight, route));
                 }
             }
@@ -217,7 +245,7 @@ async fn forward(
     class_state.failed.fetch_add(1, Relaxed);
     if let Some((response, in_flight)) = last_response {
         let candidate = tried.last().copied().unwrap_or_default();
-        let route = route_header(&installed, model, class, candidate, tried.len(), budget_exhausted);
+        let route = route_header(&installed, class, candidate, tried.len(), budget_exhausted);
         return Ok(stream_back(shared, response, in_flight, route));
     }
     match last_error {
@@ -239,7 +267,7 @@ async fn forward(
     }
 }
 
-const TRACEPARENT: &str = "traceparent";
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// A W3C trace context for a request that came without one: version 00, a 128-bit trace id and a
 /// 64-bit parent id derived from this process's seed and the request id, sampled.
@@ -247,10 +275,22 @@ fn traceparent(seed: u64, request_id: u64) -> HeaderValue {
     let hi = ilb_core::slots::mix(seed ^ request_id);
     let lo = ilb_core::slots::mix(hi ^ 0x7472_6163_6569_6421);
     let span = ilb_core::slots::mix(lo ^ request_id).max(1);
-    let value = format!("00-{hi:016x}{lo:016x}-{span:016x}-01");
-    HeaderValue::from_str(&value).unwrap_or_else(|_| {
+    // 00-<32 hex>-<16 hex>-01, written in place (no formatting machinery on the hot path).
+    let mut out = *b"00-00000000000000000000000000000000-0000000000000000-01";
+    write_hex(&mut out[3..19], hi);
+    write_hex(&mut out[19..35], lo);
+    write_hex(&mut out[36..52], span);
+    HeaderValue::from_bytes(&out).unwrap_or_else(|_| {
         HeaderValue::from_static("00-00000000000000000000000000000001-0000000000000001-01")
     })
+}
+
+/// Writes `value` as lowercase hex, most significant digit first, filling `out` (16 bytes).
+fn write_hex(out: &mut [u8], value: u64) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (i, byte) in out.iter_mut().rev().enumerate() {
+        *byte = DIGITS[((value >> (4 * i)) & 0xf) as usize];
+    }
 }
 
 /// A uniform number in [0, 1) from a request id (shedding decisions; no global RNG).
@@ -337,7 +377,7 @@ pub fn classify_request<'a>(
     request_id: u64,
 ) -> Result<Classified<'a>, ProxyError> {
     let info = classify::parse_body(endpoint, body).map_err(|e| ProxyError::BadRequest(e.to_string()))?;
-    let header_str = |name: &str| -> Result<Option<&'a str>, ProxyError> {
+    let header_str = |name: &HeaderName| -> Result<Option<&'a str>, ProxyError> {
         match headers.get(name) {
             None => Ok(None),
             Some(v) => v
@@ -346,17 +386,17 @@ pub fn classify_request<'a>(
                 .map_err(|_| ProxyError::BadRequest(format!("header {name} is not visible ascii"))),
         }
     };
-    let require = match header_str(REQUIRE_HEADER)? {
+    let require = match header_str(&REQUIRE_HEADER)? {
         Some(h) => classify::parse_require(h).map_err(|e| ProxyError::BadRequest(e.to_string()))?,
         None => Vec::new(),
     };
-    let residency = header_str(RESIDENCY_HEADER)?.map(str::trim).filter(|r| !r.is_empty());
-    let priority = match header_str(PRIORITY_HEADER)? {
+    let residency = header_str(&RESIDENCY_HEADER)?.map(str::trim).filter(|r| !r.is_empty());
+    let priority = match header_str(&PRIORITY_HEADER)? {
         Some(p) => Priority::parse(p).map_err(|e| ProxyError::BadRequest(e.to_string()))?,
         None => Priority::Normal,
     };
     let mut session = None;
-    for name in SESSION_HEADERS {
+    for name in &SESSION_HEADERS {
         if let Some(v) = header_str(name)? {
             session = Some(v);
             break;
@@ -383,8 +423,8 @@ fn build_upstream(
     let out = request.headers_mut();
     *out = headers.clone();
     strip_hop_by_hop(out);
-    // hyper sets both for the engine's connection and body.
-    out.remove(header::HOST);
+    // The engine's own authority; hyper sets the length of the body it sends.
+    out.insert(header::HOST, engine.host_header().clone());
     out.remove(header::CONTENT_LENGTH);
     Ok(request)
 }
@@ -405,20 +445,21 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// The `x-ilb-route` value: prebuilt at install for a first try (hot path), formatted otherwise.
 fn route_header(
     installed: &Installed,
-    model: &ModelTable,
     class: &ClassTable,
     candidate: usize,
     attempts: usize,
     budget_exhausted: bool,
 ) -> HeaderValue {
-    let c = &class.candidates[candidate];
-    let engine = &installed.table.engines[c.engine_idx].id;
-    let mut value = format!(
-        "engine={engine}; class={}; weight={:.4}; snapshot={}; model={}; attempts={attempts}",
-        class.id, c.weight, installed.table.version, model.name
-    );
+    let Some(route) = installed.routes.get(class.seq).and_then(|r| r.get(candidate)) else {
+        return HeaderValue::from_static("engine=?");
+    };
+    if attempts == 1 && !budget_exhausted {
+        return route.first_try.clone();
+    }
+    let mut value = format!("{}{attempts}", route.prefix);
     if budget_exhausted {
         value.push_str("; retry=budget-exhausted");
     }
@@ -438,7 +479,7 @@ fn stream_back(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ct| ct.starts_with("text/event-stream"));
     strip_hop_by_hop(&mut parts.headers);
-    parts.headers.insert(HeaderName::from_static(ROUTE_HEADER), route);
+    parts.headers.insert(ROUTE_HEADER, route);
     let body = UpstreamBody::new(body, shared.config.timeouts.idle, sse, in_flight);
     Response::from_parts(parts, ProxyBody::Upstream(Box::new(body)))
 }

@@ -36,6 +36,8 @@ pub struct Shared {
     pub snapshot_rejections: AtomicU64,
     /// Distinguishes this process's generated trace ids from other data planes'.
     pub trace_seed: u64,
+    /// Coarse time for the idle connection pools, advanced by the prober (see `now_ms`).
+    pub pool_clock: crate::upstream::CoarseClock,
 }
 
 impl Shared {
@@ -61,6 +63,7 @@ impl Shared {
             snapshot_installs: AtomicU64::new(0),
             snapshot_rejections: AtomicU64::new(0),
             trace_seed: ilb_core::slots::mix(crate::clock::unix_ms() ^ u64::from(std::process::id()) << 32),
+            pool_clock: Default::default(),
         }
     }
 
@@ -144,26 +147,105 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: wat
         };
         let _ = stream.set_nodelay(true);
         let shared = Arc::clone(&shared);
-        let mut shutdown = shutdown.clone();
+        let shutdown = shutdown.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let header_read = shared.config.timeouts.header_read;
-            let service = hyper::service::service_fn(move |req| {
-                let shared = Arc::clone(&shared);
-                async move { Ok::<_, Infallible>(dispatch(shared, req).await) }
-            });
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder.timer(TokioTimer::new()).header_read_timeout(header_read);
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = shutdown.changed() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
-                }
-            }
+            serve_connection(stream, shared, shutdown).await;
         });
+    }
+}
+
+/// Requests started and responses finished on one client connection.
+#[derive(Default)]
+struct Activity {
+    started: AtomicU64,
+    finished: AtomicU64,
+}
+
+/// A response body that counts itself finished when hyper drops it (written or abandoned).
+struct Tracked {
+    body: ProxyBody,
+    activity: Arc<Activity>,
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.activity.finished.fetch_add(1, Relaxed);
+    }
+}
+
+impl http_body::Body for Tracked {
+    type Data = Bytes;
+    type Error = crate::body::BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Serves one client connection until it closes, idles past `header_read`, or shutdown.
+///
+/// The slowloris guard is one timer per connection, checked when it fires, instead of hyper's
+/// header-read timer (a boxed timer armed and cancelled for every request). A connection is
+/// closed when a whole `header_read` period passed with no request started and none in
+/// progress: a new connection gets exactly `header_read` for its first head, a kept-alive one
+/// between one and two periods for its next.
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    shared: Arc<Shared>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let header_read = shared.config.timeouts.header_read;
+    let activity = Arc::new(Activity::default());
+    let service = {
+        let activity = Arc::clone(&activity);
+        hyper::service::service_fn(move |req| {
+            let shared = Arc::clone(&shared);
+            let activity = Arc::clone(&activity);
+            activity.started.fetch_add(1, Relaxed);
+            async move {
+                let response = dispatch(shared, req).await;
+                Ok::<_, Infallible>(response.map(|body| Tracked { body, activity }))
+            }
+        })
+    };
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.header_read_timeout(None);
+    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    let idle = tokio::time::sleep(header_read);
+    tokio::pin!(idle);
+    let mut seen = 0;
+    loop {
+        tokio::select! {
+            biased;
+            _ = conn.as_mut() => return,
+            _ = idle.as_mut() => {
+                let started = activity.started.load(Relaxed);
+                if started == seen && activity.finished.load(Relaxed) == started {
+                    // Dropping the connection closes it, as hyper's header timeout does.
+                    return;
+                }
+                seen = started;
+                idle.as_mut().reset(Instant::now() + header_read);
+            }
+            _ = shutdown.changed() => {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+                return;
+            }
+        }
     }
 }
 

@@ -212,8 +212,12 @@ pub async fn probe_ejected(shared: Arc<Shared>, mut shutdown: watch::Receiver<bo
             _ = tokio::time::sleep(shared.config.probe_interval) => {}
             _ = shutdown.changed() => return,
         }
-        let Some(installed) = shared.routing.load() else { continue };
         let now = shared.now_ms();
+        shared.pool_clock.set_ms(now);
+        let Some(installed) = shared.routing.load() else { continue };
+        for engine in installed.engines.iter() {
+            engine.pool.sweep(now, &shared.config.upstream_pool);
+        }
         for engine in installed.engines.iter().filter(|e| e.probe_due(now)) {
             // Push the next probe out first so a slow probe is not started twice.
             engine.probe_failed(now, &shared.config.guard);

@@ -23,6 +23,9 @@ pub struct Installed {
     pub engines: Vec<Arc<EngineState>>,
     /// Per-class counters, indexed by `ClassTable::seq`.
     pub classes: Vec<Arc<ClassState>>,
+    /// The `x-ilb-route` value of a first-try answer, by `ClassTable::seq` and candidate: built
+    /// here once so that the request path formats nothing.
+    pub routes: Vec<Vec<RoutePrefix>>,
     /// Unix milliseconds when this data plane installed it.
     pub installed_unix_ms: u64,
 }
@@ -69,6 +72,33 @@ pub struct ClassState {
     pub failed: AtomicU64,
     /// Arrivals and shed probabilities per priority.
     pub priority: crate::admission::PriorityCounters,
+}
+
+/// The `x-ilb-route` header of one candidate, without and with its attempt count.
+#[derive(Clone, Debug)]
+pub struct RoutePrefix {
+    /// `engine=..; class=..; weight=..; snapshot=..; model=..; attempts=` (for other counts).
+    pub prefix: String,
+    /// The whole value for `attempts=1`.
+    pub first_try: http::HeaderValue,
+}
+
+impl RoutePrefix {
+    fn new(
+        table: &RoutingTable,
+        model: &ModelName,
+        class: &ilb_core::table::ClassTable,
+        c: &ilb_core::table::Candidate,
+    ) -> RoutePrefix {
+        let engine = &table.engines[c.engine_idx].id;
+        let prefix = format!(
+            "engine={engine}; class={}; weight={:.4}; snapshot={}; model={model}; attempts=",
+            class.id, c.weight, table.version
+        );
+        let first_try = http::HeaderValue::from_maybe_shared(bytes::Bytes::from(format!("{prefix}1")))
+            .unwrap_or_else(|_| http::HeaderValue::from_static("engine=?"));
+        RoutePrefix { prefix, first_try }
+    }
 }
 
 impl RoutingState {
@@ -134,7 +164,18 @@ impl RoutingState {
         registry.engines.retain(|id, s| live.contains(id) || Arc::strong_count(s) > 1);
         registry.classes.retain(|_, c| Arc::strong_count(c) > 1);
 
-        let installed = Arc::new(Installed { table, engines, classes, installed_unix_ms: now_unix_ms });
+        let mut routes = vec![Vec::new(); table.n_classes()];
+        for model in table.models() {
+            for class in &model.classes {
+                routes[class.seq] = class
+                    .candidates
+                    .iter()
+                    .map(|c| RoutePrefix::new(&table, &model.name, class, c))
+                    .collect();
+            }
+        }
+        let installed =
+            Arc::new(Installed { table, engines, classes, routes, installed_unix_ms: now_unix_ms });
         self.current.store(Some(Arc::clone(&installed)));
         Ok(installed)
     }

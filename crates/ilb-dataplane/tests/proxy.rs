@@ -24,6 +24,16 @@ async fn forwards_body_unchanged_and_explains_the_route() {
     assert!(seen.contains("x-custom"), "{seen}");
     assert!(seen.contains("traceparent"), "a traceparent is created when absent: {seen}");
     assert!(!seen.contains("\"connection\""), "hop-by-hop header forwarded: {seen}");
+    // W3C trace context: version 00, a 32-hex trace id, a 16-hex parent id, sampled.
+    let tp = headers["x-seen-traceparent"].to_str().unwrap();
+    let parts: Vec<&str> = tp.split('-').collect();
+    assert_eq!(parts.len(), 4, "{tp}");
+    assert_eq!((parts[0], parts[3]), ("00", "01"), "{tp}");
+    for (part, len) in [(parts[1], 32), (parts[2], 16)] {
+        assert_eq!(part.len(), len, "{tp}");
+        assert!(part.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)), "{tp}");
+        assert!(part.bytes().any(|b| b != b'0'), "all-zero ids are invalid: {tp}");
+    }
 }
 
 #[tokio::test]
@@ -271,6 +281,47 @@ async fn client_disconnect_cancels_the_upstream_stream() {
             == 0)
         .await
     );
+    // The half-read connection is never reused: the next request opens a new one.
+    let (status, _, _) = send(&client(), post(&dp.url(), "/v1/chat/completions", &chat_body("s"), &[])).await;
+    assert_eq!(status, 200);
+    assert_eq!(e1.connections.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn engine_connections_are_reused_and_every_response_end_is_counted() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let e1 = MockEngine::start("e1").await;
+    let dp = data_plane(config(), &snapshot(1, &[("e1", e1.url(), 1.0)])).await;
+    let client = client();
+    for i in 0..10 {
+        let headers: &[(&str, &str)] = if i % 2 == 0 { &[] } else { &[("x-mock-chunks", "3")] };
+        let req = post(&dp.url(), "/v1/chat/completions", &chat_body("k"), headers);
+        let (status, _, text) = send(&client, req).await;
+        assert_eq!(status, 200, "{text}");
+    }
+    assert_eq!(e1.connections.load(SeqCst), 1, "sequential requests share one engine connection");
+    let installed = dp.installed().unwrap();
+    assert_eq!(installed.engines[0].pool.idle_len(), 1);
+    // Bodies of known length end with their last chunk, streams with their last event: each
+    // is a success with a duration, and nothing stays in flight.
+    let line = r#"ilb_dataplane_request_duration_seconds_count{engine="e1"} 10"#;
+    let (_, metrics) = get(&client, &format!("{}/metrics", dp.url())).await;
+    assert!(metrics.contains(line), "missing {line:?} in:\n{metrics}");
+    assert_eq!(installed.engines[0].in_flight.load(SeqCst), 0);
+
+    // An engine that closes its connection after a response: the next request goes out on a
+    // new connection, at the first attempt, and the engine is not blamed.
+    let req = post(&dp.url(), "/v1/chat/completions", &chat_body("k"), &[("x-mock-close", "1")]);
+    assert_eq!(send(&client, req).await.0, 200);
+    for _ in 0..3 {
+        let (status, headers, _) =
+            send(&client, post(&dp.url(), "/v1/chat/completions", &chat_body("k"), &[])).await;
+        assert_eq!(status, 200);
+        let route = headers["x-ilb-route"].to_str().unwrap();
+        assert!(route.ends_with("attempts=1"), "{route}");
+    }
+    assert_eq!(e1.connections.load(SeqCst), 2);
+    assert_eq!(installed.engines[0].counters.failures.load(SeqCst), 0);
 }
 
 #[tokio::test]

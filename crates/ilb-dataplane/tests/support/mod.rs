@@ -2,7 +2,8 @@
 //!
 //! The mock engine's behaviour is chosen per request by headers (the data plane forwards them
 //! unchanged): `x-mock-status`, `x-mock-chunks`, `x-mock-delay-ms`, `x-mock-die-after`,
-//! `x-mock-hang`, `x-mock-gate` (stream the first chunk, then wait for the test to open the gate).
+//! `x-mock-hang`, `x-mock-gate` (stream the first chunk, then wait for the test to open the gate),
+//! `x-mock-close` (answer with `connection: close`, closing the connection after the response).
 
 #![allow(dead_code)]
 
@@ -31,6 +32,8 @@ pub struct MockEngine {
     pub name: String,
     pub addr: SocketAddr,
     pub requests: Arc<AtomicU64>,
+    /// TCP connections accepted.
+    pub connections: Arc<AtomicU64>,
     /// Streams whose client went away before the stream finished.
     pub cancelled: Arc<AtomicU64>,
     pub gate: Arc<Notify>,
@@ -44,6 +47,8 @@ impl MockEngine {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let requests = Arc::new(AtomicU64::new(0));
+        let connections = Arc::new(AtomicU64::new(0));
+        let accepted = connections.clone();
         let cancelled = Arc::new(AtomicU64::new(0));
         let gate = Arc::new(Notify::new());
         let hang = Arc::new(AtomicBool::new(false));
@@ -52,6 +57,7 @@ impl MockEngine {
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else { return };
+                accepted.fetch_add(1, SeqCst);
                 stream.set_nodelay(true).unwrap();
                 let (n, r, c, g, h) = (n.clone(), r.clone(), c.clone(), g.clone(), h.clone());
                 tokio::spawn(async move {
@@ -65,7 +71,7 @@ impl MockEngine {
                 });
             }
         });
-        MockEngine { name: name.to_owned(), addr, requests, cancelled, gate, hang, task }
+        MockEngine { name: name.to_owned(), addr, requests, connections, cancelled, gate, hang, task }
     }
 
     pub fn url(&self) -> String {
@@ -105,6 +111,7 @@ async fn respond(
     let delay = Duration::from_millis(header_u64(&req, "x-mock-delay-ms").unwrap_or(0));
     let die_after = header_u64(&req, "x-mock-die-after");
     let gated = req.headers().contains_key("x-mock-gate");
+    let close = req.headers().contains_key("x-mock-close");
     let echo_headers = format!("{:?}", req.headers().keys().map(|k| k.as_str()).collect::<Vec<_>>());
     let traceparent = req.headers().get("traceparent").cloned();
     let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
@@ -114,6 +121,9 @@ async fn respond(
         .header("x-seen-headers", echo_headers);
     if let Some(tp) = traceparent {
         builder = builder.header("x-seen-traceparent", tp);
+    }
+    if close {
+        builder = builder.header("connection", "close");
     }
     let Some(chunks) = chunks else {
         // Non-streaming: echo the request body so tests can check it arrived unchanged.
