@@ -170,8 +170,12 @@ async fn connect(engine: &EngineState, timeout: Duration) -> Result<Sender, Upst
         Err(_) => return Err(UpstreamError::ConnectTimeout(timeout.as_millis() as u64)),
     };
     let _ = stream.set_nodelay(true);
-    let (sender, connection) =
-        http1::Builder::new().handshake(TokioIo::new(stream)).await.map_err(UpstreamError::Handshake)?;
+    // One flat write per request, as on the client side (see `server::serve_connection`).
+    let (sender, connection) = http1::Builder::new()
+        .writev(false)
+        .handshake(TokioIo::new(stream))
+        .await
+        .map_err(UpstreamError::Handshake)?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "engine connection ended with an error");
