@@ -219,11 +219,20 @@ async fn hung_engine_trips_the_first_byte_timeout_and_fails_over() {
     cfg.timeouts.first_byte = Duration::from_millis(300);
     let dp = data_plane(cfg.clone(), &snapshot(1, &[("hung", hung.url(), 1.0)])).await;
     let client = client();
+    // A first answer leaves its connection in the pool: the hang happens on a reused one.
+    let (s, _, _) = send(&client, post(&dp.url(), "/v1/chat/completions", &chat_body("a"), &[])).await;
+    assert_eq!(s, 200);
+    let started = std::time::Instant::now();
     let (s, _, text) =
         send(&client, post(&dp.url(), "/v1/chat/completions", &chat_body("a"), &[("x-mock-hang", "1")]))
             .await;
     assert_eq!(s, 504, "{text}");
     assert!(text.contains("engine_timeout"));
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    // The timed-out connection is closed, never reused: the next request gets a new one.
+    let (s, _, _) = send(&client, post(&dp.url(), "/v1/chat/completions", &chat_body("a"), &[])).await;
+    assert_eq!(s, 200);
+    assert_eq!(hung.connections.load(std::sync::atomic::Ordering::SeqCst), 2);
     // With a healthy alternative the request fails over after the timeout.
     hung.hang.store(true, std::sync::atomic::Ordering::SeqCst);
     let dp2 = data_plane(cfg, &snapshot(1, &[("hung", hung.url(), 0.5), ("ok", ok.url(), 0.5)])).await;
