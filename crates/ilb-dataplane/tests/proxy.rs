@@ -222,7 +222,7 @@ async fn hung_engine_trips_the_first_byte_timeout_and_fails_over() {
     // A first answer leaves its connection in the pool: the hang happens on a reused one.
     let (s, _, _) = send(&client, post(&dp.url(), "/v1/chat/completions", &chat_body("a"), &[])).await;
     assert_eq!(s, 200);
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let (s, _, text) =
         send(&client, post(&dp.url(), "/v1/chat/completions", &chat_body("a"), &[("x-mock-hang", "1")]))
             .await;
