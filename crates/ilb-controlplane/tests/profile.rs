@@ -2,8 +2,8 @@
 //! TTFT and TBOT, the convex projection (properties) and the fits.
 
 use ilb_controlplane::profile::{
-    combine, fit_piecewise, fit_queueing, project_convex_increasing, LatencyProfile, Objective, Observation,
-    ProfileError, QueueingPrior,
+    combine, fit_level, fit_piecewise, fit_queueing, project_convex_increasing, LatencyProfile, Objective,
+    Observation, ProfileError, QueueingPrior,
 };
 use proptest::prelude::*;
 
@@ -148,6 +148,51 @@ fn fit_never_returns_negative_coefficients() {
         .collect();
     let LatencyProfile::Queueing { t0_ms, b_ms } = fit_queueing(data_only, 100.0, &falling) else { panic!() };
     assert!(t0_ms >= 0.0 && b_ms == 0.0);
+}
+
+#[test]
+fn level_fit_scales_a_measured_curve_to_what_is_observed() {
+    let curve = LatencyProfile::Piecewise(vec![(0.0, 40.0), (50.0, 50.0), (90.0, 80.0), (100.0, 120.0)]);
+    let capacity = 100.0;
+    // Production runs 10 % slower than the curve, at loads spread over three bins.
+    let observed: Vec<Observation> = [30.0, 60.0, 88.0]
+        .iter()
+        .map(|&load| Observation {
+            load_rps: load,
+            latency_ms: 1.1 * curve.latency_ms(load, capacity),
+            weight: 50.0,
+        })
+        .collect();
+    let fitted = fit_level(&curve, 0.0, capacity, &observed);
+    for load in [0.0, 45.0, 95.0] {
+        let ratio = fitted.latency_ms(load, capacity) / curve.latency_ms(load, capacity);
+        assert!((ratio - 1.1).abs() < 1e-12, "{load}: {ratio}");
+    }
+    // A prior worth as much as the observations pulls halfway back.
+    let ratio = fit_level(&curve, 150.0, capacity, &observed).latency_ms(50.0, capacity) / 50.0;
+    assert!((ratio - 1.05).abs() < 1e-12, "{ratio}");
+    // Loads at capacity, NaN and weightless observations are ignored; nothing usable keeps the curve.
+    let unusable = [
+        Observation { load_rps: 100.0, latency_ms: 500.0, weight: 10.0 },
+        Observation { load_rps: f64::NAN, latency_ms: 50.0, weight: 10.0 },
+        Observation { load_rps: 50.0, latency_ms: 500.0, weight: 0.0 },
+    ];
+    assert_eq!(fit_level(&curve, 0.0, capacity, &unusable), curve);
+    assert_eq!(fit_level(&curve, 0.0, 0.0, &observed), curve);
+}
+
+#[test]
+fn level_fit_compares_bins_at_their_mean_load() {
+    // Load fluctuating around 82.5 req/s across the curve's kink at 82; the latency seen is the
+    // curve's at the mean load. Against the curve at the bin's mean load the level is right;
+    // each window against the curve at its own load would read 125 / 132.1 and scale by 0.95.
+    let curve = LatencyProfile::Piecewise(vec![(0.0, 40.0), (82.0, 60.0), (90.0, 100.0)]);
+    let observed = [
+        Observation { load_rps: 80.5, latency_ms: 62.5, weight: 1.0 },
+        Observation { load_rps: 84.5, latency_ms: 62.5, weight: 1.0 },
+    ];
+    let fitted = fit_level(&curve, 0.0, 100.0, &observed);
+    assert!((fitted.latency_ms(82.5, 100.0) - 62.5).abs() < 1e-9, "{}", fitted.latency_ms(82.5, 100.0));
 }
 
 #[test]

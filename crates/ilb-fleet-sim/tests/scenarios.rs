@@ -28,11 +28,11 @@ fn three_regions_ilb_matches_its_prediction_beats_baselines_and_does_not_oscilla
     let ilb = p("ilb");
     let predicted = ilb.steady_state_e2e_ms.expect("ilb predicts");
     let error = (ilb.e2e_ms.mean - predicted).abs() / predicted;
-    // The brief asks for 2 %. The profiles carry the measured TTFT/TBOT curves (not only the
-    // fitted queueing shape), yet the prediction stays about 7 % low here: at the planned
-    // loads the engines' time between tokens in the fleet is ~8 % above the one-engine
-    // calibration runs', which no curve fitted to those runs can see.
-    assert!(error < 0.10, "ilb {} ms vs predicted {predicted} ms", ilb.e2e_ms.mean);
+    // The brief's bar. The control plane refines each measured curve's level (TTFT and TBOT)
+    // from ten minutes of observed operating points; across seeds 1–10 this run lands within
+    // ±1.7 % (within 2.8 % at the scenario's full 300 s, where demand noise on the 89 %-loaded
+    // engines' steep curves is larger than the bar for two seeds).
+    assert!(error < 0.02, "ilb {} ms vs predicted {predicted} ms", ilb.e2e_ms.mean);
     assert!(
         ilb.e2e_ms.mean < p("nearest").e2e_ms.mean,
         "{} vs nearest {}",

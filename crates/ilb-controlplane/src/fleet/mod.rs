@@ -9,24 +9,24 @@
 //! `outliers` judges engines against their model's fleet and their offline profiles and sets
 //! their penalties ([`Fleet::update_penalties`]).
 
+mod history;
 mod outliers;
 
 pub use outliers::OutlierWindow;
 
 use crate::config::FleetConfig;
-use crate::profile::{combine, fit_queueing, LatencyProfile, Observation, QueueingPrior};
+use crate::profile::{combine, fit_level, fit_queueing, LatencyProfile, Observation, QueueingPrior};
 use crate::signals::{window, EngineSample, WindowStats};
 use crate::smoothing::Ewma;
+use history::LoadHistory;
 use ilb_core::report::Report;
 use ilb_core::ModelName;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 /// Time since the control plane started.
 pub type Now = Duration;
 
-/// Observations kept per engine for the latency-profile fit.
-const MAX_OBSERVATIONS: usize = 120;
 /// How much the offline profile counts against observations (in requests).
 const PRIOR_WEIGHT: f64 = 200.0;
 
@@ -54,9 +54,9 @@ pub struct EngineRuntime {
     pub request_rate: Ewma<Now>,
     pub cache_hit_rate: Ewma<Now>,
     pub error_rate: Ewma<Now>,
-    /// (when, what) for the latency-profile fit. Nothing is added while the engine is
+    /// Operating points for the latency-profile fits. Nothing is added while the engine is
     /// penalised (see [`outliers`] for why).
-    observations: VecDeque<(Now, Observation)>,
+    observations: LoadHistory,
     /// Share of capacity withheld because the engine behaves as an outlier, in [0, 1).
     pub penalty: f64,
     /// Why the engine is penalised, for people: "ttft 3.1× its profile at 42 req/s".
@@ -84,7 +84,7 @@ impl EngineRuntime {
             request_rate: Ewma::new(tau),
             cache_hit_rate: Ewma::new(tau),
             error_rate: Ewma::new(tau),
-            observations: VecDeque::new(),
+            observations: LoadHistory::default(),
             penalty: 0.0,
             penalty_reason: None,
             outlier_waiting: None,
@@ -177,17 +177,19 @@ impl Fleet {
                 }
                 if let Some(ttft) = w.ttft {
                     e.ttft_ms.update(now, ttft.mean_ms);
-                    if let (Some(rate), true) = (w.request_rate, e.penalty == 0.0) {
-                        let observation =
-                            Observation { load_rps: rate, latency_ms: ttft.mean_ms, weight: ttft.count };
-                        e.observations.push_back((now, observation));
-                        if e.observations.len() > MAX_OBSERVATIONS {
-                            e.observations.pop_front();
-                        }
-                    }
                 }
                 if let Some(tbot) = w.tbot {
                     e.tbot_ms.update(now, tbot.mean_ms);
+                }
+                // The load is the smoothed rate, not the window's own count: one window's count is
+                // a noisy reading of the load the engine's queue responds to, and pairing it with
+                // the latency biases the fit wherever the curve is steep (errors in variables).
+                let rate = e.request_rate.value().filter(|_| w.request_rate.is_some());
+                if let (Some(rate), Some(ttft), true) = (rate, w.ttft, e.penalty == 0.0) {
+                    // Both latencies count per request (TBOT's own count is in tokens).
+                    let at =
+                        |mean_ms| Observation { load_rps: rate, latency_ms: mean_ms, weight: ttft.count };
+                    e.observations.record(now, at(ttft.mean_ms), w.tbot.map(|t| at(t.mean_ms)));
                 }
                 if let Some(hit) = w.prefix_cache_hit_rate {
                     e.cache_hit_rate.update(now, hit);
@@ -288,10 +290,10 @@ impl Fleet {
         self.nominal_capacity(idx) * self.health(idx, now) * (1.0 - self.engines[idx].penalty)
     }
 
-    /// The latency curve the optimizer minimises for engine `idx`: the offline TTFT profile
-    /// refined by the observed (load, TTFT) pairs, combined with TBOT per the objective.
-    /// A measured curve (`control_plane.measured_curves`) replaces the queueing profile of its
-    /// signal, without refinement: it already is what the engine does.
+    /// The latency curve the optimizer minimises for engine `idx`: the offline TTFT and TBOT
+    /// profiles refined by the observed (load, latency) pairs, combined per the objective. A
+    /// measured curve (`control_plane.measured_curves`) replaces the queueing profile of its
+    /// signal; its shape is kept and only its level follows the observations.
     pub fn latency_profile(&self, idx: usize) -> LatencyProfile {
         let e = &self.config.engines[idx];
         let p = &self.config.profiles[&e.profile];
@@ -299,20 +301,21 @@ impl Fleet {
         let curves = self.config.control_plane.measured_curves.get(&e.profile);
         // Curves are per replica; the engine's replicas share its load evenly.
         let replicas = f64::from(e.replicas.max(1));
-        let measured = |curve: Option<&Vec<[f64; 2]>>| {
-            curve.map(|points| {
-                LatencyProfile::Piecewise(points.iter().map(|&[load, ms]| (load * replicas, ms)).collect())
-                    .convexified()
-            })
-        };
-        let ttft = measured(curves.and_then(|c| c.ttft_curve.as_ref())).unwrap_or_else(|| {
-            let observations: Vec<Observation> =
-                self.engines[idx].observations.iter().map(|(_, o)| *o).collect();
-            let prior = QueueingPrior { t0_ms: p.ttft_t0_ms, b_ms: p.ttft_b_ms, weight: PRIOR_WEIGHT };
-            fit_queueing(prior, capacity, &observations)
-        });
-        let tbot = measured(curves.and_then(|c| c.tbot_curve.as_ref()))
-            .unwrap_or(LatencyProfile::Queueing { t0_ms: p.tbot_t0_ms, b_ms: p.tbot_b_ms });
+        let history = &self.engines[idx].observations;
+        let fit =
+            |measured: Option<&Vec<[f64; 2]>>, t0_ms, b_ms, observations: Vec<Observation>| match measured {
+                Some(points) => {
+                    let curve = LatencyProfile::Piecewise(
+                        points.iter().map(|&[load, ms]| (load * replicas, ms)).collect(),
+                    );
+                    fit_level(&curve.convexified(), PRIOR_WEIGHT, capacity, &observations)
+                }
+                None => {
+                    fit_queueing(QueueingPrior { t0_ms, b_ms, weight: PRIOR_WEIGHT }, capacity, &observations)
+                }
+            };
+        let ttft = fit(curves.and_then(|c| c.ttft_curve.as_ref()), p.ttft_t0_ms, p.ttft_b_ms, history.ttft());
+        let tbot = fit(curves.and_then(|c| c.tbot_curve.as_ref()), p.tbot_t0_ms, p.tbot_b_ms, history.tbot());
         combine(&ttft, &tbot, self.config.objective(), capacity)
     }
 

@@ -371,7 +371,7 @@ impl Fleet {
                 e.penalty_reason = Some(reason);
                 e.outlier_waiting = None;
                 // The window that got it penalised is not its normal behaviour.
-                e.observations.retain(|(t, _)| *t <= started);
+                e.observations.forget_since(started);
             } else {
                 tracing::debug!(engine = %id, %reason, "outlier waits: penalised share at its cap");
                 e.outlier_waiting = Some(reason);

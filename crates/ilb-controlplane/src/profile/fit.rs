@@ -8,6 +8,9 @@
 //! curve's level there but not its shape); with many spread observations the data do. Both
 //! coefficients are kept non-negative.
 //!
+//! Measured curve (a shape profiled offline, e.g. by a calibration run): its shape is kept and
+//! its level follows the observations, scaled by their latency relative to the curve.
+//!
 //! Piecewise shape: observations are binned to the nearest knot, averaged, and projected onto
 //! convex non-decreasing curves, weighted by the bins' observation weights.
 
@@ -71,6 +74,64 @@ pub fn fit_queueing(prior: QueueingPrior, capacity_rps: f64, observations: &[Obs
     }
     let (t0_ms, b_ms) = sums.solve(prior.b_ms.max(0.0));
     LatencyProfile::Queueing { t0_ms, b_ms }
+}
+
+/// Width of the load bins of [`fit_level`], as a fraction of capacity.
+const LEVEL_BIN: f64 = 0.05;
+
+/// Scales `prior` by how the observed latencies compare with it, for a curve whose shape is
+/// trusted (measured offline) but whose level drifts in production (cache hit rates,
+/// burstiness). Observations are binned by load (5 % of capacity wide); the factor is the ratio
+/// Σ_b W_b·Ō_b / Σ_b W_b·L(Ȳ_b) of each bin's mean observed latency to the curve at the bin's
+/// mean load, weighted by the bin's weight. Comparing each observation with the curve at its
+/// own load instead would fold the load's fluctuation into the level: the curve is convex, so
+/// the mean of L over a fluctuating load exceeds L at the mean load, and the fitted curve would
+/// then predict too little at a steady operating point. The prior counts as `prior_weight`
+/// observations right on the curve. Observations at or above 99 % of `capacity_rps`, non-finite
+/// or weightless ones are skipped, and so are bins where the curve is not positive.
+pub fn fit_level(
+    prior: &LatencyProfile,
+    prior_weight: f64,
+    capacity_rps: f64,
+    observations: &[Observation],
+) -> LatencyProfile {
+    if !(capacity_rps.is_finite() && capacity_rps > 0.0) {
+        return prior.clone();
+    }
+    let width = LEVEL_BIN * capacity_rps;
+    // Per bin: Σw, Σw·load, Σw·latency.
+    let mut bins = vec![(0.0, 0.0, 0.0); (MAX_FIT_UTILISATION / LEVEL_BIN).ceil() as usize + 1];
+    for observation in observations {
+        let Observation { load_rps, latency_ms, weight } = *observation;
+        let usable = load_rps.is_finite()
+            && latency_ms.is_finite()
+            && weight.is_finite()
+            && weight > 0.0
+            && load_rps >= 0.0
+            && load_rps < MAX_FIT_UTILISATION * capacity_rps;
+        if usable {
+            let last = bins.len() - 1;
+            let bin = &mut bins[((load_rps / width) as usize).min(last)];
+            bin.0 += weight;
+            bin.1 += weight * load_rps;
+            bin.2 += weight * latency_ms;
+        }
+    }
+    let (mut weight, mut observed, mut predicted) = (0.0, 0.0, 0.0);
+    for &(w, load, latency) in &bins {
+        let curve = if w > 0.0 { prior.latency_ms(load / w, capacity_rps) } else { 0.0 };
+        if curve.is_finite() && curve > 0.0 {
+            weight += w;
+            observed += latency;
+            predicted += w * curve;
+        }
+    }
+    if weight <= 0.0 {
+        return prior.clone();
+    }
+    // The prior: `prior_weight` observations at the bins' mean predicted latency.
+    let anchor = if prior_weight.is_finite() { prior_weight.max(0.0) * predicted / weight } else { 0.0 };
+    prior.scaled((observed + anchor) / (predicted + anchor))
 }
 
 /// Weighted sums of the 2 × 2 normal equations for latency = t0 + b·x.

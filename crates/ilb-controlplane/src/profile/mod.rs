@@ -19,7 +19,7 @@ mod convex;
 mod fit;
 
 pub use convex::{project_convex_increasing, project_convex_increasing_weighted};
-pub use fit::{fit_piecewise, fit_queueing, Observation, QueueingPrior};
+pub use fit::{fit_level, fit_piecewise, fit_queueing, Observation, QueueingPrior};
 
 use serde::{Deserialize, Serialize};
 
@@ -102,6 +102,16 @@ impl LatencyProfile {
                 }
             }
             Self::Piecewise(knots) => piecewise_at(knots, load),
+        }
+    }
+
+    /// The same curve with every latency multiplied by `factor` (≥ 0).
+    pub fn scaled(&self, factor: f64) -> Self {
+        match self {
+            Self::Queueing { t0_ms, b_ms } => Self::Queueing { t0_ms: t0_ms * factor, b_ms: b_ms * factor },
+            Self::Piecewise(knots) => {
+                Self::Piecewise(knots.iter().map(|&(y, ms)| (y, ms * factor)).collect())
+            }
         }
     }
 
