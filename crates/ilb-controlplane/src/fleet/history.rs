@@ -79,7 +79,7 @@ impl LoadHistory {
 /// Two observations as one: weights add, load and latency are weight-averaged.
 fn pooled(a: Observation, b: Observation) -> Observation {
     let weight = a.weight + b.weight;
-    if !(weight > 0.0) {
+    if weight.is_nan() || weight <= 0.0 {
         return b;
     }
     Observation {
