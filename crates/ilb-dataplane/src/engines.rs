@@ -198,6 +198,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn upstream_target_host_and_address() {
+        let pq = |s: &str| s.parse::<http::uri::PathAndQuery>().unwrap();
+        let e = EngineState::new(EngineId::new("p"), "http://127.0.0.1:8001/prefix/");
+        assert_eq!(
+            e.upstream_uri(Some(&pq("/v1/chat/completions?x=1"))).unwrap(),
+            "/prefix/v1/chat/completions?x=1"
+        );
+        assert_eq!(e.host_header(), "127.0.0.1:8001");
+        assert_eq!(e.connect_addr(), ("127.0.0.1", 8001));
+        let v6 = EngineState::new(EngineId::new("v6"), "http://[::1]:8000");
+        assert_eq!(v6.upstream_uri(Some(&pq("/v1/models"))).unwrap(), "/v1/models");
+        assert_eq!(v6.host_header(), "[::1]:8000");
+        assert_eq!(v6.connect_addr(), ("::1", 8000));
+        let named = EngineState::new(EngineId::new("n"), "http://engine-7");
+        assert_eq!(named.host_header(), "engine-7");
+        assert_eq!(named.connect_addr(), ("engine-7", 80));
+    }
+
+    #[test]
     fn ejects_after_consecutive_failures_and_backs_off() {
         let config = GuardConfig::default();
         let e = EngineState::new(EngineId::new("e"), "http://127.0.0.1:1/");

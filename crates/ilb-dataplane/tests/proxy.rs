@@ -296,6 +296,33 @@ async fn client_disconnect_cancels_the_upstream_stream() {
     assert_eq!(e1.connections.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_engine_connections_are_capped_and_expire() {
+    let e1 = MockEngine::start("e1").await;
+    let mut cfg = config();
+    cfg.upstream_pool.max_idle_per_engine = 2;
+    cfg.upstream_pool.idle_timeout = Duration::from_millis(300);
+    cfg.probe_interval = Duration::from_millis(50);
+    let dp = data_plane(cfg, &snapshot(1, &[("e1", e1.url(), 1.0)])).await;
+    // Eight overlapping requests need eight connections.
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let (client, url) = (client(), dp.url());
+        tasks.push(tokio::spawn(async move {
+            let headers = [("x-mock-chunks", "2"), ("x-mock-delay-ms", "300")];
+            send(&client, post(&url, "/v1/chat/completions", &chat_body(&format!("k{i}")), &headers)).await.0
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    assert_eq!(e1.connections.load(std::sync::atomic::Ordering::SeqCst), 8);
+    let installed = dp.installed().unwrap();
+    assert_eq!(installed.engines[0].pool.idle_len(), 2, "at most max_idle_per_engine are kept");
+    // Unused past the idle timeout, they are closed.
+    assert!(eventually(Duration::from_secs(5), || installed.engines[0].pool.idle_len() == 0).await);
+}
+
 #[tokio::test]
 async fn engine_connections_are_reused_and_every_response_end_is_counted() {
     use std::sync::atomic::Ordering::SeqCst;
