@@ -309,7 +309,7 @@ async fn idle_engine_connections_are_capped_and_expire() {
     for i in 0..8 {
         let (client, url) = (client(), dp.url());
         tasks.push(tokio::spawn(async move {
-            let headers = [("x-mock-chunks", "2"), ("x-mock-delay-ms", "300")];
+            let headers = [("x-mock-chunks", "2"), ("x-mock-delay-ms", "500")];
             send(&client, post(&url, "/v1/chat/completions", &chat_body(&format!("k{i}")), &headers)).await.0
         }));
     }
