@@ -395,12 +395,16 @@ fn solve_engine(
     // root usually still is, instead of at the top: one curve evaluation instead of one per class.
     let phi = |q: f64, m: usize, sum: f64| curve.response(q).0 - k_j * (sum - m as f64 * q);
     let (mut m, mut sum) = (1, scratch[0]);
+    // The curve at the hint, kept for Newton's first iterate (usually the hint itself).
+    let mut at_hint = None;
     if hint > base && hint < scratch[0] {
         while m < scratch.len() && scratch[m] > hint {
             sum += scratch[m];
             m += 1;
         }
-        if phi(hint, m, sum) > 0.0 {
+        let response = curve.response(hint);
+        at_hint = Some(response);
+        if response.0 - k_j * (sum - m as f64 * hint) > 0.0 {
             while m < scratch.len() && scratch[m] > base && phi(scratch[m], m, sum) > 0.0 {
                 sum += scratch[m];
                 m += 1;
@@ -423,7 +427,10 @@ fn solve_engine(
     let mut q = if hint > lo && hint < hi { hint } else { lo };
     let tolerance = 1e-12 * curve.cap().max(1e-9);
     for _ in 0..100 {
-        let (y, dy) = curve.response(q);
+        let (y, dy) = match at_hint.take() {
+            Some(response) if q == hint => response,
+            _ => curve.response(q),
+        };
         let value = y - k_j * (sum - count * q);
         if value.abs() <= tolerance {
             return (q, dy);
