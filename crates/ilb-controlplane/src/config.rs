@@ -49,6 +49,10 @@ pub struct ControlPlaneSettings {
     pub smoothing_ms: u64,
     /// Usable fraction ρ of each engine's capacity, in (0, 1]. Default 0.95.
     pub rho: f64,
+    /// Stability strength: how many ms of latency a new plan must save per request it moves to
+    /// another engine before it replaces the published split (a moved conversation loses its
+    /// prefix cache). 0 = always publish the optimum. Default 0.
+    pub stability_ms: f64,
     /// Which latency the optimizer minimises.
     pub objective: ObjectiveSetting,
     /// Expected output tokens per request, for `objective = "ttft_plus_decode"`. Default 128.
@@ -114,6 +118,7 @@ impl Default for ControlPlaneSettings {
             report_timeout_ms: 10_000,
             smoothing_ms: 5000,
             rho: 0.95,
+            stability_ms: 0.0,
             objective: ObjectiveSetting::Ttft,
             expected_output_tokens: 128.0,
             shed_penalty_ms: [
@@ -399,6 +404,9 @@ impl FleetConfig {
         }
         if !(cp.rho > 0.0 && cp.rho <= 1.0) {
             return err(format!("control_plane.rho: {} is not in (0, 1]", cp.rho));
+        }
+        if !(cp.stability_ms.is_finite() && cp.stability_ms >= 0.0) {
+            return err("control_plane.stability_ms: must be a non-negative number");
         }
         if !(cp.expected_output_tokens.is_finite() && cp.expected_output_tokens >= 0.0) {
             return err("control_plane.expected_output_tokens: must be a non-negative number");

@@ -10,7 +10,7 @@ use crate::fleet::{ClassKey, Fleet, Now};
 use crate::profile::LatencyProfile;
 use ilb_core::snapshot::{ClassRoutes, EngineEntry, EngineWeight, ModelRoutes, Snapshot, FORMAT};
 use ilb_core::{ClassId, ClusterId, EngineId, ModelName, SnapshotVersion};
-use ilb_optimizer::{Class, Engine, Latency, NetworkMatrix, Problem, Solution};
+use ilb_optimizer::{Class, Engine, Latency, NetworkMatrix, Problem, Solution, SolverOptions};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// One model's problem and how its indices map back to the fleet.
@@ -133,6 +133,11 @@ fn to_optimizer(profile: LatencyProfile) -> Latency {
 /// One snapshot per cluster from the solved plans. `solutions[i]` solves `plans[i]`, or is
 /// `None` when that model could not be solved: its classes then route in proportion to
 /// effective capacity, so data planes never lose a model because of one failed solve.
+/// The optimizer's options from the control plane's settings (one solver per model uses them).
+pub fn solver_options(config: &crate::config::FleetConfig) -> SolverOptions {
+    SolverOptions { stability_ms: config.control_plane.stability_ms, ..SolverOptions::default() }
+}
+
 pub fn snapshots(
     fleet: &Fleet,
     plans: &[ModelPlan],

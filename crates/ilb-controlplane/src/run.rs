@@ -13,7 +13,7 @@ use crate::signals::EngineSample;
 use crate::view::{self, View};
 use ilb_core::report::Report;
 use ilb_core::ModelName;
-use ilb_optimizer::{Solution, Solver};
+use ilb_optimizer::{Solution, Solver, SolverOptions};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -168,8 +168,9 @@ async fn control_loop(
                 let Some(taken) = solvers.take() else { continue };
                 let plans = plan::build(&fleet, now());
                 let tx = solved_tx.clone();
+                let options = plan::solver_options(&fleet.config);
                 tokio::task::spawn_blocking(move || {
-                    let solved = solve_all(plans, taken);
+                    let solved = solve_all(plans, taken, &options);
                     let _ = tx.blocking_send(Event::Solved(Box::new(solved)));
                 });
             }
@@ -191,11 +192,15 @@ async fn control_loop(
 }
 
 /// Solves every model, warm-starting each from its previous solution. Runs on a blocking thread.
-fn solve_all(plans: Vec<ModelPlan>, mut solvers: BTreeMap<String, Solver>) -> Solved {
+fn solve_all(
+    plans: Vec<ModelPlan>,
+    mut solvers: BTreeMap<String, Solver>,
+    options: &SolverOptions,
+) -> Solved {
     let results = plans
         .iter()
         .map(|plan| {
-            let solver = solvers.entry(plan.model.clone()).or_default();
+            let solver = solvers.entry(plan.model.clone()).or_insert_with(|| Solver::new(options.clone()));
             let started = Instant::now();
             let result = solver.solve(&plan.problem).map_err(|e| {
                 tracing::error!(model = %plan.model, error = %e, "optimizer rejected the problem");

@@ -79,6 +79,7 @@ fn bad_configs_name_the_field() {
         assert!(error.contains(expected), "{error:?} does not mention {expected:?}");
     };
     check(&|t| t.replace("rho = 0.95", "rho = 1.5"), "control_plane.rho");
+    check(&|t| t.replace("rho = 0.95", "rho = 0.95\nstability_ms = -5.0"), "control_plane.stability_ms");
     check(
         &|t| t.replace("profile = \"gpu\"\ncapacity_rps = 80.0", "profile = \"tpu\""),
         "engines.engine-c.profile",

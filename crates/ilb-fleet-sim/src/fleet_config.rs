@@ -27,6 +27,7 @@ pub fn build(scenario: &Scenario, calibrations: &[Calibration]) -> Result<FleetC
             report_timeout_ms: ms(10.0 * control.report_period_s),
             smoothing_ms: ms(control.smoothing_s),
             rho: control.rho,
+            stability_ms: control.stability_ms,
             objective: if control.objective == "ttft" {
                 ObjectiveSetting::Ttft
             } else {

@@ -18,6 +18,7 @@ mod problem;
 mod publish;
 mod solution;
 mod solver;
+mod stability;
 mod warm;
 
 pub use curve::Curve;

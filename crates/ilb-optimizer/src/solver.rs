@@ -10,6 +10,7 @@ use crate::pass::{Candidates, Model, Pass, PrevRoutes};
 use crate::problem::{Problem, ProblemError};
 use crate::publish::{publish, RunSummary};
 use crate::solution::{Solution, WarmStart};
+use crate::stability::{keep_previous, Previous};
 use crate::warm::{cold_prices, map_warm_start};
 
 /// Tuning knobs; the defaults meet the bar of the crate README.
@@ -23,11 +24,20 @@ pub struct SolverOptions {
     pub min_route_fraction: f64,
     /// Centre the smoothing term at the previous routes (sticky ties); on by default.
     pub proximal: bool,
+    /// Stability strength: the cost, in ms of latency per request moved, that a new split must
+    /// save before a [`Solver`] moves traffic (0 = always publish the optimum; see `stability`).
+    pub stability_ms: f64,
 }
 
 impl Default for SolverOptions {
     fn default() -> Self {
-        SolverOptions { gap_target: 5e-4, max_newton_steps: 400, min_route_fraction: 1e-6, proximal: true }
+        SolverOptions {
+            gap_target: 5e-4,
+            max_newton_steps: 400,
+            min_route_fraction: 1e-6,
+            proximal: true,
+            stability_ms: 0.0,
+        }
     }
 }
 
@@ -36,24 +46,39 @@ impl Default for SolverOptions {
 pub struct Solver {
     pub options: SolverOptions,
     warm: Option<WarmStart>,
+    /// The solution last returned, kept only with a stability strength.
+    previous: Option<Previous>,
 }
 
 impl Solver {
     pub fn new(options: SolverOptions) -> Self {
-        Solver { options, warm: None }
+        Solver { options, warm: None, previous: None }
     }
 
     /// Solves `problem`, warm-started from the previous solve if there was one, and remembers
-    /// the result for the next call.
+    /// the result for the next call. With a stability strength the previous split is returned
+    /// (re-evaluated on `problem`) while moving would not pay for itself.
     pub fn solve(&mut self, problem: &Problem) -> Result<Solution, ProblemError> {
         let (solution, warm) = solve(problem, self.warm.as_ref(), &self.options)?;
+        // The warm start follows the optimum either way, so that the next solve tracks it.
         self.warm = Some(warm);
+        let strength = self.options.stability_ms;
+        if !(strength.is_finite() && strength > 0.0) {
+            return Ok(solution);
+        }
+        let solution = self
+            .previous
+            .as_ref()
+            .and_then(|previous| keep_previous(problem, &solution, previous, strength))
+            .unwrap_or(solution);
+        self.previous = Some(Previous::new(problem, &solution));
         Ok(solution)
     }
 
     /// Forgets the previous solution: the next solve is cold.
     pub fn reset(&mut self) {
         self.warm = None;
+        self.previous = None;
     }
 
     pub fn warm_start(&self) -> Option<&WarmStart> {

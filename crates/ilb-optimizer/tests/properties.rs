@@ -211,3 +211,42 @@ fn warm_resolve_moves_little_traffic() {
         assert!(moved <= 0.02, "round {round}: {:.2} % moved", 100.0 * moved);
     }
 }
+
+/// With a stability strength the solver keeps its split while moving would not pay for itself
+/// (a ±1 % demand change), re-evaluated on the new demand, feasible, and with an honest gap; it
+/// moves once the old split no longer fits (an engine would overflow) or the gain is large.
+#[test]
+fn stability_strength_keeps_the_split_until_moving_pays() {
+    let problem = generate(&GenConfig::new(20, 200, 5));
+    let options = SolverOptions { stability_ms: 200.0, ..SolverOptions::default() };
+    let mut solver = Solver::new(options);
+    let first = solver.solve(&problem).unwrap();
+    let changed = perturb_demand(&problem, 3, 0.01);
+    let kept = solver.solve(&changed).unwrap();
+    common::check_invariants(&changed, &kept);
+    assert_eq!(kept.routes.len(), first.routes.len());
+    for (a, b) in kept.routes.iter().zip(&first.routes) {
+        assert_eq!((a.class, a.engine, a.weight), (b.class, b.engine, b.weight));
+    }
+    assert!(kept.gap <= 1e-2, "stability costs {} here", kept.gap);
+    // The optimum itself would have moved some traffic.
+    let (free, _) = solve(&changed, None, &SolverOptions::default()).unwrap();
+    assert!(free.objective <= kept.objective);
+
+    // Demand up 30 %: the old split overflows engines, so the solver moves.
+    let mut surge = changed.clone();
+    for c in &mut surge.classes {
+        c.demand_rps *= 1.3;
+    }
+    let moved = solver.solve(&surge).unwrap();
+    common::check_invariants(&surge, &moved);
+    assert!(moved.gap <= 1e-3, "gap {}", moved.gap);
+    assert!(moved.traffic_moved.unwrap() > 0.01);
+
+    // Without a strength nothing is held back.
+    let mut plain = Solver::new(SolverOptions::default());
+    plain.solve(&problem).unwrap();
+    let optimum = plain.solve(&changed).unwrap();
+    assert!(optimum.gap <= 1e-3);
+    assert!(optimum.routes.iter().zip(&first.routes).any(|(a, b)| a.weight != b.weight));
+}

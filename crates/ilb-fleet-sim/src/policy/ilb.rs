@@ -96,7 +96,10 @@ impl Ilb {
         let (mut served_cost, mut served_rps) = (0.0, 0.0);
         self.planned_load.iter_mut().for_each(|l| *l = 0.0);
         for plan in &plans {
-            let solver = self.solvers.entry(plan.model.clone()).or_default();
+            let solver = self
+                .solvers
+                .entry(plan.model.clone())
+                .or_insert_with(|| Solver::new(plan::solver_options(&self.fleet.config)));
             match solver.solve(&plan.problem) {
                 Ok(solution) => {
                     let shed_cost: f64 = solution
@@ -145,7 +148,12 @@ impl Ilb {
                     plan.problem.classes[k].shed_penalty_ms = penalty;
                 }
             }
-            let solution = self.solvers.entry(plan.model.clone()).or_default().solve(&plan.problem).ok()?;
+            let solution = self
+                .solvers
+                .entry(plan.model.clone())
+                .or_insert_with(|| Solver::new(plan::solver_options(&self.fleet.config)))
+                .solve(&plan.problem)
+                .ok()?;
             let shed_cost: f64 =
                 solution.shed_rps.iter().zip(&plan.problem.classes).map(|(s, c)| s * c.shed_penalty_ms).sum();
             let demand: f64 = plan.problem.classes.iter().map(|c| c.demand_rps).sum();

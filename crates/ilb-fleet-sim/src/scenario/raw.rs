@@ -279,6 +279,9 @@ pub struct ControlSpec {
     pub smoothing_s: f64,
     /// Usable fraction ρ of capacity. Default 0.95.
     pub rho: f64,
+    /// Stability strength, ms of latency a new plan must save per moved request (the control
+    /// plane's `stability_ms`). Default 0.
+    pub stability_ms: f64,
     /// `ttft` or `ttft_plus_decode` (the optimizer then predicts mean end-to-end latency). Default
     /// `ttft_plus_decode`.
     pub objective: String,
@@ -306,6 +309,7 @@ impl Default for ControlSpec {
             snapshot_delay_s: 1.0,
             smoothing_s: 5.0,
             rho: 0.95,
+            stability_ms: 0.0,
             objective: "ttft_plus_decode".into(),
             shed_penalty_ms: ilb_controlplane::config::ControlPlaneSettings::default().shed_penalty_ms,
             calibration_s: 60.0,

@@ -364,6 +364,9 @@ fn validate_control(c: &ControlSpec, f: &FeedbackSpec) -> Result<(), ScenarioErr
     if !(c.rho > 0.0 && c.rho <= 1.0) {
         return err(format!("control.rho: {} is not in (0, 1]", c.rho));
     }
+    if !(c.stability_ms.is_finite() && c.stability_ms >= 0.0) {
+        return err("control.stability_ms: must be a non-negative number");
+    }
     if !["ttft", "ttft_plus_decode"].contains(&c.objective.as_str()) {
         return err(format!(
             "control.objective: unknown objective '{}' (ttft, ttft_plus_decode)",
