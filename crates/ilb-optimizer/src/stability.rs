@@ -3,7 +3,9 @@
 //! a stability strength of S ms per moved request, a [`crate::Solver`] keeps its previous split
 //! unless the new one saves more than S ms for every request per second it moves:
 //!
-//!     keep if  cost(previous split on the new problem) − cost(new split) ≤ S · moved,
+//! ```text
+//! keep if  cost(previous split on the new problem) − cost(new split) ≤ S · moved,
+//! ```
 //!
 //! where costs are Σ n·x + Σ f(y) (shedding follows the new solve either way) and moved is the
 //! req/s that change engine. The previous split must still be feasible: every pair allowed, no
