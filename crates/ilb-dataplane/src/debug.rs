@@ -64,7 +64,9 @@ fn explain(shared: &Shared, query: &str) -> Result<serde_json::Value, ProxyError
             json!({
                 "engine": entry.id, "url": entry.url, "region": entry.region,
                 "weight": c.weight, "expected_latency_ms": c.expected_latency_ms, "network_ms": c.network_ms,
-                "in_flight": state.in_flight.load(Relaxed), "skip": skip, "home_slot": i == home,
+                "in_flight": state.in_flight.load(Relaxed),
+                "class_in_flight": installed.class_engine_in_flight[class.seq][i].load(Relaxed),
+                "skip": skip, "home_slot": i == home,
             })
         })
         .collect();

@@ -52,6 +52,8 @@ pub struct InFlight {
     shared: Arc<Shared>,
     engine: Arc<crate::engines::EngineState>,
     class: Arc<crate::state::ClassState>,
+    /// This class's requests in flight on this engine.
+    class_engine: Arc<std::sync::atomic::AtomicU32>,
     started: Instant,
     finished: bool,
     /// The engine connection, returned to its pool once the response body has ended cleanly.
@@ -59,16 +61,19 @@ pub struct InFlight {
 }
 
 impl InFlight {
-    fn start(shared: &Arc<Shared>, installed: &Installed, engine_idx: usize, class_seq: usize) -> InFlight {
-        let engine = Arc::clone(&installed.engines[engine_idx]);
-        let class = Arc::clone(&installed.classes[class_seq]);
+    fn start(shared: &Arc<Shared>, installed: &Installed, class: &ClassTable, candidate: usize) -> InFlight {
+        let engine = Arc::clone(&installed.engines[class.candidates[candidate].engine_idx]);
+        let class_engine = Arc::clone(&installed.class_engine_in_flight[class.seq][candidate]);
+        let class = Arc::clone(&installed.classes[class.seq]);
         engine.in_flight.fetch_add(1, Relaxed);
         engine.counters.attempts.fetch_add(1, Relaxed);
         class.in_flight.fetch_add(1, Relaxed);
+        class_engine.fetch_add(1, Relaxed);
         InFlight {
             shared: Arc::clone(shared),
             engine,
             class,
+            class_engine,
             started: Instant::now(),
             finished: false,
             conn: None,
@@ -109,6 +114,7 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         self.engine.in_flight.fetch_sub(1, Relaxed);
         self.class.in_flight.fetch_sub(1, Relaxed);
+        self.class_engine.fetch_sub(1, Relaxed);
         self.shared.waiters.slot_freed();
     }
 }
@@ -195,7 +201,7 @@ async fn forward(
         }
         tried.push(candidate);
         let engine_idx = class.candidates[candidate].engine_idx;
-        let mut in_flight = InFlight::start(shared, &installed, engine_idx, class.seq);
+        let mut in_flight = InFlight::start(shared, &installed, class, candidate);
         let mut upstream = build_upstream(&installed, engine_idx, &parts.uri, &parts.headers, body.clone())?;
         if shared.config.create_traceparent && !parts.headers.contains_key(&TRACEPARENT) {
             upstream.headers_mut().insert(TRACEPARENT, traceparent(shared.trace_seed, request_id));
@@ -329,9 +335,12 @@ pub(crate) fn choose(
         let limit = installed.table.engines[c.engine_idx].max_in_flight;
         limit == 0 || installed.engines[c.engine_idx].in_flight.load(Relaxed) < limit
     };
+    // The bound compares like with like: this class's requests on the candidate against the
+    // class's share there (the engine's own count also holds other classes').
+    let class_engine = &installed.class_engine_in_flight[class.seq];
     let bounded = |candidate: usize| {
         let c = &class.candidates[candidate];
-        let in_flight = installed.engines[c.engine_idx].in_flight.load(Relaxed) as f64;
+        let in_flight = class_engine[candidate].load(Relaxed) as f64;
         within_load_bound(in_flight, c.weight, class_load) && healthy(candidate) && has_room(candidate)
     };
     if let Some(p) =

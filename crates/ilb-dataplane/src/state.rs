@@ -23,6 +23,10 @@ pub struct Installed {
     pub engines: Vec<Arc<EngineState>>,
     /// Per-class counters, indexed by `ClassTable::seq`.
     pub classes: Vec<Arc<ClassState>>,
+    /// Requests of each class in flight on each of its candidates, by `ClassTable::seq` and
+    /// candidate: what the load bound compares with the class's in-flight count (an engine's
+    /// own count also holds other classes' requests).
+    pub class_engine_in_flight: Vec<Vec<Arc<AtomicU32>>>,
     /// The `x-ilb-route` value of a first-try answer, by `ClassTable::seq` and candidate: built
     /// here once so that the request path formats nothing.
     pub routes: Vec<Vec<RoutePrefix>>,
@@ -53,6 +57,7 @@ pub struct RoutingState {
 struct Registry {
     engines: HashMap<EngineId, Arc<EngineState>>,
     classes: HashMap<(ModelName, ClassId), Arc<ClassState>>,
+    class_engines: HashMap<(ModelName, ClassId, EngineId), Arc<AtomicU32>>,
 }
 
 /// Counters of one traffic class that persist across snapshot installs.
@@ -164,6 +169,22 @@ impl RoutingState {
         registry.engines.retain(|id, s| live.contains(id) || Arc::strong_count(s) > 1);
         registry.classes.retain(|_, c| Arc::strong_count(c) > 1);
 
+        let mut class_engine_in_flight = vec![Vec::new(); table.n_classes()];
+        for model in table.models() {
+            for class in &model.classes {
+                class_engine_in_flight[class.seq] = class
+                    .candidates
+                    .iter()
+                    .map(|c| {
+                        let key =
+                            (model.name.clone(), class.id.clone(), table.engines[c.engine_idx].id.clone());
+                        Arc::clone(registry.class_engines.entry(key).or_default())
+                    })
+                    .collect();
+            }
+        }
+        registry.class_engines.retain(|_, c| Arc::strong_count(c) > 1);
+
         let mut routes = vec![Vec::new(); table.n_classes()];
         for model in table.models() {
             for class in &model.classes {
@@ -174,8 +195,14 @@ impl RoutingState {
                     .collect();
             }
         }
-        let installed =
-            Arc::new(Installed { table, engines, classes, routes, installed_unix_ms: now_unix_ms });
+        let installed = Arc::new(Installed {
+            table,
+            engines,
+            classes,
+            class_engine_in_flight,
+            routes,
+            installed_unix_ms: now_unix_ms,
+        });
         self.current.store(Some(Arc::clone(&installed)));
         Ok(installed)
     }

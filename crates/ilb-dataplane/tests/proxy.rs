@@ -426,3 +426,64 @@ async fn an_incoming_traceparent_passes_through_unchanged() {
             .await;
     assert_eq!(headers["x-seen-traceparent"], tp);
 }
+
+/// The load bound counts a class's own requests on an engine: another class holding many
+/// requests there must not push this class's keys off their home engine (before, the bound
+/// compared the engine's total in-flight count with one class's share of it).
+#[tokio::test]
+async fn load_bound_counts_only_the_class_own_requests() {
+    use ilb_core::snapshot::{ClassRoutes, EngineWeight};
+    use ilb_core::{ClassId, EngineId};
+    let (e1, e2) = (MockEngine::start("e1").await, MockEngine::start("e2").await);
+    let mut snap = snapshot(1, &[("e1", e1.url(), 1.0), ("e2", e2.url(), 0.0)]);
+    for engine in &mut snap.engines {
+        engine.capabilities = vec!["x".into()];
+    }
+    let half = |id: &str| EngineWeight {
+        engine: EngineId::new(id),
+        weight: 0.5,
+        expected_latency_ms: None,
+        network_ms: None,
+    };
+    snap.models[0].classes.push(ClassRoutes {
+        id: ClassId::new("x"),
+        require: vec!["x".into()],
+        residency: None,
+        weights: vec![half("e1"), half("e2")],
+        shed_fraction: 0.0,
+    });
+    let dp = data_plane(config(), &snap).await;
+    let client = client();
+    // Twenty default-class streams held open on e1 (first chunk sent, the rest gated).
+    let mut held = Vec::new();
+    for i in 0..20 {
+        let session = format!("held-{i}");
+        let headers = [("x-mock-chunks", "3"), ("x-mock-gate", "1"), ("x-session-id", session.as_str())];
+        let resp = client.request(post(&dp.url(), "/v1/chat/completions", &chat_body("h"), &headers)).await;
+        let mut body = resp.unwrap().into_body();
+        body.frame().await.expect("first chunk").unwrap();
+        held.push(body);
+    }
+    let e1_idx = engine_index(&dp, "e1");
+    assert_eq!(
+        dp.installed().unwrap().engines[e1_idx].in_flight.load(std::sync::atomic::Ordering::Relaxed),
+        20
+    );
+    // Class x splits its keys half and half, whatever the default class does on e1.
+    let mut on_e1 = 0;
+    for i in 0..40 {
+        let session = format!("x-{i}");
+        let headers = [("x-ilb-require", "x"), ("x-session-id", session.as_str())];
+        let (status, headers, _) =
+            send(&client, post(&dp.url(), "/v1/chat/completions", &chat_body("x"), &headers)).await;
+        assert_eq!(status, 200);
+        on_e1 += usize::from(engine_of(&headers) == "e1");
+    }
+    assert!((10..=30).contains(&on_e1), "{on_e1} of 40 class-x keys on e1");
+    for _ in 0..20 {
+        e1.gate.notify_one();
+    }
+    for body in held {
+        body.collect().await.unwrap();
+    }
+}

@@ -126,7 +126,7 @@ impl DataPlanes {
         let bounded = |candidate: usize| {
             let cand = &class.candidates[candidate];
             let j = installed.engine_map[cand.engine_idx];
-            let in_flight = f64::from(load.cluster_in_flight[c * n + j]);
+            let in_flight = f64::from(load.stream_engine_in_flight[stream * n + j]);
             ilb_core::table::within_load_bound(in_flight, cand.weight, class_load) && usable(candidate)
         };
         match class.pick(key_hash, bounded).or_else(|| class.pick(key_hash, usable)) {

@@ -54,8 +54,9 @@ pub struct Load {
     pub up: Vec<bool>,
     /// Requests in flight per engine, all clusters.
     pub in_flight: Vec<u32>,
-    /// Requests in flight from each cluster to each engine, `[cluster * n_engines + engine]`.
-    pub cluster_in_flight: Vec<u32>,
+    /// Requests of each stream in flight on each engine, `[stream * n_engines + engine]`: what
+    /// the data plane's load bound compares with the stream's (class's) in-flight count.
+    pub stream_engine_in_flight: Vec<u32>,
     /// Requests in flight per stream (= per class of a data plane).
     pub stream_in_flight: Vec<u32>,
 }
@@ -65,7 +66,7 @@ impl Load {
         Load {
             up: vec![true; topology.n_engines],
             in_flight: vec![0; topology.n_engines],
-            cluster_in_flight: vec![0; topology.n_engines * topology.n_clusters],
+            stream_engine_in_flight: vec![0; topology.n_engines * n_streams],
             stream_in_flight: vec![0; n_streams],
         }
     }

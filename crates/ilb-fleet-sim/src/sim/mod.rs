@@ -235,7 +235,7 @@ impl Sim<'_> {
         }
         let n = self.topology.n_engines;
         self.load.in_flight[j] += 1;
-        self.load.cluster_in_flight[cluster * n + j] += 1;
+        self.load.stream_engine_in_flight[s * n + j] += 1;
         self.load.stream_in_flight[s] += 1;
         self.live.insert(id, Live { session, engine: j, net_ms });
         self.reschedule(j, now);
@@ -252,10 +252,9 @@ impl Sim<'_> {
     }
 
     fn release(&mut self, engine: usize, stream: usize) {
-        let cluster = self.topology.stream_cluster[stream];
         let n = self.topology.n_engines;
         self.load.in_flight[engine] -= 1;
-        self.load.cluster_in_flight[cluster * n + engine] -= 1;
+        self.load.stream_engine_in_flight[stream * n + engine] -= 1;
         self.load.stream_in_flight[stream] -= 1;
     }
 
