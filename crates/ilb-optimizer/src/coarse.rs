@@ -102,7 +102,7 @@ pub(crate) fn start(model: &Model, options: &SolverOptions, scale: f64) -> Optio
     // the proximal centre, the spread vanishes where routes stay put, so the split below is
     // (nearly) a fixed point of the full problem centred on it.
     for _ in 0..PROXIMAL_ROUNDS {
-        let prev = routes_of(&run.cand, &repaired.x);
+        let prev = centre(run.cand.start.len() - 1, &run.cand, &repaired.x, |s| Some((s, 1.0)));
         let u = std::mem::take(&mut run.u);
         run = Run::new(&coarse, options, scale, prev);
         let (r, e) = run.solve(u, epsilon);
@@ -139,33 +139,32 @@ pub(crate) fn start(model: &Model, options: &SolverOptions, scale: f64) -> Optio
             share[j as usize] /= total;
         }
     }
-    let cand = &run.cand;
-    let mut prev = PrevRoutes { start: Vec::with_capacity(m + 1), class: Vec::new(), rps: Vec::new() };
+    let prev = centre(m, &run.cand, &repaired.x, |j| {
+        (cluster_of[j] != u32::MAX).then(|| (cluster_of[j] as usize, share[j]))
+    });
+    Some(CoarseStart { prices: run.u, prev, epsilon, clusters: clusters.len() })
+}
+
+/// A proximal centre for `n_engines` engines from candidate-entry flows `x`: engine j takes the
+/// flows of candidate row `source(j) = (row, scale)` times `scale` (none if `None`). Entries are
+/// engine-major with classes ascending, as the centre wants them.
+fn centre(
+    n_engines: usize,
+    cand: &crate::pass::Candidates,
+    x: &[f64],
+    source: impl Fn(usize) -> Option<(usize, f64)>,
+) -> PrevRoutes {
+    let mut prev =
+        PrevRoutes { start: Vec::with_capacity(n_engines + 1), class: Vec::new(), rps: Vec::new() };
     prev.start.push(0);
-    for j in 0..m {
-        if let Some(s) = (cluster_of[j] != u32::MAX).then_some(cluster_of[j] as usize) {
-            // Candidate entries list classes in ascending order, as the centre wants them.
-            for e in cand.start[s]..cand.start[s + 1] {
-                let rps = repaired.x[e] * share[j];
+    for j in 0..n_engines {
+        if let Some((row, scale)) = source(j) {
+            for e in cand.start[row]..cand.start[row + 1] {
+                let rps = x[e] * scale;
                 if rps > 0.0 {
                     prev.class.push(cand.class[e]);
                     prev.rps.push(rps);
                 }
-            }
-        }
-        prev.start.push(prev.class.len());
-    }
-    Some(CoarseStart { prices: run.u, prev, epsilon, clusters: clusters.len() })
-}
-
-/// Candidate-entry flows as routes (entries are engine-major with classes ascending already).
-fn routes_of(cand: &crate::pass::Candidates, x: &[f64]) -> PrevRoutes {
-    let mut prev = PrevRoutes { start: vec![0], class: Vec::new(), rps: Vec::new() };
-    for j in 0..cand.start.len() - 1 {
-        for e in cand.start[j]..cand.start[j + 1] {
-            if x[e] > 0.0 {
-                prev.class.push(cand.class[e]);
-                prev.rps.push(x[e]);
             }
         }
         prev.start.push(prev.class.len());

@@ -27,6 +27,18 @@ pub struct Observation {
     pub weight: f64,
 }
 
+impl Observation {
+    /// Finite, positively weighted, and below `MAX_FIT_UTILISATION` of `capacity_rps`.
+    fn usable(&self, capacity_rps: f64) -> bool {
+        self.load_rps.is_finite()
+            && self.latency_ms.is_finite()
+            && self.weight.is_finite()
+            && self.weight > 0.0
+            && self.load_rps >= 0.0
+            && self.load_rps < MAX_FIT_UTILISATION * capacity_rps
+    }
+}
+
 /// The offline queueing profile used as a prior, and how much it counts.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct QueueingPrior {
@@ -53,13 +65,7 @@ pub fn fit_queueing(prior: QueueingPrior, capacity_rps: f64, observations: &[Obs
     let mut sums = Sums::default();
     for observation in observations {
         let Observation { load_rps, latency_ms, weight } = *observation;
-        let usable = load_rps.is_finite()
-            && latency_ms.is_finite()
-            && weight.is_finite()
-            && weight > 0.0
-            && load_rps >= 0.0
-            && load_rps < MAX_FIT_UTILISATION * capacity_rps;
-        if usable {
+        if observation.usable(capacity_rps) {
             sums.add(load_rps / (capacity_rps - load_rps), latency_ms, weight);
         }
     }
@@ -103,13 +109,7 @@ pub fn fit_level(
     let mut bins = vec![(0.0, 0.0, 0.0); (MAX_FIT_UTILISATION / LEVEL_BIN).ceil() as usize + 1];
     for observation in observations {
         let Observation { load_rps, latency_ms, weight } = *observation;
-        let usable = load_rps.is_finite()
-            && latency_ms.is_finite()
-            && weight.is_finite()
-            && weight > 0.0
-            && load_rps >= 0.0
-            && load_rps < MAX_FIT_UTILISATION * capacity_rps;
-        if usable {
+        if observation.usable(capacity_rps) {
             let last = bins.len() - 1;
             let bin = &mut bins[((load_rps / width) as usize).min(last)];
             bin.0 += weight;

@@ -93,8 +93,8 @@ impl DataPlanes {
     }
 
     /// Picks an engine for one request, as `ilb_dataplane::proxy::choose` does: weighted
-    /// consistent hashing on the key, admitting a candidate while its in-flight count from this
-    /// data plane is below ⌈1.25 · weight · (class in-flight + 1)⌉, then without the bound.
+    /// consistent hashing on the key, admitting a candidate while the stream's in-flight count on
+    /// it passes `ilb_core::table::within_load_bound`, then without the bound.
     /// Candidates that are down or violate the stream's constraints are never admitted.
     /// Requests are shed first with the class's planned `shed_fraction`. Hot path.
     pub fn route(
