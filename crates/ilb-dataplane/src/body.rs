@@ -8,9 +8,9 @@
 
 use crate::error::ProxyError;
 use crate::proxy::InFlight;
+use crate::upstream::EngineBody;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
@@ -37,7 +37,7 @@ impl ProxyBody {
 }
 
 pub struct UpstreamBody {
-    inner: Incoming,
+    inner: EngineBody,
     /// Armed on the first `Pending` only: most small responses complete without ever waiting,
     /// and then no timer is registered at all.
     idle: Option<Pin<Box<Sleep>>>,
@@ -50,7 +50,7 @@ pub struct UpstreamBody {
 }
 
 impl UpstreamBody {
-    pub fn new(inner: Incoming, idle_timeout: Duration, sse: bool, in_flight: InFlight) -> Self {
+    pub fn new(inner: EngineBody, idle_timeout: Duration, sse: bool, in_flight: InFlight) -> Self {
         let mut body =
             UpstreamBody { inner, idle: None, idle_timeout, sse, at_boundary: true, done: false, in_flight };
         if body.inner.is_end_stream() {
@@ -64,7 +64,9 @@ impl UpstreamBody {
     fn end(&mut self) {
         self.done = true;
         self.in_flight.finish(true);
-        self.in_flight.release_conn();
+        if let Some(conn) = self.inner.take_reusable_conn() {
+            self.in_flight.release_conn(conn);
+        }
     }
 
     /// Ends the stream after a failure: an SSE error event for streams, an error otherwise.

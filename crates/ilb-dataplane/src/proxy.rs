@@ -6,10 +6,11 @@ use crate::body::{ProxyBody, UpstreamBody};
 use crate::error::ProxyError;
 use crate::server::Shared;
 use crate::state::Installed;
+use crate::upstream::{Conn, EngineBody, UpstreamRequest};
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use ilb_core::classify::{self, Endpoint, Priority};
 use ilb_core::table::{within_load_bound, ClassTable, Constraints};
@@ -56,8 +57,6 @@ pub struct InFlight {
     class_engine: Arc<std::sync::atomic::AtomicU32>,
     started: Instant,
     finished: bool,
-    /// The engine connection, returned to its pool once the response body has ended cleanly.
-    conn: Option<crate::upstream::Sender>,
 }
 
 impl InFlight {
@@ -76,7 +75,6 @@ impl InFlight {
             class_engine,
             started: Instant::now(),
             finished: false,
-            conn: None,
         }
     }
 
@@ -98,11 +96,9 @@ impl InFlight {
     }
 
     /// The response body was read to its end: its connection may carry another request.
-    pub fn release_conn(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            let shared = &self.shared;
-            self.engine.pool.push(conn, shared.pool_clock.ms(), &shared.config.upstream_pool);
-        }
+    pub fn release_conn(&self, conn: Conn) {
+        let shared = &self.shared;
+        self.engine.pool.push(conn, shared.pool_clock.ms(), &shared.config.upstream_pool);
     }
 
     fn first_byte(&self) {
@@ -165,7 +161,7 @@ async fn forward(
     let mut tried: Vec<usize> = Vec::new();
     let mut last_error: Option<ProxyError> = None;
     // The last engine error response, passed on as is when no retry is left.
-    let mut last_response: Option<(Response<Incoming>, InFlight)> = None;
+    let mut last_response: Option<(Response<EngineBody>, InFlight)> = None;
     let mut budget_exhausted = false;
     // Read the clock only when a request has to wait for a slot.
     let mut wait_started: Option<Instant> = None;
@@ -204,7 +200,7 @@ async fn forward(
         let mut in_flight = InFlight::start(shared, &installed, class, candidate);
         let mut upstream = build_upstream(&installed, engine_idx, &parts.uri, &parts.headers, body.clone())?;
         if shared.config.create_traceparent && !parts.headers.contains_key(&TRACEPARENT) {
-            upstream.headers_mut().insert(TRACEPARENT, traceparent(shared.trace_seed, request_id));
+            upstream.headers.insert(TRACEPARENT, traceparent(shared.trace_seed, request_id));
         }
         // Named in errors only: built on the failure paths, not per attempt.
         let engine_id = || installed.table.engines[engine_idx].id.to_string();
@@ -213,12 +209,11 @@ async fn forward(
             shared.pool_clock.ms(),
             &shared.config.upstream_pool,
             shared.config.timeouts.connect,
-            upstream,
+            &upstream,
         );
         match tokio::time::timeout_at(in_flight.started + shared.config.timeouts.first_byte, send).await {
-            Ok(Ok((response, conn))) => {
+            Ok(Ok(response)) => {
                 in_flight.first_byte();
-                in_flight.conn = Some(conn);
                 let status = response.status();
                 if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
                     // 429 means busy, not broken: retry elsewhere but do not count it against the engine.
@@ -421,21 +416,17 @@ fn build_upstream(
     uri: &Uri,
     headers: &HeaderMap,
     body: Bytes,
-) -> Result<Request<Full<Bytes>>, ProxyError> {
+) -> Result<UpstreamRequest, ProxyError> {
     let engine = &installed.engines[engine_idx];
     let target = engine
         .upstream_uri(uri.path_and_query())
         .map_err(|e| ProxyError::BadRequest(format!("request path cannot be forwarded: {e}")))?;
-    let mut request = Request::new(Full::new(body));
-    *request.method_mut() = Method::POST;
-    *request.uri_mut() = target;
-    let out = request.headers_mut();
-    *out = headers.clone();
-    strip_hop_by_hop(out);
-    // The engine's own authority; hyper sets the length of the body it sends.
-    out.insert(header::HOST, engine.host_header().clone());
-    out.remove(header::CONTENT_LENGTH);
-    Ok(request)
+    let mut headers = headers.clone();
+    strip_hop_by_hop(&mut headers);
+    // The engine's own authority; the client writes the length of the body it sends.
+    headers.insert(header::HOST, engine.host_header().clone());
+    headers.remove(header::CONTENT_LENGTH);
+    Ok(UpstreamRequest { method: Method::POST, uri: target, headers, body })
 }
 
 /// Removes hop-by-hop headers, in either direction: the fixed list, plus any header the
@@ -477,7 +468,7 @@ fn route_header(
 
 fn stream_back(
     shared: &Shared,
-    response: Response<Incoming>,
+    response: Response<EngineBody>,
     in_flight: InFlight,
     route: HeaderValue,
 ) -> Response<ProxyBody> {
@@ -493,7 +484,7 @@ fn stream_back(
     Response::from_parts(parts, ProxyBody::Upstream(Box::new(body)))
 }
 
-/// The error and its causes on one line (hyper's top-level errors are terse).
+/// The error and its causes on one line (top-level messages are terse).
 fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
     let mut source = e.source();

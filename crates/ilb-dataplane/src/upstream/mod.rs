@@ -1,0 +1,179 @@
+//! Connections to engines: a small hand-written HTTP/1.1 client and a stack of idle
+//! connections per engine.
+//!
+//! A request does its engine I/O inline, in its own task: it pops the most recently used idle
+//! connection of the engine's [`Pool`] (or connects), writes the request in one call, reads the
+//! response head, and its [`EngineBody`] reads the body as the client side polls it (`conn`).
+//! No connection task, channel or cross-task wake-up is involved, which hyper's client
+//! connection needed for every request. The wire format (request head, response head, chunked
+//! and length bodies) lives apart from I/O (`codec`).
+//!
+//! A connection goes back to its pool only when its response body ended cleanly and the engine
+//! allows reuse, so a half-read connection is never reused; a body dropped early closes its
+//! connection. Idle time is read from a coarse clock that the background prober advances; the
+//! stack is capped, and it is dropped with its engine's state when the engine leaves the
+//! snapshot, so it cannot grow without bound. Only engines of the installed snapshot are ever
+//! connected to.
+
+mod codec;
+#[cfg(test)]
+mod codec_tests;
+mod conn;
+#[cfg(test)]
+mod conn_tests;
+
+pub use codec::{CodecError, MAX_HEAD_BYTES};
+pub use conn::{BodyError, Conn, EngineBody};
+
+use crate::engines::EngineState;
+use bytes::Bytes;
+use http::{HeaderMap, Method, Response, Uri};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// A request ready for an engine: origin-form `uri`, `headers` with the engine's `Host` and
+/// without hop-by-hop or length headers (the length is written from `body`).
+#[derive(Clone, Debug)]
+pub struct UpstreamRequest {
+    pub method: Method,
+    pub uri: Uri,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+/// How idle engine connections are kept.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    /// An idle connection unused for this long is closed.
+    pub idle_timeout: Duration,
+    /// Most idle connections kept per engine; more are closed when they come back.
+    pub max_idle_per_engine: usize,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig { idle_timeout: Duration::from_secs(90), max_idle_per_engine: 1024 }
+    }
+}
+
+/// Why no response head came back from an engine.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("tcp connect error")]
+    Connect(#[source] std::io::Error),
+    #[error("tcp connect timed out after {0} ms")]
+    ConnectTimeout(u64),
+    #[error("writing the request failed")]
+    Write(#[source] std::io::Error),
+    #[error("reading the response failed")]
+    Read(#[source] std::io::Error),
+    #[error("connection closed before a response head")]
+    Closed,
+    #[error("malformed response")]
+    Protocol(#[source] CodecError),
+}
+
+/// Milliseconds on a coarse clock shared by all pools of one data plane: advanced by a
+/// background task, read by the request path without a clock call.
+#[derive(Debug, Default)]
+pub struct CoarseClock(AtomicU64);
+
+impl CoarseClock {
+    pub fn set_ms(&self, ms: u64) {
+        self.0.store(ms, Relaxed);
+    }
+
+    pub fn ms(&self) -> u64 {
+        self.0.load(Relaxed)
+    }
+}
+
+/// Idle connections of one engine, most recently used on top.
+#[derive(Debug, Default)]
+pub struct Pool {
+    idle: Mutex<Vec<Idle>>,
+}
+
+#[derive(Debug)]
+struct Idle {
+    conn: Conn,
+    since_ms: u64,
+}
+
+impl Pool {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
+        self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The most recently used idle connection that is neither expired nor closed. Hot path.
+    fn pop(&self, now_ms: u64, config: &PoolConfig) -> Option<Conn> {
+        let timeout_ms = config.idle_timeout.as_millis() as u64;
+        let mut idle = self.lock();
+        while let Some(entry) = idle.pop() {
+            if now_ms.saturating_sub(entry.since_ms) >= timeout_ms {
+                // The stack is ordered by age: everything below is older still.
+                let expired = std::mem::take(&mut *idle);
+                drop(idle);
+                drop(expired);
+                return None;
+            }
+            if entry.conn.is_usable_idle() {
+                return Some(entry.conn);
+            }
+        }
+        None
+    }
+
+    /// Returns a connection whose last response ended cleanly. Hot path.
+    pub fn push(&self, conn: Conn, now_ms: u64, config: &PoolConfig) {
+        let mut idle = self.lock();
+        if idle.len() < config.max_idle_per_engine {
+            idle.push(Idle { conn, since_ms: now_ms });
+        }
+    }
+
+    /// Closes connections idle past the timeout or closed by the engine.
+    pub fn sweep(&self, now_ms: u64, config: &PoolConfig) {
+        let timeout_ms = config.idle_timeout.as_millis() as u64;
+        let mut idle = self.lock();
+        idle.retain(|e| now_ms.saturating_sub(e.since_ms) < timeout_ms && e.conn.is_usable_idle());
+    }
+
+    /// Idle connections kept now.
+    pub fn idle_len(&self) -> usize {
+        self.lock().len()
+    }
+}
+
+/// Sends `request` to `engine` on an idle connection, or a new one, and reads the response
+/// head. The caller reads the body, and gives the connection back with [`Pool::push`] once
+/// [`EngineBody::take_reusable_conn`] returns it. Hot path.
+///
+/// A pooled connection may have been closed by the engine while idle without this process
+/// having seen it yet. When such a connection fails before any response byte was read (the
+/// write fails, or the first read finds it closed or reset), the request goes out once more on
+/// a new connection. That is a resend of a POST, but the engine provably did not answer it,
+/// and an idle close is what produces exactly this; hyper retried only requests it had not
+/// written, which a close racing the write defeats. A new connection is never retried here:
+/// the caller's retry rules (budget, another engine) apply.
+pub async fn send(
+    engine: &EngineState,
+    now_ms: u64,
+    config: &PoolConfig,
+    connect_timeout: Duration,
+    request: &UpstreamRequest,
+) -> Result<Response<EngineBody>, UpstreamError> {
+    if let Some(conn) = engine.pool.pop(now_ms, config) {
+        match conn.round_trip(request).await {
+            Ok(response) => return Ok(response),
+            Err(failed) if failed.unanswered => {
+                tracing::debug!(engine = %engine.id, error = %failed.error, "idle engine connection was closed; resending on a new one");
+            }
+            Err(failed) => return Err(failed.error),
+        }
+    }
+    let (host, port) = engine.connect_addr();
+    let conn = Conn::connect(host, port, connect_timeout).await?;
+    conn.round_trip(request).await.map_err(|failed| failed.error)
+}
