@@ -26,18 +26,6 @@ pub const REQUIRE_HEADER: HeaderName = HeaderName::from_static("x-ilb-require");
 pub const RESIDENCY_HEADER: HeaderName = HeaderName::from_static("x-ilb-residency");
 pub const PRIORITY_HEADER: HeaderName = HeaderName::from_static("x-ilb-priority");
 
-/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1), plus those ilb rewrites.
-const HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
-
 /// What the request asked for, read from body and headers.
 pub struct Classified<'a> {
     pub endpoint: Endpoint,
@@ -200,7 +188,7 @@ async fn forward(
         let mut in_flight = InFlight::start(shared, &installed, class, candidate);
         let mut upstream = build_upstream(&installed, engine_idx, &parts.uri, &parts.headers, body.clone())?;
         if shared.config.create_traceparent && !parts.headers.contains_key(&TRACEPARENT) {
-            upstream.headers.insert(TRACEPARENT, traceparent(shared.trace_seed, request_id));
+            upstream.extra = Some((TRACEPARENT, traceparent(shared.trace_seed, request_id)));
         }
         // Named in errors only: built on the failure paths, not per attempt.
         let engine_id = || installed.table.engines[engine_idx].id.to_string();
@@ -410,39 +398,26 @@ pub fn classify_request<'a>(
     Ok(Classified { endpoint, model: info.model, require, residency, priority, key_hash })
 }
 
-fn build_upstream(
-    installed: &Installed,
+fn build_upstream<'a>(
+    installed: &'a Installed,
     engine_idx: usize,
     uri: &Uri,
-    headers: &HeaderMap,
+    headers: &'a HeaderMap,
     body: Bytes,
-) -> Result<UpstreamRequest, ProxyError> {
+) -> Result<UpstreamRequest<'a>, ProxyError> {
     let engine = &installed.engines[engine_idx];
     let target = engine
         .upstream_uri(uri.path_and_query())
         .map_err(|e| ProxyError::BadRequest(format!("request path cannot be forwarded: {e}")))?;
-    let mut headers = headers.clone();
-    strip_hop_by_hop(&mut headers);
-    // The engine's own authority; the client writes the length of the body it sends.
-    headers.insert(header::HOST, engine.host_header().clone());
-    headers.remove(header::CONTENT_LENGTH);
-    Ok(UpstreamRequest { method: Method::POST, uri: target, headers, body })
-}
-
-/// Removes hop-by-hop headers, in either direction: the fixed list, plus any header the
-/// message's own `Connection` header names (RFC 9110 §7.6.1). Allocates only when a
-/// `Connection` header names something.
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
-        .collect();
-    for name in HOP_BY_HOP.iter().chain(&named) {
-        headers.remove(name);
-    }
+    // Hop-by-hop headers are left out as the request is written (`upstream` owns the wire).
+    Ok(UpstreamRequest {
+        method: Method::POST,
+        uri: target,
+        host: engine.host_header(),
+        headers,
+        extra: None,
+        body,
+    })
 }
 
 /// The `x-ilb-route` value: prebuilt at install for a first try (hot path), formatted otherwise.
@@ -478,7 +453,7 @@ fn stream_back(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ct| ct.starts_with("text/event-stream"));
-    strip_hop_by_hop(&mut parts.headers);
+    // Hop-by-hop headers were removed as the head was read (`upstream`).
     parts.headers.insert(ROUTE_HEADER, route);
     let body = UpstreamBody::new(body, shared.config.timeouts.idle, sse, in_flight);
     Response::from_parts(parts, ProxyBody::Upstream(Box::new(body)))

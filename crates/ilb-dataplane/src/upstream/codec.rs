@@ -5,9 +5,10 @@
 //! any split of the input. Response header values and body chunks are slices of that buffer
 //! (no copy). Every malformed or oversized input is an error, never a panic.
 
+use super::UpstreamRequest;
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, StatusCode, Version};
+use http::{StatusCode, Version};
 
 /// Largest response head accepted (status line and headers, interim responses excluded).
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -50,7 +51,7 @@ pub enum Framing {
     Close,
 }
 
-/// A final (non-1xx) response head.
+/// A final (non-1xx) response head, its hop-by-hop headers removed.
 #[derive(Debug)]
 pub struct Head {
     pub status: StatusCode,
@@ -61,28 +62,76 @@ pub struct Head {
     pub keep_alive: bool,
 }
 
-/// Appends a request head (with `content-length: body_len`) to `out`. `headers` must already
-/// hold `Host` and no hop-by-hop or length headers. Hot path.
-pub fn encode_request_head(
-    out: &mut Vec<u8>,
-    method: &Method,
-    target: &str,
-    headers: &HeaderMap,
-    body_len: usize,
-) {
-    out.extend_from_slice(method.as_str().as_bytes());
+/// Appends the head of `request` to `out`: request line, the client's headers except hop-by-hop
+/// ones (RFC 9110 §7.6.1: the fixed list and any header the `Connection` header names), `Host`
+/// and `Content-Length`, then the engine's `Host`, any extra header, and the body's length.
+/// Copies the client's headers straight to the wire: no header map is cloned. Hot path.
+pub fn encode_request_head(out: &mut Vec<u8>, request: &UpstreamRequest<'_>) {
+    let target = request.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    out.extend_from_slice(request.method.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in headers {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+    let named = connection_named(request.headers);
+    for (name, value) in request.headers {
+        let replaced = name == header::HOST || name == header::CONTENT_LENGTH;
+        if replaced || is_hop_by_hop(name) || named.contains(name) {
+            continue;
+        }
+        push_header(out, name, value);
+    }
+    push_header(out, &header::HOST, request.host);
+    if let Some((name, value)) = &request.extra {
+        push_header(out, name, value);
     }
     out.extend_from_slice(b"content-length: ");
-    push_decimal(out, body_len as u64);
+    push_decimal(out, request.body.len() as u64);
     out.extend_from_slice(b"\r\n\r\n");
+}
+
+fn push_header(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
+    out.extend_from_slice(name.as_str().as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value.as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Headers that describe one hop, never forwarded in either direction (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Whether `name` is in [`HOP_BY_HOP`] (a string match: no hashing). Hot path.
+pub fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
+
+/// The headers a message's `Connection` header names (hop-by-hop too). Allocates only when
+/// there is a `Connection` header.
+fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .filter_map(|token| HeaderName::from_bytes(token.trim_ascii()).ok())
+        .collect()
 }
 
 fn push_decimal(out: &mut Vec<u8>, mut value: u64) {
@@ -141,12 +190,14 @@ pub fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, CodecError> {
         }
         let head = buf.split_to(head_len).freeze();
         let mut headers = HeaderMap::with_capacity(n_headers);
+        let mut hop_by_hop = false;
         for &(name_at, name_len, value_at, value_len) in &spans[..n_headers] {
             let (name_at, value_at) = (name_at as usize, value_at as usize);
             let name = HeaderName::from_bytes(&head[name_at..name_at + name_len as usize])
                 .map_err(|_| CodecError::InvalidHeader)?;
             let value = HeaderValue::from_maybe_shared(head.slice(value_at..value_at + value_len as usize))
                 .map_err(|_| CodecError::InvalidHeader)?;
+            hop_by_hop |= is_hop_by_hop(&name);
             headers.append(name, value);
         }
         let (framing, ambiguous) = framing(status, &headers)?;
@@ -154,6 +205,11 @@ pub fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, CodecError> {
             && framing != Framing::Close
             && !ambiguous
             && !has_token(&headers, &header::CONNECTION, "close");
+        if hop_by_hop {
+            for name in connection_named(&headers).iter().chain(&HOP_BY_HOP) {
+                headers.remove(name);
+            }
+        }
         return Ok(Some(Head { status, version, headers, framing, keep_alive }));
     }
 }

@@ -1,8 +1,11 @@
 //! Tests of the wire format: heads, framing, and body decoding on every split of the input.
 
 use super::codec::{encode_request_head, parse_head, BodyDecoder, CodecError, Decoded, Framing, Head};
+use super::UpstreamRequest;
+use bytes::Bytes;
 use bytes::BytesMut;
-use http::{HeaderMap, HeaderValue, Method, StatusCode, Version};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::{Method, StatusCode, Version};
 use proptest::prelude::*;
 
 fn parse(bytes: &[u8]) -> (Result<Option<Head>, CodecError>, BytesMut) {
@@ -200,20 +203,58 @@ fn end_of_input_ends_only_a_body_that_runs_until_close() {
     assert_eq!((body.as_slice(), done), (&b"abcd"[..], true));
 }
 
+fn request<'a>(headers: &'a HeaderMap, host: &'a HeaderValue, body: &'static str) -> UpstreamRequest<'a> {
+    UpstreamRequest {
+        method: Method::POST,
+        uri: "/v1/chat/completions?x=1".parse().unwrap(),
+        host,
+        headers,
+        extra: None,
+        body: Bytes::from_static(body.as_bytes()),
+    }
+}
+
 #[test]
-fn request_head_is_one_flat_block() {
+fn request_head_is_one_flat_block_without_hop_by_hop_headers() {
+    let host = HeaderValue::from_static("127.0.0.1:8000");
     let mut headers = HeaderMap::new();
-    headers.insert("host", HeaderValue::from_static("127.0.0.1:8000"));
+    headers.insert("host", HeaderValue::from_static("ilb.example"));
     headers.insert("content-type", HeaderValue::from_static("application/json"));
+    headers.insert("content-length", HeaderValue::from_static("999"));
+    headers.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+    headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+    headers.insert("connection", HeaderValue::from_static("x-secret, Upgrade"));
+    headers.insert("x-secret", HeaderValue::from_static("1"));
+    headers.append("x-multi", HeaderValue::from_static("a"));
+    headers.append("x-multi", HeaderValue::from_static("b"));
+    let mut upstream = request(&headers, &host, "{}");
+    upstream.extra = Some((HeaderName::from_static("traceparent"), HeaderValue::from_static("00-1-2-01")));
     let mut out = b"left".to_vec();
-    encode_request_head(&mut out, &Method::POST, "/v1/chat/completions?x=1", &headers, 1234);
+    encode_request_head(&mut out, &upstream);
     assert_eq!(
         String::from_utf8(out).unwrap(),
-        "leftPOST /v1/chat/completions?x=1 HTTP/1.1\r\nhost: 127.0.0.1:8000\r\ncontent-type: application/json\r\ncontent-length: 1234\r\n\r\n"
+        "leftPOST /v1/chat/completions?x=1 HTTP/1.1\r\ncontent-type: application/json\r\nx-multi: a\r\nx-multi: b\r\n\
+         host: 127.0.0.1:8000\r\ntraceparent: 00-1-2-01\r\ncontent-length: 2\r\n\r\n"
     );
+    let empty = HeaderMap::new();
     let mut zero = Vec::new();
-    encode_request_head(&mut zero, &Method::POST, "/", &HeaderMap::new(), 0);
-    assert_eq!(zero, b"POST / HTTP/1.1\r\ncontent-length: 0\r\n\r\n");
+    encode_request_head(&mut zero, &request(&empty, &host, ""));
+    assert_eq!(
+        zero,
+        b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nhost: 127.0.0.1:8000\r\ncontent-length: 0\r\n\r\n"
+    );
+}
+
+#[test]
+fn response_hop_by_hop_headers_are_removed() {
+    let (head, _) = parse(
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nconnection: x-engine-hop\r\nx-engine-hop: 1\r\n\
+          keep-alive: timeout=5\r\nupgrade: h2c\r\ncontent-type: text/event-stream\r\n\r\n",
+    );
+    let head = head.unwrap().unwrap();
+    assert_eq!(head.framing, Framing::Chunked, "framing is read before the headers go");
+    let names: Vec<&str> = head.headers.keys().map(|n| n.as_str()).collect();
+    assert_eq!(names, ["content-type"]);
 }
 
 fn chunked(chunks: &[Vec<u8>], extensions: bool, upper: bool, trailers: bool) -> Vec<u8> {

@@ -78,21 +78,14 @@ impl Conn {
     /// response's [`EngineBody`], which owns this connection. Hot path.
     pub(super) async fn round_trip(
         mut self,
-        request: &UpstreamRequest,
+        request: &UpstreamRequest<'_>,
     ) -> Result<Response<EngineBody>, Failed> {
         let body = &request.body;
-        let target = request.uri.path_and_query().map_or("/", |pq| pq.as_str());
         if self.write_buf.capacity() > KEEP_WRITE_BUF_MAX {
             self.write_buf = Vec::with_capacity(1024);
         }
         self.write_buf.clear();
-        codec::encode_request_head(
-            &mut self.write_buf,
-            &request.method,
-            target,
-            &request.headers,
-            body.len(),
-        );
+        codec::encode_request_head(&mut self.write_buf, request);
         let inline = body.len() <= INLINE_BODY_MAX;
         if inline {
             self.write_buf.extend_from_slice(body);

@@ -54,12 +54,13 @@ impl ScriptedEngine {
 
     async fn send(&self, body: &'static str) -> Result<Response<EngineBody>, UpstreamError> {
         let mut headers = HeaderMap::new();
-        headers.insert(http::header::HOST, self.engine.host_header().clone());
         headers.insert("x-test", HeaderValue::from_static("1"));
         let request = UpstreamRequest {
             method: Method::POST,
             uri: "/v1/completions".parse().unwrap(),
-            headers,
+            host: self.engine.host_header(),
+            headers: &headers,
+            extra: None,
             body: Bytes::from_static(body.as_bytes()),
         };
         send(&self.engine, 0, &PoolConfig::default(), Duration::from_secs(5), &request).await

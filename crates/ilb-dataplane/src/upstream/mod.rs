@@ -27,18 +27,26 @@ pub use conn::{BodyError, Conn, EngineBody};
 
 use crate::engines::EngineState;
 use bytes::Bytes;
-use http::{HeaderMap, Method, Response, Uri};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Response, Uri};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::Duration;
 
-/// A request ready for an engine: origin-form `uri`, `headers` with the engine's `Host` and
-/// without hop-by-hop or length headers (the length is written from `body`).
+/// A request for an engine, borrowing the client's headers: they are written to the wire as
+/// they are, less hop-by-hop headers, `Host` and `Content-Length` (see
+/// `codec::encode_request_head`).
 #[derive(Clone, Debug)]
-pub struct UpstreamRequest {
+pub struct UpstreamRequest<'a> {
     pub method: Method,
+    /// Origin form: path and query.
     pub uri: Uri,
-    pub headers: HeaderMap,
+    /// The engine's authority, sent as `Host`.
+    pub host: &'a HeaderValue,
+    /// The client's headers.
+    pub headers: &'a HeaderMap,
+    /// A header ilb adds (a generated `traceparent`).
+    pub extra: Option<(HeaderName, HeaderValue)>,
     pub body: Bytes,
 }
 
@@ -162,7 +170,7 @@ pub async fn send(
     now_ms: u64,
     config: &PoolConfig,
     connect_timeout: Duration,
-    request: &UpstreamRequest,
+    request: &UpstreamRequest<'_>,
 ) -> Result<Response<EngineBody>, UpstreamError> {
     if let Some(conn) = engine.pool.pop(now_ms, config) {
         match conn.round_trip(request).await {
