@@ -153,75 +153,116 @@ fn push_decimal(out: &mut Vec<u8>, mut value: u64) {
 /// success the head is removed from `buf`, which then starts with the body. Hot path.
 pub fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, CodecError> {
     loop {
-        // Offsets of names and values into `buf`, so that values can be sliced out of the frozen
-        // head without a copy once the parser's borrow of `buf` has ended.
-        let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
-        let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut response = httparse::Response::new(&mut slots);
-        let head_len = match response.parse(buf) {
-            Ok(httparse::Status::Complete(len)) => len,
-            Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD_BYTES => {
-                return Err(CodecError::HeadTooLarge)
-            }
-            Ok(httparse::Status::Partial) => return Ok(None),
-            Err(e) => return Err(CodecError::Head(e)),
+        // Engines send a handful of headers: parse with few slots to set up, retry with all.
+        let parsed = match parse_one::<FEW_HEADERS>(buf) {
+            Err(CodecError::Head(httparse::Error::TooManyHeaders)) => parse_one::<MAX_HEADERS>(buf),
+            parsed => parsed,
         };
-        if head_len > MAX_HEAD_BYTES {
-            return Err(CodecError::HeadTooLarge);
+        match parsed? {
+            Parsed::Partial => return Ok(None),
+            Parsed::Interim => continue,
+            Parsed::Final(head) => return Ok(Some(head)),
         }
-        let code = response.code.unwrap_or_default();
-        if (100..200).contains(&code) {
-            // 101 would switch protocols, which ilb never asks for.
-            if code == 101 {
-                return Err(CodecError::UnexpectedStatus(code));
-            }
-            buf.advance(head_len);
-            continue;
+    }
+}
+
+/// Headers the first parse attempt makes room for.
+const FEW_HEADERS: usize = 16;
+
+enum Parsed {
+    Partial,
+    /// A 1xx response was removed from the buffer.
+    Interim,
+    Final(Head),
+}
+
+/// One response head with room for `N` headers.
+fn parse_one<const N: usize>(buf: &mut BytesMut) -> Result<Parsed, CodecError> {
+    // Offsets of names and values into `buf`, so that values can be sliced out of the frozen
+    // head without a copy once the parser's borrow of `buf` has ended.
+    let mut spans = [(0u32, 0u32, 0u32, 0u32); N];
+    let mut slots = [httparse::EMPTY_HEADER; N];
+    let mut response = httparse::Response::new(&mut slots);
+    let head_len = match response.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD_BYTES => return Err(CodecError::HeadTooLarge),
+        Ok(httparse::Status::Partial) => return Ok(Parsed::Partial),
+        Err(e) => return Err(CodecError::Head(e)),
+    };
+    if head_len > MAX_HEAD_BYTES {
+        return Err(CodecError::HeadTooLarge);
+    }
+    let code = response.code.unwrap_or_default();
+    if (100..200).contains(&code) {
+        // 101 would switch protocols, which ilb never asks for.
+        if code == 101 {
+            return Err(CodecError::UnexpectedStatus(code));
         }
-        let status = StatusCode::from_u16(code).map_err(|_| CodecError::UnexpectedStatus(code))?;
-        let version = if response.version == Some(0) { Version::HTTP_10 } else { Version::HTTP_11 };
-        let base = buf.as_ptr() as usize;
-        let n_headers = response.headers.len();
-        for (span, h) in spans.iter_mut().zip(response.headers.iter()) {
-            // Both slices point into `buf`, whose length is below 64 KiB + a read: fits u32.
-            let name_at = h.name.as_ptr() as usize - base;
-            let value_at = h.value.as_ptr() as usize - base;
-            *span = (name_at as u32, h.name.len() as u32, value_at as u32, h.value.len() as u32);
+        buf.advance(head_len);
+        return Ok(Parsed::Interim);
+    }
+    let status = StatusCode::from_u16(code).map_err(|_| CodecError::UnexpectedStatus(code))?;
+    let version = if response.version == Some(0) { Version::HTTP_10 } else { Version::HTTP_11 };
+    let base = buf.as_ptr() as usize;
+    let n_headers = response.headers.len();
+    for (span, h) in spans.iter_mut().zip(response.headers.iter()) {
+        // Both slices point into `buf`, whose length is below 64 KiB + a read: fits u32.
+        let name_at = h.name.as_ptr() as usize - base;
+        let value_at = h.value.as_ptr() as usize - base;
+        *span = (name_at as u32, h.name.len() as u32, value_at as u32, h.value.len() as u32);
+    }
+    let head = buf.split_to(head_len).freeze();
+    let mut headers = HeaderMap::with_capacity(n_headers);
+    let mut seen = Seen::default();
+    for &(name_at, name_len, value_at, value_len) in &spans[..n_headers] {
+        let (name_at, value_at) = (name_at as usize, value_at as usize);
+        let name = HeaderName::from_bytes(&head[name_at..name_at + name_len as usize])
+            .map_err(|_| CodecError::InvalidHeader)?;
+        let value = HeaderValue::from_maybe_shared(head.slice(value_at..value_at + value_len as usize))
+            .map_err(|_| CodecError::InvalidHeader)?;
+        seen.note(&name);
+        headers.append(name, value);
+    }
+    let (framing, ambiguous) = framing(status, &headers, &seen)?;
+    let keep_alive = version == Version::HTTP_11
+        && framing != Framing::Close
+        && !ambiguous
+        && !(seen.connection && has_token(&headers, &header::CONNECTION, "close"));
+    if seen.hop_by_hop {
+        for name in connection_named(&headers).iter().chain(&HOP_BY_HOP) {
+            headers.remove(name);
         }
-        let head = buf.split_to(head_len).freeze();
-        let mut headers = HeaderMap::with_capacity(n_headers);
-        let mut hop_by_hop = false;
-        for &(name_at, name_len, value_at, value_len) in &spans[..n_headers] {
-            let (name_at, value_at) = (name_at as usize, value_at as usize);
-            let name = HeaderName::from_bytes(&head[name_at..name_at + name_len as usize])
-                .map_err(|_| CodecError::InvalidHeader)?;
-            let value = HeaderValue::from_maybe_shared(head.slice(value_at..value_at + value_len as usize))
-                .map_err(|_| CodecError::InvalidHeader)?;
-            hop_by_hop |= is_hop_by_hop(&name);
-            headers.append(name, value);
-        }
-        let (framing, ambiguous) = framing(status, &headers)?;
-        let keep_alive = version == Version::HTTP_11
-            && framing != Framing::Close
-            && !ambiguous
-            && !has_token(&headers, &header::CONNECTION, "close");
-        if hop_by_hop {
-            for name in connection_named(&headers).iter().chain(&HOP_BY_HOP) {
-                headers.remove(name);
-            }
-        }
-        return Ok(Some(Head { status, version, headers, framing, keep_alive }));
+    }
+    Ok(Parsed::Final(Head { status, version, headers, framing, keep_alive }))
+}
+
+/// Which headers that matter to framing and reuse a head holds, noted while it is built so
+/// that absent ones cost no map lookup.
+#[derive(Default)]
+struct Seen {
+    content_length: bool,
+    transfer_encoding: bool,
+    connection: bool,
+    hop_by_hop: bool,
+}
+
+impl Seen {
+    fn note(&mut self, name: &HeaderName) {
+        self.content_length |= name == header::CONTENT_LENGTH;
+        self.transfer_encoding |= name == header::TRANSFER_ENCODING;
+        self.connection |= name == header::CONNECTION;
+        self.hop_by_hop |= is_hop_by_hop(name);
     }
 }
 
 /// The body framing (RFC 9112 §6.3) and whether the head sent both length and chunked (then
 /// chunked wins and the connection is not reused, as the RFC asks of such messages).
-fn framing(status: StatusCode, headers: &HeaderMap) -> Result<(Framing, bool), CodecError> {
+fn framing(status: StatusCode, headers: &HeaderMap, seen: &Seen) -> Result<(Framing, bool), CodecError> {
     if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         return Ok((Framing::Length(0), false));
     }
-    let has_length = headers.contains_key(header::CONTENT_LENGTH);
-    if headers.contains_key(header::TRANSFER_ENCODING) {
+    let has_length = seen.content_length;
+    if seen.transfer_encoding {
         // Only a final `chunked` delimits the body; any other coding runs until close.
         let last = headers
             .get_all(header::TRANSFER_ENCODING)
