@@ -1,10 +1,14 @@
 //! The response body the data plane sends to clients: either a small local body, or an
 //! engine's body streamed through frame by frame as it arrives (never buffered).
 //!
-//! The streamed body owns the request's [`InFlight`] guard, so an engine's in-flight count
-//! drops when the stream *ends* (or the client goes away), not when headers arrive. It also
-//! enforces the idle gap between chunks, and turns a broken engine stream into a well-formed SSE
-//! error event followed by a clean end, so a streaming client sees an error instead of a hang.
+//! An engine's body is read from its connection by the client connection's own task as hyper
+//! polls it ([`EngineBody`]); when it ends cleanly the connection goes back to its engine's
+//! pool, and when the client goes away first the body, and with it the connection, is dropped,
+//! which tells the engine to stop. The streamed body owns the request's [`InFlight`] guard, so
+//! an engine's in-flight count drops when the stream *ends* (or the client goes away), not
+//! when headers arrive. It also enforces the idle gap between chunks, and turns a broken
+//! engine stream into a well-formed SSE error event followed by a clean end, so a streaming
+//! client sees an error instead of a hang.
 
 use crate::error::ProxyError;
 use crate::proxy::InFlight;

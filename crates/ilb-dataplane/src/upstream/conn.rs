@@ -27,6 +27,9 @@ const INLINE_BODY_MAX: usize = 64 * 1024;
 const READ_RESERVE: usize = 8 * 1024;
 /// A write buffer grown past this by a large request is not kept for the next one.
 const KEEP_WRITE_BUF_MAX: usize = 2 * INLINE_BODY_MAX;
+/// A read buffer grown past this by a large response is not kept while the connection idles
+/// (a pool holds up to a thousand connections per engine).
+const KEEP_READ_BUF_MAX: usize = 2 * READ_RESERVE;
 
 /// An open HTTP/1.1 connection to an engine, between responses when idle in its pool.
 #[derive(Debug)]
@@ -72,6 +75,11 @@ impl Conn {
         }
         let mut probe = [0u8; 1];
         matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
+    #[cfg(test)]
+    pub(super) fn read_capacity(&self) -> usize {
+        self.read_buf.capacity()
     }
 
     /// Writes `request` and reads the response head; the body is read through the returned
@@ -161,7 +169,14 @@ impl EngineBody {
     /// The connection, if this body ended cleanly and the connection may carry another request.
     pub fn take_reusable_conn(&mut self) -> Option<Conn> {
         let clean = self.conn.as_ref().is_some_and(|c| c.read_buf.is_empty());
-        (self.keep_alive && self.decoder.is_done() && clean).then(|| self.conn.take()).flatten()
+        if !(self.keep_alive && self.decoder.is_done() && clean) {
+            return None;
+        }
+        let mut conn = self.conn.take()?;
+        if conn.read_buf.capacity() > KEEP_READ_BUF_MAX {
+            conn.read_buf = BytesMut::new();
+        }
+        Some(conn)
     }
 
     fn broken(&mut self, error: BodyError) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {

@@ -261,3 +261,21 @@ async fn a_body_cut_short_is_an_error() {
     assert!(body.is_end_stream());
     assert!(body.take_reusable_conn().is_none());
 }
+
+#[tokio::test]
+async fn large_bodies_cross_many_reads_and_large_buffers_are_not_kept() {
+    let big = "x".repeat(200 * 1024);
+    let response = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{big}", big.len()).into_bytes();
+    let e = ScriptedEngine::start(move |_| (response.clone(), Then::KeepOpen)).await;
+    let mut body = e.send("").await.unwrap().into_body();
+    let (mut received, mut frames) = (0, 0);
+    while let Some(frame) = body.frame().await {
+        received += frame.unwrap().into_data().unwrap().len();
+        frames += 1;
+        assert_eq!(body.size_hint().exact(), Some((big.len() - received) as u64));
+    }
+    assert_eq!(received, big.len());
+    assert!(frames > 1);
+    let conn = body.take_reusable_conn().expect("reusable");
+    assert!(conn.read_capacity() <= 16 * 1024, "capacity {}", conn.read_capacity());
+}
