@@ -205,11 +205,19 @@ fn parse_one<const N: usize>(buf: &mut BytesMut) -> Result<Parsed, CodecError> {
     let version = if response.version == Some(0) { Version::HTTP_10 } else { Version::HTTP_11 };
     let base = buf.as_ptr() as usize;
     let n_headers = response.headers.len();
+    // httparse hands out slices of `buf` (empty values too); checked all the same, so that a
+    // slice from elsewhere is an error rather than a wrong offset. The head is below 64 KiB.
+    let offset = |part: &[u8]| {
+        (part.as_ptr() as usize)
+            .checked_sub(base)
+            .filter(|&at| at + part.len() <= head_len)
+            .map(|at| at as u32)
+    };
     for (span, h) in spans.iter_mut().zip(response.headers.iter()) {
-        // Both slices point into `buf`, whose length is below 64 KiB + a read: fits u32.
-        let name_at = h.name.as_ptr() as usize - base;
-        let value_at = h.value.as_ptr() as usize - base;
-        *span = (name_at as u32, h.name.len() as u32, value_at as u32, h.value.len() as u32);
+        let (Some(name_at), Some(value_at)) = (offset(h.name.as_bytes()), offset(h.value)) else {
+            return Err(CodecError::InvalidHeader);
+        };
+        *span = (name_at, h.name.len() as u32, value_at, h.value.len() as u32);
     }
     let head = buf.split_to(head_len).freeze();
     let mut headers = HeaderMap::with_capacity(n_headers);

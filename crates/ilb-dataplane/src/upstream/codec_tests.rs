@@ -51,6 +51,12 @@ fn content_length_body_arrives_with_its_head() {
     assert!(head.keep_alive);
     assert_eq!(head.headers["content-type"], "application/json");
     assert_eq!(head.headers.get_all("x-a").iter().collect::<Vec<_>>(), ["1", "2"]);
+    let (empty, _) = parse(b"HTTP/1.1 200 OK\r\nx-empty:\r\nx-blank:   \r\ncontent-length: 0\r\n\r\n");
+    let empty = empty.unwrap().unwrap();
+    assert_eq!(
+        (empty.headers["x-empty"].as_bytes(), empty.headers["x-blank"].as_bytes()),
+        (&b""[..], &b""[..])
+    );
     let mut decoder = BodyDecoder::new(head.framing);
     assert_eq!(decoder.remaining(), Some(5));
     assert_eq!(decoder.decode(&mut rest), Ok(Decoded::Data("hello".into())), "one frame");
