@@ -25,10 +25,9 @@ use tokio::net::TcpStream;
 const INLINE_BODY_MAX: usize = 64 * 1024;
 /// Room made in the read buffer before a read when little is left.
 const READ_RESERVE: usize = 8 * 1024;
-/// A write buffer grown past this by a large request is not kept for the next one.
-const KEEP_WRITE_BUF_MAX: usize = 2 * INLINE_BODY_MAX;
-/// A read buffer grown past this by a large response is not kept while the connection idles
-/// (a pool holds up to a thousand connections per engine).
+/// Buffers grown past these by a large request or response are not kept while the connection
+/// idles (a pool holds up to a thousand connections per engine).
+const KEEP_WRITE_BUF_MAX: usize = 16 * 1024;
 const KEEP_READ_BUF_MAX: usize = 2 * READ_RESERVE;
 
 /// An open HTTP/1.1 connection to an engine, between responses when idle in its pool.
@@ -89,16 +88,17 @@ impl Conn {
         request: &UpstreamRequest<'_>,
     ) -> Result<Response<EngineBody>, Failed> {
         let body = &request.body;
-        if self.write_buf.capacity() > KEEP_WRITE_BUF_MAX {
-            self.write_buf = Vec::with_capacity(1024);
-        }
-        self.write_buf.clear();
-        codec::encode_request_head(&mut self.write_buf, request);
         let inline = body.len() <= INLINE_BODY_MAX;
+        self.write_buf.clear();
+        self.write_buf.reserve(1024 + if inline { body.len() } else { 0 });
+        codec::encode_request_head(&mut self.write_buf, request);
         if inline {
             self.write_buf.extend_from_slice(body);
         }
         let mut written = self.stream.write_all(&self.write_buf).await;
+        if self.write_buf.capacity() > KEEP_WRITE_BUF_MAX {
+            self.write_buf = Vec::new();
+        }
         if written.is_ok() && !inline {
             written = self.stream.write_all(body).await;
         }
