@@ -6,7 +6,9 @@ use bytes::Bytes;
 use bytes::BytesMut;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Version};
+use proptest::collection::vec;
 use proptest::prelude::*;
+use proptest::test_runner::RngSeed;
 
 fn parse(bytes: &[u8]) -> (Result<Option<Head>, CodecError>, BytesMut) {
     let mut buf = BytesMut::from(bytes);
@@ -42,8 +44,10 @@ fn decode(
 
 #[test]
 fn content_length_body_arrives_with_its_head() {
-    let (head, mut rest) =
-        parse(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 5\r\nx-a: 1\r\nx-a: 2\r\n\r\nhello");
+    let (head, mut rest) = parse(
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 5\r\n\
+                x-a: 1\r\nx-a: 2\r\n\r\nhello",
+    );
     let head = head.unwrap().unwrap();
     assert_eq!(head.status, StatusCode::OK);
     assert_eq!(head.version, Version::HTTP_11);
@@ -79,7 +83,8 @@ fn an_incomplete_head_waits_for_more() {
 
 #[test]
 fn interim_responses_are_skipped() {
-    let input = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 0\r\n\r\n";
+    let input = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n\
+                  HTTP/1.1 201 Created\r\ncontent-length: 0\r\n\r\n";
     let (head, rest) = parse(input);
     let head = head.unwrap().unwrap();
     assert_eq!(head.status, StatusCode::CREATED);
@@ -244,7 +249,8 @@ fn request_head_is_one_flat_block_without_hop_by_hop_headers() {
     encode_request_head(&mut out, &upstream);
     assert_eq!(
         String::from_utf8(out).unwrap(),
-        "leftPOST /v1/chat/completions?x=1 HTTP/1.1\r\ncontent-type: application/json\r\nx-multi: a\r\nx-multi: b\r\n\
+        "leftPOST /v1/chat/completions?x=1 HTTP/1.1\r\ncontent-type: application/json\r\n\
+         x-multi: a\r\nx-multi: b\r\n\
          host: 127.0.0.1:8000\r\ntraceparent: 00-1-2-01\r\ncontent-length: 2\r\n\r\n"
     );
     let empty = HeaderMap::new();
@@ -289,13 +295,13 @@ fn chunked(chunks: &[Vec<u8>], extensions: bool, upper: bool, trailers: bool) ->
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { rng_seed: proptest::test_runner::RngSeed::Fixed(7), ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { rng_seed: RngSeed::Fixed(7), ..ProptestConfig::default() })]
 
     /// However the bytes are split across reads, the decoded body is the same, ends at the
     /// terminating chunk, and leaves what follows alone.
     #[test]
     fn chunked_decoding_is_independent_of_splits(
-        chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..40), 0..6),
+        chunks in vec(vec(any::<u8>(), 1..40), 0..6),
         extensions: bool,
         upper: bool,
         trailers: bool,
@@ -317,10 +323,11 @@ proptest! {
     }
 
     #[test]
-    fn length_decoding_is_independent_of_splits(body in proptest::collection::vec(any::<u8>(), 1..100), split in 0usize..100) {
+    fn length_decoding_is_independent_of_splits(body in vec(any::<u8>(), 1..100), split in 0usize..100) {
         let mut input = body.clone();
         input.extend_from_slice(b"NEXT");
-        let (decoded, done, rest) = decode(Framing::Length(body.len() as u64), &input, &[split.min(input.len())], false).unwrap();
+        let framing = Framing::Length(body.len() as u64);
+        let (decoded, done, rest) = decode(framing, &input, &[split.min(input.len())], false).unwrap();
         prop_assert_eq!(decoded, body);
         prop_assert!(done);
         prop_assert_eq!(rest, b"NEXT".to_vec());
@@ -328,7 +335,7 @@ proptest! {
 
     /// Whatever an engine sends, parsing and decoding return a value or an error.
     #[test]
-    fn arbitrary_input_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+    fn arbitrary_input_never_panics(bytes in vec(any::<u8>(), 0..300)) {
         let mut with_head = b"HTTP/1.1 200 OK\r\n".to_vec();
         with_head.extend_from_slice(&bytes);
         let _ = parse(&bytes);

@@ -159,12 +159,14 @@ impl Pool {
 /// [`EngineBody::take_reusable_conn`] returns it. Hot path.
 ///
 /// A pooled connection may have been closed by the engine while idle without this process
-/// having seen it yet. When such a connection fails before any response byte was read (the
-/// write fails, or the first read finds it closed or reset), the request goes out once more on
-/// a new connection. That is a resend of a POST, but the engine provably did not answer it,
-/// and an idle close is what produces exactly this; hyper retried only requests it had not
-/// written, which a close racing the write defeats. A new connection is never retried here:
-/// the caller's retry rules (budget, another engine) apply.
+/// having seen it yet ([`Pool`] drops those it has seen, at no syscall cost otherwise). When a
+/// pooled connection fails before any response byte was read (the write fails, or the first
+/// read finds it closed or reset), the request goes out once more on a new connection to the
+/// same engine. That resends a POST: an engine that crashed while working on it looks the same,
+/// and then the new connection fails to connect or the request runs twice. It is what an idle
+/// close produces, though, which is by far the common cause; hyper retried only requests it had
+/// not written, which a close racing the write defeats. A new connection is never retried
+/// here: the caller's retry rules (budget, another engine) apply.
 pub async fn send(
     engine: &EngineState,
     now_ms: u64,
@@ -176,7 +178,8 @@ pub async fn send(
         match conn.round_trip(request).await {
             Ok(response) => return Ok(response),
             Err(failed) if failed.unanswered => {
-                tracing::debug!(engine = %engine.id, error = %failed.error, "idle engine connection was closed; resending on a new one");
+                let error = &failed.error;
+                tracing::debug!(engine = %engine.id, %error, "idle engine connection closed; resending");
             }
             Err(failed) => return Err(failed.error),
         }
