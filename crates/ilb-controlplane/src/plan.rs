@@ -87,6 +87,7 @@ pub fn build(fleet: &Fleet, now: Now) -> Vec<ModelPlan> {
             }
             let capacity_rps: Vec<f64> =
                 engine_idx.iter().map(|&j| fleet.effective_capacity(j, now)).collect();
+            let profiles = fleet.latency_profiles(&engine_idx);
             let problem = Problem {
                 rho: cp.rho,
                 classes: classes
@@ -100,10 +101,11 @@ pub fn build(fleet: &Fleet, now: Now) -> Vec<ModelPlan> {
                 engines: engine_idx
                     .iter()
                     .zip(&capacity_rps)
-                    .map(|(&j, &capacity)| Engine {
+                    .zip(profiles)
+                    .map(|((&j, &capacity), profile)| Engine {
                         id: config.engines[j].id.clone(),
                         capacity_rps: capacity,
-                        latency: to_optimizer(fleet.latency_profile(j)),
+                        latency: to_optimizer(profile),
                     })
                     .collect(),
                 network_ms: NetworkMatrix::from_fn(classes.len(), engine_idx.len(), |k, j| {

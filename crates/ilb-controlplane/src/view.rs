@@ -152,11 +152,13 @@ pub fn build(
                     }
                 })
                 .collect();
+            let profiles = fleet.latency_profiles(&plan.engines);
             let engines = plan
                 .engines
                 .iter()
+                .zip(profiles)
                 .enumerate()
-                .map(|(j, &idx)| {
+                .map(|(j, (&idx, latency_profile))| {
                     let cfg = &fleet.config.engines[idx];
                     let rt = &fleet.engines[idx];
                     let plan_j = solution.map(|s| &s.engines[j]);
@@ -175,7 +177,7 @@ pub fn build(
                         capacity_binds: plan_j.is_some_and(|p| p.capacity_binds),
                         residency: cfg.residency.clone(),
                         capabilities: cfg.capabilities.clone(),
-                        latency_profile: fleet.latency_profile(idx),
+                        latency_profile,
                         signals: SignalsView {
                             scrape_ok_age_ms: rt
                                 .last_scrape_ok

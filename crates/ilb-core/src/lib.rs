@@ -9,6 +9,7 @@
 //! **Invariant:** nothing here does IO, reads the clock or spawns tasks; time and randomness
 //! come in as arguments. This is what lets the fleet simulator run this exact code.
 
+pub mod affinity;
 pub mod classify;
 pub mod ids;
 pub mod metrics;

@@ -4,6 +4,7 @@
 //! read-only by every request. Each class gets a [`SlotTable`] built from the previous table's
 //! class of the same id, so a weight change moves the least traffic possible.
 
+use crate::affinity::{affinity_tag, AffinityTable};
 use crate::ids::{ClassId, ClusterId, EngineId, ModelName, SnapshotVersion};
 use crate::slots::SlotTable;
 use crate::snapshot::{EngineEntry, Snapshot, SnapshotError};
@@ -69,6 +70,10 @@ pub struct ClassTable {
     pub shed_fraction: f64,
     pub slots: SlotTable,
     candidate_ids: Vec<EngineId>,
+    /// Per candidate: its engine's [`affinity_tag`].
+    affinity_tags: Vec<u32>,
+    /// (affinity tag, candidate), sorted: the way back from a remembered engine.
+    by_affinity_tag: Vec<(u32, u32)>,
 }
 
 #[derive(Clone, Debug)]
@@ -149,6 +154,11 @@ impl RoutingTable {
                         &candidate_ids,
                         prev_class.map(|c| (&c.slots, c.candidate_ids.as_slice())),
                     );
+                    let affinity_tags: Vec<u32> =
+                        candidate_ids.iter().map(|id| affinity_tag(id.as_str())).collect();
+                    let mut by_affinity_tag: Vec<(u32, u32)> =
+                        affinity_tags.iter().enumerate().map(|(i, &tag)| (tag, i as u32)).collect();
+                    by_affinity_tag.sort_unstable();
                     let mut require = class.require.clone();
                     require.sort();
                     require.dedup();
@@ -162,6 +172,8 @@ impl RoutingTable {
                         shed_fraction: class.shed_fraction,
                         slots,
                         candidate_ids,
+                        affinity_tags,
+                        by_affinity_tag,
                     }
                 })
                 .collect();
@@ -254,6 +266,25 @@ impl ClassTable {
 
     pub fn candidate_ids(&self) -> &[EngineId] {
         &self.candidate_ids
+    }
+
+    /// The candidate `affinity` remembers for `key_hash` (the engine that served it last), if
+    /// that engine is still a candidate with a positive weight. Hot path: one atomic load and a
+    /// binary search.
+    #[inline]
+    pub fn remembered(&self, affinity: &AffinityTable, key_hash: u64, now_s: u32) -> Option<usize> {
+        let tag = affinity.get(key_hash, now_s)?;
+        let at = self.by_affinity_tag.binary_search_by_key(&tag, |&(t, _)| t).ok()?;
+        let candidate = self.by_affinity_tag[at].1 as usize;
+        (self.candidates[candidate].weight > 0.0).then_some(candidate)
+    }
+
+    /// Records that `candidate` serves `key_hash` now. Hot path: one atomic store.
+    #[inline]
+    pub fn remember(&self, affinity: &AffinityTable, key_hash: u64, candidate: usize, now_s: u32) {
+        if let Some(&tag) = self.affinity_tags.get(candidate) {
+            affinity.put(key_hash, tag, now_s);
+        }
     }
 }
 

@@ -32,6 +32,10 @@ pub struct DataPlaneConfig {
     pub create_traceparent: bool,
     /// Idle engine connections: how long they are kept and how many per engine.
     pub upstream_pool: crate::upstream::PoolConfig,
+    /// Session affinity: entries of the table that remembers each affinity key's last engine
+    /// (0 turns it off; see `ilb_core::affinity`), and how long an entry lasts.
+    pub affinity_entries: usize,
+    pub affinity_ttl: Duration,
 }
 
 #[derive(Clone, Debug)]
@@ -76,6 +80,8 @@ impl DataPlaneConfig {
             max_waiting: 1024,
             create_traceparent: true,
             upstream_pool: Default::default(),
+            affinity_entries: ilb_core::affinity::DEFAULT_ENTRIES,
+            affinity_ttl: Duration::from_secs(u64::from(ilb_core::affinity::DEFAULT_TTL_S)),
         }
     }
 }

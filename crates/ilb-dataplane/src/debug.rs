@@ -70,7 +70,9 @@ fn explain(shared: &Shared, query: &str) -> Result<serde_json::Value, ProxyError
             })
         })
         .collect();
-    let chosen = choose(&installed, class, &constraints, key_hash, &[]).ok();
+    let now_s = (shared.pool_clock.ms() / 1000) as u32;
+    let chosen = choose(&installed, class, &constraints, key_hash, &[], &shared.affinity, now_s).ok();
+    let remembered = class.remembered(&shared.affinity, key_hash, now_s);
     Ok(json!({
         "snapshot": installed.table.version,
         "cluster": installed.table.cluster,
@@ -81,7 +83,8 @@ fn explain(shared: &Shared, query: &str) -> Result<serde_json::Value, ProxyError
         "class_in_flight": class_load,
         "home": class.candidates.get(home).map(|c| &installed.table.engines[c.engine_idx].id),
         "picked": chosen.map(|c| &installed.table.engines[class.candidates[c].engine_idx].id),
-        "walked": chosen.is_some_and(|c| c != home),
+        "remembered": remembered.map(|c| &installed.table.engines[class.candidates[c].engine_idx].id),
+        "walked": chosen.is_some_and(|c| c != home && Some(c) != remembered),
         "candidates": candidates,
     }))
 }

@@ -12,6 +12,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
+use ilb_core::affinity::AffinityTable;
 use ilb_core::classify::{self, Endpoint, Priority};
 use ilb_core::table::{within_load_bound, ClassTable, Constraints};
 use std::sync::atomic::Ordering::Relaxed;
@@ -154,8 +155,20 @@ async fn forward(
     // Read the clock only when a request has to wait for a slot.
     let mut wait_started: Option<Instant> = None;
     loop {
-        let candidate = match choose(&installed, class, &constraints, request.key_hash, &tried) {
-            Ok(candidate) => candidate,
+        let now_s = (shared.pool_clock.ms() / 1000) as u32;
+        let candidate = match choose(
+            &installed,
+            class,
+            &constraints,
+            request.key_hash,
+            &tried,
+            &shared.affinity,
+            now_s,
+        ) {
+            Ok(candidate) => {
+                class.remember(&shared.affinity, request.key_hash, candidate, now_s);
+                candidate
+            }
             Err(NoCandidate::Saturated) if last_error.is_none() => {
                 // Every usable engine is at its concurrency limit: wait (bounded) for a slot.
                 let limit = shared.config.queue_wait * if priority == 3 { 2 } else { 1 };
@@ -305,6 +318,8 @@ pub(crate) fn choose(
     constraints: &Constraints<'_>,
     key_hash: u64,
     tried: &[usize],
+    affinity: &AffinityTable,
+    now_s: u32,
 ) -> Result<usize, NoCandidate> {
     let class_load = installed.classes[class.seq].in_flight.load(Relaxed) as f64;
     let healthy = |candidate: usize| {
@@ -326,6 +341,11 @@ pub(crate) fn choose(
         let in_flight = class_engine[candidate].load(Relaxed) as f64;
         within_load_bound(in_flight, c.weight, class_load) && healthy(candidate) && has_room(candidate)
     };
+    // A conversation stays on the engine that holds its KV cache while that engine keeps a
+    // weight and room; only then does the hash decide.
+    if let Some(c) = class.remembered(affinity, key_hash, now_s).filter(|&c| bounded(c)) {
+        return Ok(c);
+    }
     if let Some(p) =
         class.pick(key_hash, bounded).or_else(|| class.pick(key_hash, |c| healthy(c) && has_room(c)))
     {

@@ -38,6 +38,8 @@ pub struct Shared {
     pub trace_seed: u64,
     /// Coarse time for the idle connection pools, advanced by the prober (see `now_ms`).
     pub pool_clock: crate::upstream::CoarseClock,
+    /// Which engine served each affinity key last; kept across snapshot installs.
+    pub affinity: ilb_core::affinity::AffinityTable,
 }
 
 impl Shared {
@@ -52,6 +54,10 @@ impl Shared {
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
             .build(connector);
+        let affinity = ilb_core::affinity::AffinityTable::new(
+            config.affinity_entries,
+            config.affinity_ttl.as_secs().min(u64::from(u32::MAX)) as u32,
+        );
         Shared {
             budget: crate::budget::RetryBudget::new(config.retry_budget.clone()),
             waiters: crate::admission::Waiters::default(),
@@ -64,6 +70,7 @@ impl Shared {
             snapshot_rejections: AtomicU64::new(0),
             trace_seed: ilb_core::slots::mix(crate::clock::unix_ms() ^ u64::from(std::process::id()) << 32),
             pool_clock: Default::default(),
+            affinity,
         }
     }
 

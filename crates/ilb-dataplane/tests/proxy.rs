@@ -3,6 +3,7 @@
 mod support;
 
 use http_body_util::BodyExt;
+use ilb_dataplane::{DataPlane, DataPlaneConfig};
 use std::collections::HashMap;
 use std::time::Duration;
 use support::*;
@@ -125,6 +126,48 @@ async fn weight_change_moves_few_keys() {
     // Total-variation distance between the weight vectors is 0.1: the least any scheme moves.
     assert!(moved <= 0.12 + 0.015, "moved {moved}");
     assert!(moved >= 0.07, "moved {moved}: weights were not applied");
+}
+
+/// Serves one chat request per session key and returns the engine of each.
+async fn engines_of(dp: &DataPlane, client: &TestClient, keys: &[String]) -> Vec<String> {
+    let mut out = Vec::with_capacity(keys.len());
+    for key in keys {
+        let req = post(&dp.url(), "/v1/chat/completions", &chat_body(key), &[("x-session-id", key)]);
+        let (status, headers, _) = send(client, req).await;
+        assert_eq!(status, 200);
+        out.push(engine_of(&headers));
+    }
+    out
+}
+
+#[tokio::test]
+async fn conversations_keep_their_engine_across_a_weight_change_and_new_ones_follow_the_weights() {
+    let (a, b) = (MockEngine::start("a").await, MockEngine::start("b").await);
+    let old = snapshot(1, &[("a", a.url(), 0.5), ("b", b.url(), 0.5)]);
+    let new = snapshot(2, &[("a", a.url(), 0.1), ("b", b.url(), 0.9)]);
+    let client = client();
+    let keys: Vec<String> = (0..200).map(|i| format!("conv-{i}")).collect();
+    let fresh: Vec<String> = (0..400).map(|i| format!("new-{i}")).collect();
+    for affinity_entries in [ilb_core::affinity::DEFAULT_ENTRIES, 0] {
+        let dp = data_plane(DataPlaneConfig { affinity_entries, ..config() }, &old).await;
+        let before = engines_of(&dp, &client, &keys).await;
+        assert!(before.iter().filter(|e| *e == "a").count() > 70, "both engines serve conversations");
+        dp.install(&new).unwrap();
+        let after = engines_of(&dp, &client, &keys).await;
+        let moved = before.iter().zip(&after).filter(|(x, y)| x != y).count();
+        let on_a = engines_of(&dp, &client, &fresh).await.iter().filter(|e| *e == "a").count();
+        assert!(on_a < 70, "new conversations follow the new weights: {on_a} of 400 on a");
+        if affinity_entries > 0 {
+            assert_eq!(moved, 0, "remembered conversations stay while their engine has weight and room");
+            let url = format!("{}/debug/route?model=m&key={}", dp.url(), keys[0]);
+            let (_, body) = get(&client, &url).await;
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(v["remembered"], v["picked"], "{v}");
+        } else {
+            // Without the table the hash alone decides: most of a's conversations move.
+            assert!(moved > 50, "moved {moved}");
+        }
+    }
 }
 
 #[tokio::test]

@@ -39,6 +39,34 @@ pub struct PriorityStats {
     pub e2e_p99_ms: f64,
 }
 
+/// Completed requests served by one hardware class (a capacity planner's view: which GPUs
+/// carried the traffic, and how fast they decoded at the load they were given).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct HardwareStats {
+    pub engines: usize,
+    pub completed: u64,
+    /// Share of all completed requests.
+    pub share: f64,
+    /// Mean end-to-end latency (network included), engine TTFT and time between tokens, ms.
+    pub e2e_mean_ms: f64,
+    pub e2e_p99_ms: f64,
+    pub engine_ttft_ms: f64,
+    pub engine_tbot_ms: f64,
+    /// Mean busy fraction of the class's engines.
+    pub utilisation_mean: f64,
+}
+
+/// Per hardware class: completions, their e2e latencies, sums of engine TTFT (ms), decode ns
+/// and tokens.
+#[derive(Clone, Debug, Default)]
+struct HardwareSums {
+    completed: u64,
+    e2e: Vec<f32>,
+    engine_ttft_ms: f64,
+    decode_ns: f64,
+    decode_tokens: f64,
+}
+
 /// One policy's results. The first fields are the documented JSON contract.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct PolicyResult {
@@ -62,6 +90,9 @@ pub struct PolicyResult {
     pub failed_in_flight: u64,
     pub failed_no_engine: u64,
     pub failed_refused: u64,
+    /// Share of follow-up turns served by a different engine than the conversation's previous
+    /// turn: each such move pays the whole prefix's prefill again.
+    pub session_moves: f64,
     /// Requests of residency-bound classes served by an engine outside their zone.
     pub residency_violations: u64,
     /// Mean busy fraction of engines and its standard deviation across engines.
@@ -83,6 +114,8 @@ pub struct PolicyResult {
     pub mean_prompt_tokens: f64,
     pub mean_output_tokens: f64,
     pub by_priority: BTreeMap<String, PriorityStats>,
+    /// Where the traffic went and how it fared, per hardware class of engine.
+    pub by_hardware: BTreeMap<String, HardwareStats>,
     #[serde(skip)]
     pub series: Series,
 }
@@ -127,11 +160,18 @@ pub struct Recorder {
     util_sum: Vec<f64>,
     util_samples: u64,
     predicted: (f64, u64),
+    hardware_names: Vec<String>,
+    /// Per engine: index into `hardware_names`.
+    engine_hardware: Vec<usize>,
+    hardware: Vec<HardwareSums>,
+    /// Follow-up turns routed, and those routed to another engine than the turn before.
+    follow_ups: (u64, u64),
 }
 
 /// One finished request.
 pub struct Completion {
     pub stream: usize,
+    pub engine: usize,
     pub finished_s: f64,
     pub ttft_ms: f64,
     pub e2e_ms: f64,
@@ -143,7 +183,19 @@ pub struct Completion {
 }
 
 impl Recorder {
-    pub fn new(warmup_s: f64, slo_ms: f64, stream_priority_names: &[String], n_engines: usize) -> Recorder {
+    /// `engine_hardware` names each engine's hardware class.
+    pub fn new(
+        warmup_s: f64,
+        slo_ms: f64,
+        stream_priority_names: &[String],
+        engine_hardware: &[&str],
+    ) -> Recorder {
+        let n_engines = engine_hardware.len();
+        let mut hardware_names: Vec<String> = engine_hardware.iter().map(|h| h.to_string()).collect();
+        hardware_names.sort();
+        hardware_names.dedup();
+        let engine_hardware: Vec<usize> =
+            engine_hardware.iter().map(|h| hardware_names.iter().position(|n| n == h).unwrap_or(0)).collect();
         let mut priorities: Vec<String> = stream_priority_names.to_vec();
         priorities.sort();
         priorities.dedup();
@@ -176,6 +228,10 @@ impl Recorder {
             util_sum: vec![0.0; n_engines],
             util_samples: 0,
             predicted: (0.0, 0),
+            hardware: vec![HardwareSums::default(); hardware_names.len()],
+            follow_ups: (0, 0),
+            hardware_names,
+            engine_hardware,
         }
     }
 
@@ -214,6 +270,14 @@ impl Recorder {
         self.result.failed_in_flight += n;
     }
 
+    /// A follow-up turn was routed; `moved` if to another engine than the previous turn.
+    pub fn follow_up(&mut self, t_s: f64, moved: bool) {
+        if self.measured(t_s) {
+            self.follow_ups.0 += 1;
+            self.follow_ups.1 += u64::from(moved);
+        }
+    }
+
     pub fn residency_violation(&mut self) {
         self.result.residency_violations += 1;
     }
@@ -233,9 +297,15 @@ impl Recorder {
         self.output_tokens += u64::from(c.output_tokens);
         self.good += u64::from(c.ttft_ms <= self.slo_ms);
         self.engine_ttft_sum += c.engine_ttft_ms;
+        let hw = &mut self.hardware[self.engine_hardware[c.engine]];
+        hw.completed += 1;
+        hw.e2e.push(c.e2e_ms as f32);
+        hw.engine_ttft_ms += c.engine_ttft_ms;
         if c.output_tokens > 1 {
             self.decode_ns += c.decode_ns;
             self.decode_tokens += f64::from(c.output_tokens - 1);
+            hw.decode_ns += c.decode_ns;
+            hw.decode_tokens += f64::from(c.output_tokens - 1);
         }
     }
 
@@ -304,6 +374,8 @@ impl Recorder {
         r.goodput_rps = self.good as f64 / window;
         r.shed_rate = if r.arrivals > 0 { r.shed as f64 / r.arrivals as f64 } else { 0.0 };
         r.failed = r.failed_in_flight + r.failed_no_engine + r.failed_refused;
+        r.session_moves =
+            if self.follow_ups.0 > 0 { self.follow_ups.1 as f64 / self.follow_ups.0 as f64 } else { 0.0 };
         r.weight_churn = if self.churn.1 > 0 { self.churn.0 / self.churn.1 as f64 } else { 0.0 };
         r.replan_s = replan_s;
         r.predicted_e2e_ms = (self.predicted.1 > 0).then(|| self.predicted.0 / self.predicted.1 as f64);
@@ -314,12 +386,34 @@ impl Recorder {
         }
         r.engine_tbot_ms =
             if self.decode_tokens > 0.0 { self.decode_ns / self.decode_tokens / 1e6 } else { 0.0 };
+        let utils: Vec<f64> = self.util_sum.iter().map(|s| s / self.util_samples.max(1) as f64).collect();
         if self.util_samples > 0 {
-            let utils: Vec<f64> = self.util_sum.iter().map(|s| s / self.util_samples as f64).collect();
             let mean = utils.iter().sum::<f64>() / utils.len().max(1) as f64;
             let var = utils.iter().map(|u| (u - mean).powi(2)).sum::<f64>() / utils.len().max(1) as f64;
             r.utilisation_mean = mean;
             r.utilisation_spread = var.sqrt();
+        }
+        for (h, (name, sums)) in self.hardware_names.iter().zip(&mut self.hardware).enumerate() {
+            let members: Vec<f64> = (self.engine_hardware.iter().zip(&utils))
+                .filter(|(&eh, _)| eh == h)
+                .map(|(_, &u)| u)
+                .collect();
+            let per = |sum: f64, n: f64| if n > 0.0 { sum / n } else { 0.0 };
+            let n = sums.completed as f64;
+            let e2e = LatencySummary::of(&mut sums.e2e);
+            r.by_hardware.insert(
+                name.clone(),
+                HardwareStats {
+                    engines: members.len(),
+                    completed: sums.completed,
+                    share: per(n, r.completed as f64),
+                    e2e_mean_ms: e2e.mean,
+                    e2e_p99_ms: e2e.p99,
+                    engine_ttft_ms: per(sums.engine_ttft_ms, n),
+                    engine_tbot_ms: per(sums.decode_ns / 1e6, sums.decode_tokens),
+                    utilisation_mean: per(members.iter().sum(), members.len() as f64),
+                },
+            );
         }
         for (p, name) in self.priorities.iter().enumerate() {
             let mut e2e = std::mem::take(&mut self.e2e_by_priority[p]);

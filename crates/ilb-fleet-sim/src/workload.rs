@@ -79,6 +79,8 @@ pub struct Session {
     pub output_tokens: u32,
     /// 0 for the first turn.
     pub turn: u32,
+    /// The simulator engine that served the previous turn.
+    pub last_engine: Option<usize>,
     rng: SplitMix,
 }
 
@@ -104,6 +106,7 @@ impl Session {
             prompt: prompt.into(),
             output_tokens,
             turn: 0,
+            last_engine: None,
             rng,
         }
     }

@@ -49,6 +49,12 @@ pub struct DataPlaneSection {
     pub retry_floor_ratio: Option<f64>,
     /// Retries per second always allowed; default 1.
     pub retry_min_per_sec: Option<f64>,
+    /// Entries of the session-affinity table, which keeps a conversation on the engine that
+    /// served its last turn while that engine keeps a weight and room (0 turns it off);
+    /// default 262144 (2 MiB).
+    pub affinity_entries: Option<usize>,
+    /// How long the session-affinity table remembers a key, ms; default 600000 (10 minutes).
+    pub affinity_ttl_ms: Option<u64>,
     /// Create a W3C `traceparent` for requests without one; default true.
     pub create_traceparent: Option<bool>,
     /// How often to report to the control plane, ms; default 1000.

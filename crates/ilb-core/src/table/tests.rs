@@ -1,4 +1,5 @@
 use super::*;
+use crate::affinity::AffinityTable;
 use crate::snapshot::tests::example_json;
 
 fn table() -> RoutingTable {
@@ -73,4 +74,39 @@ fn load_bound_is_relative_plus_noise_slack() {
     assert!(!within_load_bound(5.0, 0.01, 99.0));
     // A zero weight admits nothing while others carry the class.
     assert!(!within_load_bound(0.0, 0.0, 10.0));
+}
+
+#[test]
+fn remembered_engines_survive_a_weight_change_and_follow_the_engine_not_its_position() {
+    let mut s = Snapshot::from_json(example_json().as_bytes()).unwrap();
+    let a = RoutingTable::compile(&s, None).unwrap();
+    let ca = &a.model("m").unwrap().classes[0];
+    let affinity = AffinityTable::new(1 << 16, 600);
+    let keys: Vec<u64> = (0..200u64).map(crate::slots::mix).collect();
+    for &k in &keys {
+        let p = ca.pick(k, |_| true).unwrap();
+        ca.remember(&affinity, k, p.candidate, 100);
+    }
+    let engine_of = |t: &RoutingTable, c: usize| t.model("m").unwrap().classes[0].candidate_ids()[c].clone();
+    let before: Vec<EngineId> =
+        keys.iter().map(|&k| engine_of(&a, ca.pick(k, |_| true).unwrap().candidate)).collect();
+    // Most weight moves to the second engine, and the candidates swap places in the snapshot.
+    s.models[0].classes[0].weights[0].weight = 0.1;
+    s.models[0].classes[0].weights.reverse();
+    let b = RoutingTable::compile(&s, Some(&a)).unwrap();
+    let cb = &b.model("m").unwrap().classes[0];
+    let mut moved_by_hash = 0;
+    for (&k, engine) in keys.iter().zip(&before) {
+        let remembered = cb.remembered(&affinity, k, 130).expect("remembered");
+        assert_eq!(&engine_of(&b, remembered), engine, "the same engine, at its new position");
+        moved_by_hash += usize::from(engine_of(&b, cb.pick(k, |_| true).unwrap().candidate) != *engine);
+    }
+    assert!(moved_by_hash > 50, "the weight change moves keys by hash ({moved_by_hash})");
+    // An engine whose weight went to zero is not remembered any more; expired entries neither.
+    let zero = cb.candidate_ids().iter().position(|id| *id == before[0]).unwrap();
+    s.models[0].classes[0].weights[zero].weight = 0.0;
+    let c = RoutingTable::compile(&s, Some(&b)).unwrap();
+    let cc = &c.model("m").unwrap().classes[0];
+    assert_eq!(cc.remembered(&affinity, keys[0], 130), None);
+    assert_eq!(cb.remembered(&affinity, keys[0], 100 + 601), None);
 }

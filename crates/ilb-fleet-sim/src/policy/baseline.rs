@@ -5,6 +5,7 @@
 //! fleet-wide in-flight count (more than one data plane really knows), which flatters them.
 
 use super::{uniform_row, Decision, Load, Policy, Topology};
+use ilb_engine_sim::Nanos;
 use rand::Rng;
 use rand_pcg::Pcg64Mcg;
 
@@ -43,6 +44,7 @@ fn load_of(load: &Load, topology: &Topology, j: usize) -> f64 {
 impl Policy for Baseline {
     fn route(
         &mut self,
+        _now: Nanos,
         topology: &Topology,
         load: &Load,
         stream: usize,

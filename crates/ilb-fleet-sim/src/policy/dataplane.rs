@@ -2,9 +2,10 @@
 //! one pull after they are published, are compiled with the real
 //! [`RoutingTable::compile`] (slot layouts carried over from the previous table), and requests
 //! are picked with the real [`ClassTable::pick`](ilb_core::table::ClassTable::pick) under the
-//! data plane's bounded-load rule.
+//! data plane's bounded-load rule, after the engine its key's [`AffinityTable`] remembers.
 
 use super::{Decision, Load, Topology};
+use ilb_core::affinity::{self, AffinityTable};
 use ilb_core::snapshot::Snapshot;
 use ilb_core::table::{Constraints, RoutingTable};
 use ilb_engine_sim::Nanos;
@@ -27,6 +28,8 @@ pub struct DataPlanes {
     engine_index: HashMap<String, usize>,
     /// Snapshots that failed to compile (kept out, as a data plane keeps its last good one).
     pub rejected: u64,
+    /// Per cluster: the data plane's memory of which engine served each key.
+    affinity: Vec<AffinityTable>,
 }
 
 impl DataPlanes {
@@ -41,6 +44,9 @@ impl DataPlanes {
                 .map(|(j, e)| (e.id.to_string(), j))
                 .collect(),
             rejected: 0,
+            affinity: (0..topology.n_clusters)
+                .map(|_| AffinityTable::new(affinity::DEFAULT_ENTRIES, affinity::DEFAULT_TTL_S))
+                .collect(),
         }
     }
 
@@ -92,13 +98,15 @@ impl DataPlanes {
         }
     }
 
-    /// Picks an engine for one request, as `ilb_dataplane::proxy::choose` does: weighted
-    /// consistent hashing on the key, admitting a candidate while the stream's in-flight count on
-    /// it passes `ilb_core::table::within_load_bound`, then without the bound.
+    /// Picks an engine for one request, as `ilb_dataplane::proxy::choose` does: the engine that
+    /// served the key last while it is within its load bound, else weighted consistent hashing
+    /// on the key, admitting a candidate while the stream's in-flight count on it passes
+    /// `ilb_core::table::within_load_bound`, then without the bound.
     /// Candidates that are down or violate the stream's constraints are never admitted.
     /// Requests are shed first with the class's planned `shed_fraction`. Hot path.
     pub fn route(
         &self,
+        now: Nanos,
         topology: &Topology,
         load: &Load,
         stream: usize,
@@ -129,9 +137,16 @@ impl DataPlanes {
             let in_flight = f64::from(load.stream_engine_in_flight[stream * n + j]);
             ilb_core::table::within_load_bound(in_flight, cand.weight, class_load) && usable(candidate)
         };
-        match class.pick(key_hash, bounded).or_else(|| class.pick(key_hash, usable)) {
-            Some(picked) => {
-                Decision::Engine(installed.engine_map[class.candidates[picked.candidate].engine_idx])
+        let affinity = &self.affinity[c];
+        let now_s = (now / 1_000_000_000) as u32;
+        let remembered = class.remembered(affinity, key_hash, now_s).filter(|&r| bounded(r));
+        let picked = remembered.or_else(|| {
+            class.pick(key_hash, bounded).or_else(|| class.pick(key_hash, usable)).map(|p| p.candidate)
+        });
+        match picked {
+            Some(candidate) => {
+                class.remember(affinity, key_hash, candidate, now_s);
+                Decision::Engine(installed.engine_map[class.candidates[candidate].engine_idx])
             }
             None => Decision::NoEngine,
         }

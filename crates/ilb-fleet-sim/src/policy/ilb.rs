@@ -167,13 +167,14 @@ impl Ilb {
 impl Policy for Ilb {
     fn route(
         &mut self,
+        now: Nanos,
         topology: &Topology,
         load: &Load,
         stream: usize,
         key_hash: u64,
         rng: &mut Pcg64Mcg,
     ) -> Decision {
-        self.data_planes.route(topology, load, stream, key_hash, rng)
+        self.data_planes.route(now, topology, load, stream, key_hash, rng)
     }
 
     fn period_s(&self) -> Option<f64> {

@@ -84,8 +84,10 @@ pub enum Decision {
 
 /// A routing policy under simulation.
 pub trait Policy {
+    /// Routes one request at virtual time `now`.
     fn route(
         &mut self,
+        now: Nanos,
         topology: &Topology,
         load: &Load,
         stream: usize,

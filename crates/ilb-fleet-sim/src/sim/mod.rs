@@ -79,6 +79,7 @@ pub fn run(
         .collect::<Result<Vec<_>, _>>()?;
     let n_streams = scenario.streams.len();
     let priorities: Vec<String> = scenario.streams.iter().map(|s| s.priority.clone()).collect();
+    let hardware: Vec<&str> = scenario.engines.iter().map(|e| e.hardware.as_str()).collect();
     let mut sim = Sim {
         scenario,
         topology,
@@ -100,7 +101,7 @@ pub fn run(
         period_shed: vec![0; n_streams],
         demand_ewma: vec![None; n_streams],
         report_seq: 0,
-        recorder: Recorder::new(spec.warmup_s, scenario.file.slo_ttft_ms, &priorities, topology.n_engines),
+        recorder: Recorder::new(spec.warmup_s, scenario.file.slo_ttft_ms, &priorities, &hardware),
         outcomes: Vec::new(),
         failures: Vec::new(),
         last_sample: 0,
@@ -186,7 +187,7 @@ impl Sim<'_> {
         self.schedule_session(s, now);
     }
 
-    fn turn(&mut self, now: Nanos, session: Box<Session>) {
+    fn turn(&mut self, now: Nanos, mut session: Box<Session>) {
         let s = session.stream;
         let t_s = seconds(now);
         self.recorder.arrival(s, t_s);
@@ -195,7 +196,7 @@ impl Sim<'_> {
         }
         self.period_requests[s] += 1;
         let decision =
-            self.policy.route(self.topology, &self.load, s, session.key_hash, &mut self.policy_rng);
+            self.policy.route(now, self.topology, &self.load, s, session.key_hash, &mut self.policy_rng);
         let j = match decision {
             Decision::Engine(j) => j,
             Decision::Shed => {
@@ -237,6 +238,10 @@ impl Sim<'_> {
         self.load.in_flight[j] += 1;
         self.load.stream_engine_in_flight[s * n + j] += 1;
         self.load.stream_in_flight[s] += 1;
+        if let Some(previous) = session.last_engine {
+            self.recorder.follow_up(t_s, previous != j);
+        }
+        session.last_engine = Some(j);
         self.live.insert(id, Live { session, engine: j, net_ms });
         self.reschedule(j, now);
     }
@@ -267,6 +272,7 @@ impl Sim<'_> {
         let engine_e2e_ms = o.finished_at.saturating_sub(o.arrival) as f64 / 1e6;
         self.recorder.complete(&Completion {
             stream: s,
+            engine: live.engine,
             finished_s: seconds(o.finished_at),
             ttft_ms: engine_ttft_ms + live.net_ms,
             e2e_ms: engine_e2e_ms + live.net_ms,

@@ -153,6 +153,18 @@ impl DataPlaneSection {
         if let Some(n) = self.max_waiting {
             config.max_waiting = n;
         }
+        if let Some(n) = self.affinity_entries {
+            if n > 1 << 26 {
+                bail!("data_plane.affinity_entries: at most 67108864 (512 MiB of table)");
+            }
+            config.affinity_entries = n;
+        }
+        if let Some(ms) = self.affinity_ttl_ms {
+            if !(1000..=65_535_000).contains(&ms) {
+                bail!("data_plane.affinity_ttl_ms: must be between 1000 and 65535000 (the table counts seconds in 16 bits)");
+            }
+            config.affinity_ttl = Duration::from_millis(ms);
+        }
         if let Some(t) = self.create_traceparent {
             config.create_traceparent = t;
         }
