@@ -113,7 +113,7 @@ pub fn parse_body(endpoint: Endpoint, body: &[u8]) -> Result<BodyInfo<'_>, Class
             ClassifyError::Json(e.to_string())
         }
     })?;
-    let model = raw.model.ok_or(ClassifyError::MissingModel)?;
+    let model = raw.model.ok_or(ClassifyError::MissingModel)?.0;
     if model.is_empty() {
         return Err(ClassifyError::MissingModel);
     }
@@ -122,7 +122,7 @@ pub fn parse_body(endpoint: Endpoint, body: &[u8]) -> Result<BodyInfo<'_>, Class
         Endpoint::Completions => raw.prompt.map(|p| prefix_of(p.get())),
         Endpoint::Embeddings => raw.input.map(|p| prefix_of(p.get())),
     };
-    Ok(BodyInfo { model, stream: raw.stream.unwrap_or(false), user: raw.user, prefix_hash })
+    Ok(BodyInfo { model, stream: raw.stream.unwrap_or(false), user: raw.user.map(|u| u.0), prefix_hash })
 }
 
 fn prefix_of(raw_json: &str) -> u64 {
@@ -155,14 +155,47 @@ pub fn affinity_hash(session_header: Option<&str>, body: &BodyInfo<'_>, fallback
     body.prefix_hash.unwrap_or(fallback)
 }
 
+/// A string that borrows from the body unless it had escapes to decode. serde's derive
+/// borrows a bare `Cow<'a, str>` field, but an `Option<Cow<'a, str>>` goes through `Cow`'s
+/// own impl, which always allocates (three allocations per small chat request).
+struct BorrowedStr<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for BorrowedStr<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_str(BorrowedStrVisitor(std::marker::PhantomData))
+    }
+}
+
+struct BorrowedStrVisitor<'a>(std::marker::PhantomData<&'a str>);
+
+impl<'de: 'a, 'a> Visitor<'de> for BorrowedStrVisitor<'a> {
+    type Value = BorrowedStr<'a>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string")
+    }
+
+    fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(BorrowedStr(Cow::Borrowed(v)))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(BorrowedStr(Cow::Owned(v.to_owned())))
+    }
+
+    fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
+        Ok(BorrowedStr(Cow::Owned(v)))
+    }
+}
+
 #[derive(Deserialize)]
 struct RawBody<'a> {
     #[serde(borrow, default)]
-    model: Option<Cow<'a, str>>,
+    model: Option<BorrowedStr<'a>>,
     #[serde(default)]
     stream: Option<bool>,
     #[serde(borrow, default)]
-    user: Option<Cow<'a, str>>,
+    user: Option<BorrowedStr<'a>>,
     #[serde(default)]
     messages: Option<ConversationPrefix>,
     #[serde(borrow, default)]
@@ -186,7 +219,7 @@ struct PrefixVisitor;
 #[derive(Deserialize)]
 struct Message<'a> {
     #[serde(borrow, default)]
-    role: Option<Cow<'a, str>>,
+    role: Option<BorrowedStr<'a>>,
     #[serde(borrow, default)]
     content: Option<&'a RawValue>,
 }
@@ -206,7 +239,7 @@ impl<'de> Visitor<'de> for PrefixVisitor {
             let Some(msg) = seq.next_element::<Message<'de>>()? else {
                 break;
             };
-            let role = msg.role.as_deref().unwrap_or("");
+            let role = msg.role.as_ref().map_or("", |r| &*r.0);
             hasher.update(role.as_bytes());
             hasher.update(b"\0");
             if let Some(content) = msg.content {

@@ -20,6 +20,18 @@ fn escaped_model_names_are_decoded() {
     assert_eq!(b.model, "a/b");
 }
 
+/// Regression: `Option<Cow<str>>` fields went through `Cow`'s own impl and allocated a copy of
+/// every model, user and role string.
+#[test]
+fn plain_strings_borrow_from_the_body() {
+    let b = chat(r#"{"model":"m","user":"u1","messages":[{"role":"user","content":"hi"}]}"#).unwrap();
+    assert!(matches!(b.model, Cow::Borrowed("m")));
+    assert!(matches!(b.user, Some(Cow::Borrowed("u1"))));
+    let escaped = chat(r#"{"model":"a\/b","user":"\u0075","messages":[]}"#).unwrap();
+    assert!(matches!(escaped.model, Cow::Owned(ref m) if m == "a/b"));
+    assert!(matches!(escaped.user, Some(Cow::Owned(ref u)) if u == "u"));
+}
+
 #[test]
 fn errors() {
     assert!(matches!(chat("{"), Err(ClassifyError::Json(_))));
