@@ -25,7 +25,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pub enum ProxyBody {
     Local(Option<Bytes>),
-    Upstream(Box<UpstreamBody>),
+    Upstream(UpstreamBody),
 }
 
 impl From<Bytes> for ProxyBody {

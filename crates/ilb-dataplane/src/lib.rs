@@ -23,6 +23,7 @@ mod server;
 pub mod sources;
 pub mod state;
 mod telemetry;
+mod tried;
 pub mod upstream;
 
 pub use config::{DataPlaneConfig, Timeouts};

@@ -6,11 +6,12 @@ use crate::body::{ProxyBody, UpstreamBody};
 use crate::error::ProxyError;
 use crate::server::Shared;
 use crate::state::Installed;
+use crate::tried::Tried;
 use crate::upstream::{Conn, EngineBody, UpstreamRequest};
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use ilb_core::affinity::AffinityTable;
 use ilb_core::classify::{self, Endpoint, Priority};
@@ -147,7 +148,7 @@ async fn forward(
 
     shared.budget.record_request(shared.uptime());
     let max_attempts = shared.config.max_attempts.max(1) as usize;
-    let mut tried: Vec<usize> = Vec::new();
+    let mut tried = Tried::default();
     let mut last_error: Option<ProxyError> = None;
     // The last engine error response, passed on as is when no retry is left.
     let mut last_response: Option<(Response<EngineBody>, InFlight)> = None;
@@ -161,7 +162,7 @@ async fn forward(
             class,
             &constraints,
             request.key_hash,
-            &tried,
+            tried.as_slice(),
             &shared.affinity,
             now_s,
         ) {
@@ -199,9 +200,11 @@ async fn forward(
         tried.push(candidate);
         let engine_idx = class.candidates[candidate].engine_idx;
         let mut in_flight = InFlight::start(shared, &installed, class, candidate);
+        let trace: [u8; 55];
         let mut upstream = build_upstream(&installed, engine_idx, &parts.uri, &parts.headers, body.clone())?;
         if shared.config.create_traceparent && !parts.headers.contains_key(&TRACEPARENT) {
-            upstream.extra = Some((TRACEPARENT, traceparent(shared.trace_seed, request_id)));
+            trace = traceparent(shared.trace_seed, request_id);
+            upstream.extra = Some((TRACEPARENT, &trace));
         }
         // Named in errors only: built on the failure paths, not per attempt.
         let engine_id = || installed.table.engines[engine_idx].id.to_string();
@@ -246,7 +249,7 @@ async fn forward(
     }
     class_state.failed.fetch_add(1, Relaxed);
     if let Some((response, in_flight)) = last_response {
-        let candidate = tried.last().copied().unwrap_or_default();
+        let candidate = tried.as_slice().last().copied().unwrap_or_default();
         let route = route_header(&installed, class, candidate, tried.len(), budget_exhausted);
         return Ok(stream_back(shared, response, in_flight, route));
     }
@@ -272,8 +275,9 @@ async fn forward(
 const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// A W3C trace context for a request that came without one: version 00, a 128-bit trace id and a
-/// 64-bit parent id derived from this process's seed and the request id, sampled.
-fn traceparent(seed: u64, request_id: u64) -> HeaderValue {
+/// 64-bit parent id derived from this process's seed and the request id, sampled. Plain bytes
+/// (lowercase hex and dashes, a valid header value): a `HeaderValue` would copy them to the heap.
+fn traceparent(seed: u64, request_id: u64) -> [u8; 55] {
     let hi = ilb_core::slots::mix(seed ^ request_id);
     let lo = ilb_core::slots::mix(hi ^ 0x7472_6163_6569_6421);
     let span = ilb_core::slots::mix(lo ^ request_id).max(1);
@@ -282,9 +286,7 @@ fn traceparent(seed: u64, request_id: u64) -> HeaderValue {
     write_hex(&mut out[3..19], hi);
     write_hex(&mut out[19..35], lo);
     write_hex(&mut out[36..52], span);
-    HeaderValue::from_bytes(&out).unwrap_or_else(|_| {
-        HeaderValue::from_static("00-00000000000000000000000000000001-0000000000000001-01")
-    })
+    out
 }
 
 /// Writes `value` as lowercase hex, most significant digit first, filling `out` (16 bytes).
@@ -364,20 +366,48 @@ async fn read_body(shared: &Shared, headers: &HeaderMap, body: Incoming) -> Resu
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(ProxyError::BodyTooLarge { limit });
     }
-    let mut collect = std::pin::pin!(Limited::new(body, limit).collect());
+    let mut collect = std::pin::pin!(collect_limited(body, limit));
     // Small bodies usually arrived with the head: try once before arming a timer.
-    let collected = match futures_util::FutureExt::now_or_never(collect.as_mut()) {
+    match futures_util::FutureExt::now_or_never(collect.as_mut()) {
         Some(result) => result,
         None => match tokio::time::timeout(shared.config.timeouts.client_body, collect).await {
             Ok(result) => result,
-            Err(_) => return Err(ProxyError::BodyTimeout),
+            Err(_) => Err(ProxyError::BodyTimeout),
         },
-    };
-    match collected {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ProxyError::BodyTooLarge { limit }),
-        Err(e) => Err(ProxyError::BadRequest(format!("could not read the request body: {e}"))),
     }
+}
+
+/// The whole body, at most `limit` bytes. A body that arrives as one frame (a small one read
+/// with its head) is passed on as it is: no list of frames, no copy.
+async fn collect_limited(mut body: Incoming, limit: usize) -> Result<Bytes, ProxyError> {
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<bytes::BytesMut> = None;
+    let mut len = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame =
+            frame.map_err(|e| ProxyError::BadRequest(format!("could not read the request body: {e}")))?;
+        // Trailers carry nothing routing or the engine request needs; they are dropped, as
+        // collecting into bytes did.
+        let Ok(data) = frame.into_data() else { continue };
+        len += data.len();
+        if len > limit {
+            return Err(ProxyError::BodyTooLarge { limit });
+        }
+        match (&mut first, &mut joined) {
+            (None, None) => first = Some(data),
+            (Some(_), None) => {
+                let mut buf = bytes::BytesMut::with_capacity(len);
+                buf.extend_from_slice(first.take().as_deref().unwrap_or_default());
+                buf.extend_from_slice(&data);
+                joined = Some(buf);
+            }
+            (_, Some(buf)) => buf.extend_from_slice(&data),
+        }
+    }
+    Ok(match joined {
+        Some(buf) => buf.freeze(),
+        None => first.unwrap_or_default(),
+    })
 }
 
 /// Reads model, constraints, priority and affinity key. `request_id` seeds the affinity of
@@ -476,7 +506,7 @@ fn stream_back(
     // Hop-by-hop headers were removed as the head was read (`upstream`).
     parts.headers.insert(ROUTE_HEADER, route);
     let body = UpstreamBody::new(body, shared.config.timeouts.idle, sse, in_flight);
-    Response::from_parts(parts, ProxyBody::Upstream(Box::new(body)))
+    Response::from_parts(parts, ProxyBody::Upstream(body))
 }
 
 /// The error and its causes on one line (top-level messages are terse).

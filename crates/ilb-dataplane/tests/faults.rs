@@ -548,3 +548,36 @@ async fn a_small_snapshot_cannot_demand_huge_slot_tables() {
     }
     assert_eq!(dp.snapshot_version().unwrap().0, 1, "the last good snapshot stays");
 }
+
+/// A request body that arrives in pieces (chunked, written apart) reaches the engine whole, and
+/// one that grows past `max_body_bytes` gets 413 although it declared no length.
+#[tokio::test]
+async fn request_bodies_in_pieces_are_joined_and_limited() {
+    let e1 = MockEngine::start("e1").await;
+    let mut cfg = config();
+    cfg.max_body_bytes = 1024;
+    let dp = data_plane(cfg, &snapshot(1, &[("e1", e1.url(), 1.0)])).await;
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\
+                connection: close\r\n\r\n";
+    let addr = dp.local_addr();
+    let send_in_pieces = |pieces: Vec<String>| async move {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(head.as_bytes()).await.unwrap();
+        for piece in pieces {
+            stream.write_all(format!("{:x}\r\n{piece}\r\n", piece.len()).as_bytes()).await.unwrap();
+            stream.flush().await.unwrap();
+            // Apart, so that the data plane most likely reads them as separate frames.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        stream.write_all(b"0\r\n\r\n").await.unwrap();
+        let (bytes, _) = read_until_close(&mut stream, Duration::from_secs(5)).await;
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    let body = chat_body(&"p".repeat(300));
+    let (a, rest) = body.split_at(10);
+    let (b, c) = rest.split_at(200);
+    let text = send_in_pieces(vec![a.to_owned(), b.to_owned(), c.to_owned()]).await;
+    assert!(text.starts_with("HTTP/1.1 200") && text.contains(&body), "{text}");
+    let text = send_in_pieces(vec!["x".repeat(600), "x".repeat(600)]).await;
+    assert!(text.starts_with("HTTP/1.1 413") && text.contains("body_too_large"), "{text}");
+}

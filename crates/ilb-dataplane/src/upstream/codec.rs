@@ -82,7 +82,10 @@ pub fn encode_request_head(out: &mut Vec<u8>, request: &UpstreamRequest<'_>) {
     }
     push_header(out, &header::HOST, request.host);
     if let Some((name, value)) = &request.extra {
-        push_header(out, name, value);
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"content-length: ");
     push_decimal(out, request.body.len() as u64);
@@ -220,7 +223,8 @@ fn parse_one<const N: usize>(buf: &mut BytesMut) -> Result<Parsed, CodecError> {
         *span = (name_at, h.name.len() as u32, value_at, h.value.len() as u32);
     }
     let head = buf.split_to(head_len).freeze();
-    let mut headers = HeaderMap::with_capacity(n_headers);
+    // Room for the header the proxy adds (`x-ilb-route`): a full map would grow for it.
+    let mut headers = HeaderMap::with_capacity(n_headers + 1);
     let mut seen = Seen::default();
     for &(name_at, name_len, value_at, value_len) in &spans[..n_headers] {
         let (name_at, value_at) = (name_at as usize, value_at as usize);

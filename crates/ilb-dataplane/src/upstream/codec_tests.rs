@@ -244,7 +244,7 @@ fn request_head_is_one_flat_block_without_hop_by_hop_headers() {
     headers.append("x-multi", HeaderValue::from_static("a"));
     headers.append("x-multi", HeaderValue::from_static("b"));
     let mut upstream = request(&headers, &host, "{}");
-    upstream.extra = Some((HeaderName::from_static("traceparent"), HeaderValue::from_static("00-1-2-01")));
+    upstream.extra = Some((HeaderName::from_static("traceparent"), b"00-1-2-01"));
     let mut out = b"left".to_vec();
     encode_request_head(&mut out, &upstream);
     assert_eq!(

@@ -45,8 +45,9 @@ pub struct UpstreamRequest<'a> {
     pub host: &'a HeaderValue,
     /// The client's headers.
     pub headers: &'a HeaderMap,
-    /// A header ilb adds (a generated `traceparent`).
-    pub extra: Option<(HeaderName, HeaderValue)>,
+    /// A header ilb adds (a generated `traceparent`), its value as bytes that must be a valid
+    /// header value (they are written as they are).
+    pub extra: Option<(HeaderName, &'a [u8])>,
     pub body: Bytes,
 }
 
