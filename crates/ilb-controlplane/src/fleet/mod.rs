@@ -314,7 +314,7 @@ impl Fleet {
     ///
     /// Twins (engines of one model, profile, replica count and capacity) are fitted together
     /// first, and each engine's own observations then only scale the twins' curve, against a
-    /// prior worth [`TWIN_PRIOR_WEIGHT`] requests. Fitted one by one, an engine the plan gives
+    /// prior worth `TWIN_PRIOR_WEIGHT` requests. Fitted one by one, an engine the plan gives
     /// little traffic has few observations, and its curve stays at the offline profile however
     /// wrong that is for the workload; pooled, the twins' data corrects it for all of them (on
     /// the fleet simulator's `global-day`, pooling cut the lightly used L4s' share of requests
