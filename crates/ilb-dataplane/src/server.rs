@@ -15,8 +15,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use ilb_core::classify::Endpoint;
 use ilb_core::snapshot::Snapshot;
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::time::Instant;
@@ -257,11 +259,41 @@ async fn serve_connection(
     tokio::pin!(conn);
     let idle = tokio::time::sleep_until(activity.opened + header_read);
     tokio::pin!(idle);
+    let shutdown_changed = shutdown.changed();
+    tokio::pin!(shutdown_changed);
+    // The idle timer and the shutdown signal are polled only when one of them woke the task, not
+    // on each of the connection's reads and writes: polling them there cost a timer waker
+    // registration and a lock of the shutdown signal's mutex (shared by all connections) per
+    // wake-up, several per request.
+    let side = Arc::new(SideWaker { woken: AtomicBool::new(true), task: Mutex::new(None) });
+    let side_waker = Waker::from(Arc::clone(&side));
+    let mut task_waker: Option<Waker> = None;
     loop {
-        tokio::select! {
-            biased;
-            _ = conn.as_mut() => return,
-            _ = idle.as_mut() => {
+        let step = std::future::poll_fn(|cx| {
+            if conn.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Step::Closed);
+            }
+            if !task_waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                task_waker = Some(cx.waker().clone());
+                *side.lock_task() = Some(cx.waker().clone());
+                side.woken.store(true, Release);
+            }
+            if !side.woken.swap(false, Acquire) {
+                return Poll::Pending;
+            }
+            let mut side_cx = Context::from_waker(&side_waker);
+            if idle.as_mut().poll(&mut side_cx).is_ready() {
+                return Poll::Ready(Step::Idle);
+            }
+            if shutdown_changed.as_mut().poll(&mut side_cx).is_ready() {
+                return Poll::Ready(Step::Shutdown);
+            }
+            Poll::Pending
+        })
+        .await;
+        match step {
+            Step::Closed => return,
+            Step::Idle => {
                 let now = Instant::now();
                 match activity.waiting_since() {
                     // Dropping the connection closes it, as hyper's header timeout does.
@@ -269,12 +301,47 @@ async fn serve_connection(
                     Some(since) => idle.as_mut().reset(since + header_read),
                     None => idle.as_mut().reset(now + header_read),
                 }
+                // The moved timer must be polled to register its waker again.
+                side.woken.store(true, Release);
             }
-            _ = shutdown.changed() => {
+            Step::Shutdown => {
                 conn.as_mut().graceful_shutdown();
                 let _ = conn.await;
                 return;
             }
+        }
+    }
+}
+
+/// What ended one wait of a connection's task.
+enum Step {
+    Closed,
+    Idle,
+    Shutdown,
+}
+
+/// The waker given to a connection's idle timer and shutdown signal: notes that one of them
+/// fired, then wakes the connection's task.
+struct SideWaker {
+    woken: AtomicBool,
+    task: Mutex<Option<Waker>>,
+}
+
+impl SideWaker {
+    fn lock_task(&self) -> std::sync::MutexGuard<'_, Option<Waker>> {
+        self.task.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Wake for SideWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Release);
+        if let Some(task) = self.lock_task().as_ref() {
+            task.wake_by_ref();
         }
     }
 }

@@ -530,3 +530,46 @@ async fn load_bound_counts_only_the_class_own_requests() {
         body.collect().await.unwrap();
     }
 }
+
+/// Shutdown reaches a keep-alive connection that waits for its next request (the connection's
+/// task polls the shutdown signal only when it fires), and the idle timer still moves and
+/// fires after a request: the connection is closed `header_read` after its response.
+#[tokio::test]
+async fn idle_connections_close_on_shutdown_and_after_header_read() {
+    use tokio::io::AsyncWriteExt;
+    let e1 = MockEngine::start("e1").await;
+    let body = chat_body("s");
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut cfg = config();
+    cfg.timeouts.header_read = Duration::from_millis(300);
+    let dp = data_plane(cfg, &snapshot(1, &[("e1", e1.url(), 1.0)])).await;
+    let mut stream = tokio::net::TcpStream::connect(dp.local_addr()).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let started = tokio::time::Instant::now();
+    let (bytes, closed) = read_until_close(&mut stream, Duration::from_secs(5)).await;
+    let text = String::from_utf8_lossy(&bytes);
+    assert!(closed && text.starts_with("HTTP/1.1 200") && text.contains(&body), "{text}");
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(300), "closed {waited:?} after the request");
+
+    let mut cfg = config();
+    cfg.timeouts.header_read = Duration::from_secs(60);
+    let dp = data_plane(cfg, &snapshot(1, &[("e1", e1.url(), 1.0)])).await;
+    let mut stream = tokio::net::TcpStream::connect(dp.local_addr()).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut bytes = Vec::new();
+    let end = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !String::from_utf8_lossy(&bytes).contains(&body) && tokio::time::Instant::now() < end {
+        let (more, closed) = read_until_close(&mut stream, Duration::from_millis(50)).await;
+        assert!(!closed, "closed before shutdown");
+        bytes.extend(more);
+    }
+    assert!(String::from_utf8_lossy(&bytes).contains(&body));
+    dp.shutdown().await;
+    let (_, closed) = read_until_close(&mut stream, Duration::from_secs(5)).await;
+    assert!(closed, "an idle connection stayed open after shutdown");
+}
