@@ -25,7 +25,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pub enum ProxyBody {
     Local(Option<Bytes>),
-    Upstream(UpstreamBody),
+    Upstream(Box<UpstreamBody>),
 }
 
 impl From<Bytes> for ProxyBody {

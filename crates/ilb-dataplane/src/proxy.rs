@@ -506,7 +506,7 @@ fn stream_back(
     // Hop-by-hop headers were removed as the head was read (`upstream`).
     parts.headers.insert(ROUTE_HEADER, route);
     let body = UpstreamBody::new(body, shared.config.timeouts.idle, sse, in_flight);
-    Response::from_parts(parts, ProxyBody::Upstream(body))
+    Response::from_parts(parts, ProxyBody::Upstream(Box::new(body)))
 }
 
 /// The error and its causes on one line (top-level messages are terse).
