@@ -62,7 +62,11 @@ impl ApiState {
 
 type Body = Full<Bytes>;
 
+/// Serves the API until `shutdown` changes. Connections are tracked, and closed before it
+/// returns: a control plane that has shut down must not answer a kept-alive connection from
+/// its old state (a client would otherwise get a stale snapshot from a replaced process).
 pub async fn serve(listener: TcpListener, state: Arc<ApiState>, mut shutdown: watch::Receiver<bool>) {
+    let mut connections = tokio::task::JoinSet::new();
     loop {
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -73,26 +77,23 @@ pub async fn serve(listener: TcpListener, state: Arc<ApiState>, mut shutdown: wa
                     continue;
                 }
             },
-            _ = shutdown.changed() => return,
+            // Reap finished connections so the set holds only open ones.
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            _ = shutdown.changed() => break,
         };
         let _ = stream.set_nodelay(true);
         let state = Arc::clone(&state);
-        let mut shutdown = shutdown.clone();
-        tokio::spawn(async move {
+        connections.spawn(async move {
             let service = hyper::service::service_fn(move |req| {
                 let state = Arc::clone(&state);
                 async move { Ok::<_, Infallible>(dispatch(state, req).await) }
             });
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder.timer(TokioTimer::new()).header_read_timeout(Duration::from_secs(10));
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = shutdown.changed() => {}
-            }
+            let _ = builder.serve_connection(TokioIo::new(stream), service).await;
         });
     }
+    connections.shutdown().await;
 }
 
 async fn dispatch(state: Arc<ApiState>, req: Request<Incoming>) -> Response<Body> {
