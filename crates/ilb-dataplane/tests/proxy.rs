@@ -573,3 +573,31 @@ async fn idle_connections_close_on_shutdown_and_after_header_read() {
     let (_, closed) = read_until_close(&mut stream, Duration::from_secs(5)).await;
     assert!(closed, "an idle connection stayed open after shutdown");
 }
+
+/// Classification reads each header's first value, prefers `x-session-id` to
+/// `x-ilb-affinity-key`, and rejects a non-ASCII value only in a header it uses.
+#[test]
+fn classification_headers_first_value_and_session_precedence() {
+    use ilb_core::classify::{Endpoint, Priority};
+    use ilb_dataplane::proxy::classify_request;
+    let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    let mut headers = http::HeaderMap::new();
+    headers.insert("content-type", "application/json".parse().unwrap());
+    headers.append("x-ilb-affinity-key", "k2".parse().unwrap());
+    headers.append("x-ilb-priority", "high".parse().unwrap());
+    headers.append("x-ilb-priority", "low".parse().unwrap());
+    headers.append("x-ilb-require", "b, a".parse().unwrap());
+    headers.append("x-ilb-residency", " eu ".parse().unwrap());
+    headers.append("x-session-id", "k1".parse().unwrap());
+    let c = classify_request(Endpoint::ChatCompletions, &headers, body, 7).unwrap();
+    assert_eq!(c.priority, Priority::High);
+    assert_eq!(c.require, ["a", "b"]);
+    assert_eq!(c.residency, Some("eu"));
+    assert_eq!(c.key_hash, ilb_core::stable_hash(b"k1"));
+
+    headers.insert("x-ilb-affinity-key", http::HeaderValue::from_bytes(b"\xff").unwrap());
+    let c = classify_request(Endpoint::ChatCompletions, &headers, body, 7).unwrap();
+    assert_eq!(c.key_hash, ilb_core::stable_hash(b"k1"), "an unused header is not checked");
+    headers.remove("x-session-id");
+    assert!(classify_request(Endpoint::ChatCompletions, &headers, body, 7).is_err());
+}
