@@ -56,15 +56,6 @@ impl AffinityTable {
         }
     }
 
-    /// A table that remembers nothing.
-    pub fn disabled() -> AffinityTable {
-        AffinityTable::new(0, 0)
-    }
-
-    pub fn is_enabled(&self) -> bool {
-        !self.entries.is_empty()
-    }
-
     fn slot(&self, key_hash: u64) -> Option<&AtomicU64> {
         self.entries.get((key_hash & self.mask) as usize)
     }
@@ -129,8 +120,8 @@ mod tests {
 
     #[test]
     fn a_disabled_table_remembers_nothing() {
-        let table = AffinityTable::disabled();
-        assert!(!table.is_enabled());
+        let table = AffinityTable::new(0, 600);
+        assert!(table.entries.is_empty());
         table.put(1, 2, 3);
         assert_eq!(table.get(1, 3), None);
     }

@@ -268,6 +268,25 @@ impl ClassTable {
         &self.candidate_ids
     }
 
+    /// The data plane's selection (the proxy and the fleet simulator both call it): the
+    /// candidate `affinity` remembers for the key if `bounded` admits it, else weighted
+    /// consistent hashing admitting `bounded` (within the load bound), then `usable` (without
+    /// it). Hot path.
+    #[inline]
+    pub fn select(
+        &self,
+        key_hash: u64,
+        affinity: &AffinityTable,
+        now_s: u32,
+        bounded: impl Fn(usize) -> bool,
+        usable: impl FnMut(usize) -> bool,
+    ) -> Option<usize> {
+        if let Some(c) = self.remembered(affinity, key_hash, now_s).filter(|&c| bounded(c)) {
+            return Some(c);
+        }
+        self.pick(key_hash, &bounded).or_else(|| self.pick(key_hash, usable)).map(|p| p.candidate)
+    }
+
     /// The candidate `affinity` remembers for `key_hash` (the engine that served it last), if
     /// that engine is still a candidate with a positive weight. Hot path: one atomic load and a
     /// binary search.

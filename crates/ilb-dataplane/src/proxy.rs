@@ -345,13 +345,8 @@ pub(crate) fn choose(
     };
     // A conversation stays on the engine that holds its KV cache while that engine keeps a
     // weight and room; only then does the hash decide.
-    if let Some(c) = class.remembered(affinity, key_hash, now_s).filter(|&c| bounded(c)) {
+    if let Some(c) = class.select(key_hash, affinity, now_s, bounded, |c| healthy(c) && has_room(c)) {
         return Ok(c);
-    }
-    if let Some(p) =
-        class.pick(key_hash, bounded).or_else(|| class.pick(key_hash, |c| healthy(c) && has_room(c)))
-    {
-        return Ok(p.candidate);
     }
     if class.pick(key_hash, healthy).is_some() {
         Err(NoCandidate::Saturated)

@@ -151,7 +151,12 @@ impl RoutingState {
                 .or_insert_with(|| Arc::new(EngineState::new(entry.id.clone(), &entry.url)));
             engines.push(Arc::clone(state));
         }
-        let mut classes: Vec<Option<Arc<ClassState>>> = vec![None; table.n_classes()];
+        // Per class (indexed by seq): its counters, its per-candidate in-flight counters (kept
+        // across installs by (model, class, engine)), and its prebuilt route headers.
+        let n = table.n_classes();
+        let mut classes: Vec<Option<Arc<ClassState>>> = vec![None; n];
+        let mut class_engine_in_flight = vec![Vec::new(); n];
+        let mut routes = vec![Vec::new(); n];
         for model in table.models() {
             for class in &model.classes {
                 let counter = registry
@@ -159,19 +164,6 @@ impl RoutingState {
                     .entry((model.name.clone(), class.id.clone()))
                     .or_insert_with(|| Arc::new(ClassState::default()));
                 classes[class.seq] = Some(Arc::clone(counter));
-            }
-        }
-        // Every seq below n_classes belongs to exactly one class, so none is left empty.
-        let classes: Vec<Arc<ClassState>> = classes.into_iter().flatten().collect();
-        debug_assert_eq!(classes.len(), table.n_classes());
-        // Forget engines and classes that left and have nothing in flight.
-        let live: std::collections::HashSet<&EngineId> = table.engines.iter().map(|e| &e.id).collect();
-        registry.engines.retain(|id, s| live.contains(id) || Arc::strong_count(s) > 1);
-        registry.classes.retain(|_, c| Arc::strong_count(c) > 1);
-
-        let mut class_engine_in_flight = vec![Vec::new(); table.n_classes()];
-        for model in table.models() {
-            for class in &model.classes {
                 class_engine_in_flight[class.seq] = class
                     .candidates
                     .iter()
@@ -181,13 +173,6 @@ impl RoutingState {
                         Arc::clone(registry.class_engines.entry(key).or_default())
                     })
                     .collect();
-            }
-        }
-        registry.class_engines.retain(|_, c| Arc::strong_count(c) > 1);
-
-        let mut routes = vec![Vec::new(); table.n_classes()];
-        for model in table.models() {
-            for class in &model.classes {
                 routes[class.seq] = class
                     .candidates
                     .iter()
@@ -195,6 +180,14 @@ impl RoutingState {
                     .collect();
             }
         }
+        // Every seq below n_classes belongs to exactly one class, so none is left empty.
+        let classes: Vec<Arc<ClassState>> = classes.into_iter().flatten().collect();
+        debug_assert_eq!(classes.len(), n);
+        // Forget engines, classes and counters that left and have nothing in flight.
+        let live: std::collections::HashSet<&EngineId> = table.engines.iter().map(|e| &e.id).collect();
+        registry.engines.retain(|id, s| live.contains(id) || Arc::strong_count(s) > 1);
+        registry.classes.retain(|_, c| Arc::strong_count(c) > 1);
+        registry.class_engines.retain(|_, c| Arc::strong_count(c) > 1);
         let installed = Arc::new(Installed {
             table,
             engines,

@@ -1,8 +1,9 @@
 //! The simulated data planes of snapshot-driven policies (`feedback`, `ilb`): snapshots arrive
 //! one pull after they are published, are compiled with the real
 //! [`RoutingTable::compile`] (slot layouts carried over from the previous table), and requests
-//! are picked with the real [`ClassTable::pick`](ilb_core::table::ClassTable::pick) under the
-//! data plane's bounded-load rule, after the engine its key's [`AffinityTable`] remembers.
+//! are picked with the data plane's own
+//! [`ClassTable::select`](ilb_core::table::ClassTable::select): the engine the key's
+//! [`AffinityTable`] remembers, else weighted consistent hashing under the bounded-load rule.
 
 use super::{Decision, Load, Topology};
 use ilb_core::affinity::{self, AffinityTable};
@@ -139,11 +140,7 @@ impl DataPlanes {
         };
         let affinity = &self.affinity[c];
         let now_s = (now / 1_000_000_000) as u32;
-        let remembered = class.remembered(affinity, key_hash, now_s).filter(|&r| bounded(r));
-        let picked = remembered.or_else(|| {
-            class.pick(key_hash, bounded).or_else(|| class.pick(key_hash, usable)).map(|p| p.candidate)
-        });
-        match picked {
+        match class.select(key_hash, affinity, now_s, bounded, usable) {
             Some(candidate) => {
                 class.remember(affinity, key_hash, candidate, now_s);
                 Decision::Engine(installed.engine_map[class.candidates[candidate].engine_idx])
