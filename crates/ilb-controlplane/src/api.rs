@@ -152,8 +152,9 @@ fn error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
     )
 }
 
-fn param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
-    query.split('&').filter_map(|p| p.split_once('=')).find(|(k, _)| *k == name).map(|(_, v)| v)
+/// The first value of query parameter `name`, percent- and `+`-decoded (`form_urlencoded`).
+fn param<'a>(query: &'a str, name: &str) -> Option<std::borrow::Cow<'a, str>> {
+    form_urlencoded::parse(query.as_bytes()).find(|(k, _)| k == name).map(|(_, v)| v)
 }
 
 /// `30s`, `500ms` or plain seconds.
@@ -174,7 +175,7 @@ async fn snapshot(
     if_none_match: Option<&str>,
     query: &str,
 ) -> Response<Body> {
-    let wait = match param(query, "wait").map(parse_wait) {
+    let wait = match param(query, "wait").map(|w| parse_wait(&w)) {
         None => Duration::ZERO,
         Some(Some(d)) => d,
         Some(None) => {
@@ -259,6 +260,7 @@ fn explain(state: &ApiState, query: &str) -> Response<Body> {
         );
     };
     let view = state.view();
+    let (cluster, model) = (cluster.as_ref(), model.as_ref());
     let Some(m) = view.models.iter().find(|m| m.model == model) else {
         return error(StatusCode::NOT_FOUND, "model_not_found", &format!("no plan for model '{model}'"));
     };

@@ -378,7 +378,8 @@ pub(crate) fn choose(
     }
     // A conversation stays on the engine that holds its KV cache while that engine keeps a
     // weight and room; only then does the hash decide.
-    if let Some(c) = class.select(key_hash, affinity, now_s, bounded, |c| healthy(c) && has_room(c)) {
+    let load = |candidate: usize| class_engine[candidate].load(Relaxed) as f64;
+    if let Some(c) = class.select(key_hash, affinity, now_s, bounded, |c| healthy(c) && has_room(c), load) {
         return Ok(c);
     }
     if class.pick(key_hash, healthy).is_some() {

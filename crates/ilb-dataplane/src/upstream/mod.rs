@@ -15,7 +15,9 @@
 //! snapshot, so it cannot grow without bound. Only engines of the installed snapshot are ever
 //! connected to.
 
-mod codec;
+pub mod codec;
+#[cfg(test)]
+mod codec_diff_tests;
 #[cfg(test)]
 mod codec_tests;
 mod conn;
