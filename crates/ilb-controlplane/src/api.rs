@@ -241,7 +241,9 @@ async fn holds(state: &ApiState, query: &str) -> Response<Body> {
     let known = match param(query, "version").map(str::parse::<u64>) {
         None => None,
         Some(Ok(v)) => Some(v),
-        Some(Err(_)) => return error(StatusCode::BAD_REQUEST, "invalid_version", "version must be an integer"),
+        Some(Err(_)) => {
+            return error(StatusCode::BAD_REQUEST, "invalid_version", "version must be an integer")
+        }
     };
     let mut changes = state.holds.subscribe();
     let deadline = tokio::time::Instant::now() + wait;

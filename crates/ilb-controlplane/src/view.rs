@@ -138,7 +138,12 @@ pub struct SourcesView {
     pub tbot: Source,
 }
 
-fn signals_view(fleet: &Fleet, idx: usize, now: Now, holds: &[(String, ilb_core::holds::HoldReason)]) -> SignalsView {
+fn signals_view(
+    fleet: &Fleet,
+    idx: usize,
+    now: Now,
+    holds: &[(String, ilb_core::holds::HoldReason)],
+) -> SignalsView {
     let rt = &fleet.engines[idx];
     let id = &fleet.config.engines[idx].id;
     let scraped = rt.kind.is_some();

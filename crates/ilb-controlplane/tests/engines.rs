@@ -82,7 +82,8 @@ fn llamacpp_is_planned_on_the_latency_the_data_planes_measure() {
     assert!(!e.ttft_from_engine && !e.tbot_from_engine && !e.requests_from_engine);
     assert_eq!(e.running, 4.0);
     assert_eq!(e.waiting, 2.0);
-    let close = |v: Option<f64>, want: f64| assert!((v.unwrap() - want).abs() < 1e-6 * want, "{v:?} != {want}");
+    let close =
+        |v: Option<f64>, want: f64| assert!((v.unwrap() - want).abs() < 1e-6 * want, "{v:?} != {want}");
     close(e.request_rate.value(), 8.0);
     close(e.ttft_ms.value(), 900.0);
     close(e.tbot_ms.value(), 45.0);
@@ -121,10 +122,8 @@ fn asleep_and_unready_engines_are_held_and_planned_out() {
             ..EngineSample::default()
         },
     )];
-    let half_ready = vec![(
-        ModelName::new("m"),
-        EngineSample { ready_replicas: Some(1.0), ..unready[0].1.clone() },
-    )];
+    let half_ready =
+        vec![(ModelName::new("m"), EngineSample { ready_replicas: Some(1.0), ..unready[0].1.clone() })];
     fleet.on_scrape(0, now, Ok(awake));
     fleet.on_scrape(1, now, Ok(asleep));
     fleet.on_scrape(2, now, Ok(unready));

@@ -66,7 +66,8 @@ type HttpClient = Client<HttpConnector, Full<Bytes>>;
 /// affinity table keeps a session on the engine that served it last).
 async fn send(client: &HttpClient, url: &str, phase: &str, n: usize) {
     for i in 0..n {
-        let body = format!(r#"{{"model":"m","messages":[{{"role":"user","content":"hi {i}"}}],"max_tokens":2}}"#);
+        let body =
+            format!(r#"{{"model":"m","messages":[{{"role":"user","content":"hi {i}"}}],"max_tokens":2}}"#);
         let request = http::Request::post(format!("{url}/v1/chat/completions"))
             .header("content-type", "application/json")
             .header("x-session-id", format!("{phase}-{i}"))

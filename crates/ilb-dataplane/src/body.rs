@@ -59,8 +59,7 @@ pub struct UpstreamBody {
 
 impl UpstreamBody {
     pub fn new(inner: EngineBody, idle_timeout: Duration, sse: bool, in_flight: InFlight) -> Self {
-        let mut body =
-            UpstreamBody {
+        let mut body = UpstreamBody {
             inner,
             idle: None,
             idle_timeout,

@@ -4,9 +4,9 @@
 //! resets a count and a request finishing after its engine left the snapshot still decrements
 //! the right counter.
 
+use ilb_core::holds::HoldReason;
 use ilb_core::metrics::Histogram;
 use ilb_core::EngineId;
-use ilb_core::holds::HoldReason;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::time::Duration;
 

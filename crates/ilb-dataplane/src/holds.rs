@@ -84,10 +84,13 @@ pub async fn follow(shared: Arc<Shared>, url: String, mut shutdown: watch::Recei
 pub fn apply(shared: &Shared, holds: Option<&EngineHolds>) {
     let Some(installed) = shared.routing.load() else { return };
     for engine in installed.engines.iter() {
-        let reason = holds.and_then(|h| h.held.iter().find(|hold| hold.engine == engine.id)).map(|h| h.reason);
+        let reason =
+            holds.and_then(|h| h.held.iter().find(|hold| hold.engine == engine.id)).map(|h| h.reason);
         if engine.set_hold(reason) {
             match reason {
-                Some(reason) => tracing::info!(engine = %engine.id, reason = reason.as_str(), "engine held by the control plane"),
+                Some(reason) => {
+                    tracing::info!(engine = %engine.id, reason = reason.as_str(), "engine held by the control plane")
+                }
                 None => tracing::info!(engine = %engine.id, "engine hold released"),
             }
         }
