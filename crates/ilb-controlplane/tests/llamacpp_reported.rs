@@ -167,9 +167,8 @@ profile = "p"
     let client: Client<HttpConnector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build(HttpConnector::new());
     let started = Instant::now();
-    let mut state = serde_json::Value::Null;
     let mut sent = 0;
-    loop {
+    let state = loop {
         // A few concurrent streams per round.
         let rounds: Vec<_> = (0..4)
             .map(|i| {
@@ -202,20 +201,20 @@ profile = "p"
             .await
             .unwrap()
             .to_bytes();
-        state = serde_json::from_slice(&body).unwrap();
+        let state: serde_json::Value = serde_json::from_slice(&body).unwrap();
         let signals = &state["models"][0]["engines"][0]["signals"];
         let ready = signals["sources"]["ttft"] == "data_planes"
             && signals["sources"]["tbot"] == "data_planes"
             && signals["sources"]["request_rate"] == "data_planes"
             && signals["request_rate"].as_f64().is_some_and(|r| r > 0.0);
         if ready && sent >= 40 {
-            break;
+            break state;
         }
         assert!(
             started.elapsed() < Duration::from_secs(60),
             "signals never came from the data planes: {signals}"
         );
-    }
+    };
     let signals = &state["models"][0]["engines"][0]["signals"];
     eprintln!("{signals}");
     assert_eq!(signals["kind"], "llamacpp");
