@@ -52,6 +52,8 @@ pub struct UpstreamBody {
     /// Whether everything forwarded so far ends at an SSE event boundary.
     at_boundary: bool,
     done: bool,
+    /// When the last chunk of a streamed body arrived (SSE only), for the chunk-gap figures.
+    last_chunk: Option<Instant>,
     in_flight: InFlight,
     /// Looks for the id of the response the engine stores, until it is found.
     response_id: Option<Box<ResponseIdReader>>,
@@ -66,6 +68,7 @@ impl UpstreamBody {
             sse,
             at_boundary: true,
             done: false,
+            last_chunk: None,
             in_flight,
             response_id: None,
         };
@@ -162,6 +165,12 @@ impl UpstreamBody {
                 if let Some(data) = frame.data_ref() {
                     if !data.is_empty() {
                         self.at_boundary = data.ends_with(b"\n\n") || data.ends_with(b"\r\n\r\n");
+                        // The closing `[DONE]` follows the last token at once: no token gap.
+                        if self.sse && !data.starts_with(b"data: [DONE]") {
+                            let now = Instant::now();
+                            self.in_flight.stream_chunk(self.last_chunk, now);
+                            self.last_chunk = Some(now);
+                        }
                     }
                     if let Some(idle) = self.idle.as_mut() {
                         idle.as_mut().reset(Instant::now() + self.idle_timeout);

@@ -94,6 +94,17 @@ impl InFlight {
         self.engine.pool.push(conn, shared.pool_clock.ms(), &shared.config.upstream_pool);
     }
 
+    /// A chunk of a streamed response body arrived at `now`; `previous` is when the one before
+    /// it did (none for the first). Feeds the first-chunk and chunk-gap figures reported to the
+    /// control plane.
+    pub fn stream_chunk(&self, previous: Option<Instant>, now: Instant) {
+        let counters = &self.engine.counters;
+        match previous {
+            None => counters.first_chunk.observe_micros(now.duration_since(self.started).as_micros() as u64),
+            Some(before) => counters.chunk_gap.observe_micros(now.duration_since(before).as_micros() as u64),
+        }
+    }
+
     /// Remembers that this request's engine stored the response `id` (Responses API).
     pub fn remember_response(&self, id: &str, tag: u32, now_s: u32) {
         self.shared.responses.put(classify::response_key(id), tag, now_s);
@@ -357,6 +368,7 @@ pub(crate) fn choose(
         let c = &class.candidates[candidate];
         !tried.contains(&candidate)
             && !installed.engines[c.engine_idx].is_ejected()
+            && !installed.engines[c.engine_idx].is_held()
             && (constraints.is_empty() || constraints.allow(&installed.table.engines[c.engine_idx]))
     };
     let has_room = |candidate: usize| {
