@@ -36,6 +36,17 @@ pub struct DataPlaneConfig {
     /// (0 turns it off; see `ilb_core::affinity`), and how long an entry lasts.
     pub affinity_entries: usize,
     pub affinity_ttl: Duration,
+    /// TLS to https engines (requests, probes, discovery, round trips): trust roots and an
+    /// optional client certificate. `None`: no trusted roots, so every https engine fails its
+    /// handshake with `unknown_issuer`.
+    pub engine_tls: Option<ilb_tls::ClientTls>,
+    /// TLS to an https control plane (snapshots, reports), with the client certificate it
+    /// may ask for. `None`: no trusted roots.
+    pub control_plane_tls: Option<ilb_tls::ClientTls>,
+    /// Terminate TLS on the client listener with this (rotatable) certificate.
+    pub listener_tls: Option<ilb_tls::ServerTls>,
+    /// Refuse snapshots that name a plain `http://` engine.
+    pub https_only: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -82,6 +93,10 @@ impl DataPlaneConfig {
             upstream_pool: Default::default(),
             affinity_entries: ilb_core::affinity::DEFAULT_ENTRIES,
             affinity_ttl: Duration::from_secs(u64::from(ilb_core::affinity::DEFAULT_TTL_S)),
+            engine_tls: None,
+            control_plane_tls: None,
+            listener_tls: None,
+            https_only: false,
         }
     }
 }

@@ -111,6 +111,14 @@ impl ClientTls {
         Arc::clone(&self.config)
     }
 
+    /// A copy of the config without ALPN protocols, as hyper-rustls wants it (it sets them from
+    /// the HTTP versions it enables). It shares the session cache.
+    pub fn config_without_alpn(&self) -> ClientConfig {
+        let mut config = (*self.config).clone();
+        config.alpn_protocols.clear();
+        config
+    }
+
     /// The connector for tokio streams.
     pub fn connector(&self) -> &TlsConnector {
         &self.connector
