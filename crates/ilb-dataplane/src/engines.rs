@@ -91,8 +91,8 @@ impl EngineState {
         let parsed: Option<http::uri::Authority> = authority.parse().ok();
         let connect_host = parsed.as_ref().map_or(authority, |a| a.host());
         let connect_host = connect_host.trim_start_matches('[').trim_end_matches(']').to_owned();
-        // A host that is no valid server name cannot pass `check_engine_url`'s parse either;
-        // should one get here, its handshakes fail on name verification.
+        // A host rustls does not take as a server name (neither a DNS name nor an IP address)
+        // gets a placeholder name, so its handshakes fail as `name_mismatch`.
         let tls_name = https.then(|| {
             ilb_tls::server_name(&connect_host)
                 .unwrap_or_else(|_| ilb_tls::ServerName::try_from("invalid.invalid").expect("valid name"))
@@ -103,8 +103,6 @@ impl EngineState {
                 .unwrap_or_else(|_| http::HeaderValue::from_static("localhost")),
             connect_host,
             connect_port: parsed.as_ref().and_then(|a| a.port_u16()).unwrap_or(if https { 443 } else { 80 }),
-            // A host that is no valid server name cannot pass `check_engine_url`'s parse either;
-            // should one get here, the handshake fails on the empty root set's terms.
             tls_name,
             last_tls_failure: Default::default(),
             tls_failures: Default::default(),
