@@ -68,6 +68,7 @@ fn explain(shared: &Shared, query: &str) -> Result<serde_json::Value, ProxyError
                 "in_flight": state.in_flight.load(Relaxed),
                 "class_in_flight": installed.class_engine_in_flight[class.seq][i].load(Relaxed),
                 "skip": skip, "home_slot": i == home,
+                "tls_failure": state.last_tls_failure().map(|f| json!({"reason": f.label(), "advice": f.advice()})),
             })
         })
         .collect();

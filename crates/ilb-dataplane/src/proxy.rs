@@ -241,6 +241,7 @@ async fn forward(
             shared.pool_clock.ms(),
             &shared.config.upstream_pool,
             shared.config.timeouts.connect,
+            &shared.engine_tls,
             &upstream,
         );
         match tokio::time::timeout_at(in_flight.started + shared.config.timeouts.first_byte, send).await {

@@ -484,8 +484,9 @@ async fn bad_snapshots_are_rejected_and_routing_continues() {
     let host = e1.addr;
     let cases = [
         (format!("http://user:pw@{host}"), "credentials"),
-        (format!("https://{host}"), "http://"),
-        (format!("ftp://{host}"), "http://"),
+        (format!("https://user:pw@{host}"), "credentials"),
+        (format!("ftp://{host}"), "http:// or https://"),
+        (format!("gopher://{host}"), "http:// or https://"),
         (format!("http://{host}/v1?target=evil"), "query"),
         (format!("http://{host}/#frag"), "query or fragment"),
     ];
