@@ -4,6 +4,8 @@
 //! |---|---|
 //! | `GET /v1/snapshots/{cluster}` | the cluster's snapshot; `ETag`, `If-None-Match` → 304, `?wait=30s` long-polls for a newer one |
 //! | `POST /v1/reports` | a data plane's report (bearer token if configured) |
+//! | `POST /v1/engines` | register an engine or renew its lease (bearer token required) |
+//! | `DELETE /v1/engines/{id}` | remove a registered engine now (bearer token required) |
 //! | `GET /v1/explain/weights?cluster=C&model=M` | every weight of the cluster and model, with the numbers behind it |
 //! | `GET /v1/state` | the whole latest plan and fleet view |
 //! | `GET /v1/problems/{model}` | the optimizer input of the latest solve, as `ilb optimize` reads it |
@@ -39,7 +41,8 @@ pub struct ApiState {
     pub view: Mutex<Arc<View>>,
     /// The optimizer input of the latest solve per model, as `ilb optimize` reads it.
     pub problems: Mutex<Arc<BTreeMap<String, Problem>>>,
-    pub token: String,
+    /// Bearer token of the mutating endpoints; empty: reports need none, registration is off.
+    pub token: Mutex<String>,
 }
 
 impl ApiState {
@@ -116,6 +119,11 @@ async fn dispatch(state: Arc<ApiState>, req: Request<Incoming>) -> Response<Body
         (&Method::GET, "/v1/state") => json(StatusCode::OK, &*state.view()),
         (&Method::GET, "/v1/explain/weights") => explain(&state, &query),
         (&Method::POST, "/v1/reports") => report(&state, req).await,
+        (&Method::POST, "/v1/engines") => crate::api_engines::register(&state, req).await,
+        (&Method::DELETE, p) if p.starts_with("/v1/engines/") => {
+            let id = p.trim_start_matches("/v1/engines/").to_owned();
+            crate::api_engines::deregister(&state, &req, &id).await
+        }
         (&Method::GET, p) if p.starts_with("/v1/problems/") => {
             let model = p.trim_start_matches("/v1/problems/");
             match state.problems().get(model) {
@@ -145,7 +153,7 @@ pub fn json(status: StatusCode, value: &impl serde::Serialize) -> Response<Body>
     r
 }
 
-fn error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
+pub(crate) fn error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
     json(
         status,
         &serde_json::json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": code}}),
@@ -224,13 +232,25 @@ async fn snapshot(
     }
 }
 
-async fn report(state: &ApiState, req: Request<Incoming>) -> Response<Body> {
-    if !state.token.is_empty() {
-        let expected = format!("Bearer {}", state.token);
-        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-        if given != Some(expected.as_str()) {
-            return error(StatusCode::UNAUTHORIZED, "unauthorized", "a valid bearer token is required");
+impl ApiState {
+    /// Whether `req` carries the configured bearer token (always true without one).
+    pub(crate) fn authorized<B>(&self, req: &Request<B>) -> bool {
+        let token = self.token.lock().unwrap_or_else(|p| p.into_inner());
+        if token.is_empty() {
+            return true;
         }
+        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        given.and_then(|g| g.strip_prefix("Bearer ")) == Some(token.as_str())
+    }
+
+    pub(crate) fn has_token(&self) -> bool {
+        !self.token.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+    }
+}
+
+async fn report(state: &ApiState, req: Request<Incoming>) -> Response<Body> {
+    if !state.authorized(&req) {
+        return error(StatusCode::UNAUTHORIZED, "unauthorized", "a valid bearer token is required");
     }
     let body = match Limited::new(req.into_body(), MAX_REPORT_BYTES).collect().await {
         Ok(b) => b.to_bytes(),

@@ -14,6 +14,9 @@ pub struct View {
     pub solved_unix_ms: u64,
     pub models: Vec<ModelView>,
     pub data_planes: Vec<DataPlaneView>,
+    /// Where each engine came from (config, registration, discovery) and the config file's
+    /// state (a refused reload and why).
+    pub membership: crate::fleet::members::MembershipView,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -214,5 +217,5 @@ pub fn build(
         .into_iter()
         .map(|(cluster, instance, age)| DataPlaneView { cluster, instance, age_ms: age.as_millis() as u64 })
         .collect();
-    View { version, solved_unix_ms, models, data_planes }
+    View { version, solved_unix_ms, models, data_planes, membership: Default::default() }
 }

@@ -137,6 +137,16 @@ pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch:
                     duration_n: c.duration.count(),
                 };
                 let before = engines.insert(engine.id.clone(), current).unwrap_or(current);
+                // An engine that left the snapshot and came back has fresh counters: count
+                // from zero rather than subtract past it.
+                let before = if current.attempts < before.attempts
+                    || current.ttfb_n < before.ttfb_n
+                    || current.duration_n < before.duration_n
+                {
+                    EngineMark::default()
+                } else {
+                    before
+                };
                 let mean_ms = |sum: u64, n: u64| (n > 0).then(|| sum as f64 / n as f64 / 1000.0);
                 EngineObservation {
                     engine: engine.id.clone(),
@@ -152,6 +162,8 @@ pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch:
                 }
             })
             .collect();
+        // Forget the marks of engines that left, so they do not pile up as the fleet changes.
+        engines.retain(|id, _| installed.engines.iter().any(|e| e.id == *id));
         sequence += 1;
         let report = Report {
             cluster: installed.table.cluster.clone(),

@@ -299,6 +299,7 @@ fn fleet_config(
                 max_in_flight: None,
             })
             .collect(),
+        engine_groups: Vec::new(),
     }
 }
 
