@@ -163,8 +163,8 @@ impl Stack {
         tasks.spawn(watch_installs(Arc::clone(&dp), Arc::clone(&installs), stop_rx.clone()));
         // Traffic starts once a first snapshot is installed.
         let ready = Instant::now() + DEADLINE;
-        while dp.snapshot_version().is_none() {
-            assert!(Instant::now() < ready, "no snapshot installed");
+        while dp.installed().is_none_or(|i| i.table.engines.is_empty()) {
+            assert!(Instant::now() < ready, "no snapshot with engines installed");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         for w in 0..workers {
