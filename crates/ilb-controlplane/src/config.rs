@@ -68,7 +68,8 @@ pub struct ControlPlaneSettings {
     /// Demand (req/s) assumed for a class before any data plane reports it, so weights exist
     /// from the start. Default 0.1.
     pub demand_floor_rps: f64,
-    /// Bearer token required by mutating endpoints (`POST /v1/reports`); none if empty.
+    /// Bearer token required by mutating endpoints (`POST /v1/reports`, `POST /v1/engines`,
+    /// `DELETE /v1/engines/{id}`). Empty: reports need none and registration is off.
     pub token: String,
     /// `[control_plane.outliers]`: detection of outlier engines and their penalties.
     pub outliers: OutlierSettings,
@@ -347,6 +348,7 @@ fn one() -> u32 {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct EngineGroup {
+    /// Names the group; engine ids start with it.
     pub id: String,
     /// The name to resolve, e.g. `"vllm.inference.svc.cluster.local"` (A and AAAA records), or
     /// with `srv = true` an SRV name such as `"_http._tcp.vllm.inference.svc.cluster.local"`.

@@ -10,7 +10,7 @@
 //! `dns` is the one source shipped (A/AAAA, or SRV). Another source, such as Kubernetes
 //! EndpointSlices, is a new module here implementing [`Resolve`] (it may keep a watch open
 //! and return its current set on each call), plus a field in [`EngineGroup`] that selects it
-//! in [`Discovery::sync`].
+//! in `Discovery::sync`.
 
 pub mod dns;
 

@@ -50,8 +50,16 @@ pub fn run(args: ControlPlaneArgs) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let cp =
             ControlPlane::start(fleet, listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+        // Listen for SIGHUP before saying we are up, so an early signal cannot kill the process.
+        let hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGHUP; reloads follow the file only");
+                None
+            }
+        };
         println!("control-plane: {}", cp.url());
-        let watcher = tokio::spawn(watch(path, cp.reloader(), Duration::from_millis(args.watch_ms)));
+        let watcher = tokio::spawn(watch(path, cp.reloader(), Duration::from_millis(args.watch_ms), hangup));
         tokio::signal::ctrl_c().await?;
         watcher.abort();
         cp.shutdown().await;
@@ -67,14 +75,12 @@ fn modified(path: &Path) -> Option<(SystemTime, u64)> {
 /// Re-reads `path` when its modification time or size changes (checked every `every`; never
 /// if zero) or on SIGHUP, and hands the result to the control plane. A file whose text did
 /// not change is not applied again.
-async fn watch(path: PathBuf, reloader: Reloader, every: Duration) {
-    let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot listen for SIGHUP; reloads follow the file only");
-            None
-        }
-    };
+async fn watch(
+    path: PathBuf,
+    reloader: Reloader,
+    every: Duration,
+    mut hangup: Option<tokio::signal::unix::Signal>,
+) {
     let mut stamp = modified(&path);
     let mut last_text = std::fs::read_to_string(&path).ok();
     let mut poll = tokio::time::interval(if every.is_zero() { Duration::from_secs(3600) } else { every });
