@@ -72,7 +72,10 @@ impl DataPlane {
         match source {
             SnapshotSource::Manual => {}
             SnapshotSource::Poll { url, interval, long_poll } => {
-                tasks.spawn(sources::poll(Arc::clone(&shared), url, interval, long_poll, shutdown_rx));
+                tasks.spawn(sources::poll(Arc::clone(&shared), vec![url], interval, long_poll, shutdown_rx));
+            }
+            SnapshotSource::Replicas { urls, interval, long_poll } => {
+                tasks.spawn(sources::poll(Arc::clone(&shared), urls, interval, long_poll, shutdown_rx));
             }
             SnapshotSource::Discover { engines, interval } => {
                 tasks.spawn(sources::discover(Arc::clone(&shared), engines, interval, shutdown_rx));

@@ -23,6 +23,9 @@ use tokio::time::Instant;
 pub struct ReportConfig {
     /// `POST` target, e.g. `http://cp:7000/v1/reports`.
     pub url: String,
+    /// More targets, one per further control-plane replica: every report goes to each, so
+    /// every replica plans from the same demand.
+    pub also: Vec<String>,
     pub interval: Duration,
     /// Names this data-plane instance among the cluster's replicas.
     pub instance: String,
@@ -38,6 +41,7 @@ impl ReportConfig {
     pub fn new(url: String, instance: String) -> ReportConfig {
         ReportConfig {
             url,
+            also: Vec::new(),
             interval: Duration::from_secs(1),
             instance,
             token: None,
@@ -174,15 +178,22 @@ pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch:
             demand,
             engines: observations,
         };
-        if let Err(e) = send(&shared, &config, &report).await {
-            tracing::debug!(url = %config.url, error = %e, "report not delivered");
-        }
+        // To every replica at once: one that hangs must not delay the others.
+        let sends = std::iter::once(&config.url).chain(&config.also).map(|url| {
+            let (shared, config, report) = (&shared, &config, &report);
+            async move {
+                if let Err(e) = send(shared, url, config, report).await {
+                    tracing::debug!(%url, error = %e, "report not delivered");
+                }
+            }
+        });
+        futures_util::future::join_all(sends).await;
     }
 }
 
-async fn send(shared: &Shared, config: &ReportConfig, report: &Report) -> Result<(), String> {
+async fn send(shared: &Shared, url: &str, config: &ReportConfig, report: &Report) -> Result<(), String> {
     let body = serde_json::to_vec(report).map_err(|e| e.to_string())?;
-    let mut request = Request::post(&config.url)
+    let mut request = Request::post(url)
         .header(header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(body)))
         .map_err(|e| e.to_string())?;

@@ -48,6 +48,11 @@ const FLEET_CHANGES: &str = "
   `ilb engine-sim --register URL [--token T] [--region R] [--register-profile P] [--ttl-s S]`
   registers its engines, renews every `ttl_s / 3`, and deregisters and drains on Ctrl-C.
 - **Discovery.** `[[engine_groups]]` are resolved by DNS; see the table above.
+- **Control-plane replicas.** Run several `ilb control-plane` from the same file. Give each
+  data plane all of them (`--control-plane URL` repeated, or `control_plane = [..]`): it pulls
+  snapshots from one, moves to the next when it stops answering, and reports to all. Give
+  `ilb engine-sim --register` each of them too. Versions are Unix-millisecond publication
+  times; a data plane never installs one lower than it holds, whichever replica offers it.
 - **Drain.** An engine that leaves by any route is absent from the next snapshot: data planes
   send it no new request, let its running responses finish, close its idle connections at once
   and each busy one when its response ends.

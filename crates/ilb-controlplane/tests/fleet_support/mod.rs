@@ -348,7 +348,7 @@ async fn watch_installs(
 /// Closed-loop streaming chat requests; each worker starts a new conversation every third
 /// turn (a fixed set of conversations would stay on their engines by affinity, and new
 /// engines would only see traffic when the old ones ran out of room).
-async fn worker(w: usize, url: String, recs: Arc<Mutex<Vec<Rec>>>, mut stop: watch::Receiver<bool>) {
+pub async fn worker(w: usize, url: String, recs: Arc<Mutex<Vec<Rec>>>, mut stop: watch::Receiver<bool>) {
     let client = client();
     let mut n = 0u64;
     loop {

@@ -46,9 +46,10 @@ pub struct EngineSimArgs {
     #[arg(long, default_value_t = 1)]
     threads: usize,
     /// Register every engine with this control plane (base URL) and renew the lease while it
-    /// runs; deregister on Ctrl-C.
+    /// runs; deregister on Ctrl-C. Repeat for control-plane replicas: each gets every
+    /// registration and heartbeat, so a failover forgets no engine.
     #[arg(long, value_name = "CONTROL_PLANE_URL")]
-    register: Option<String>,
+    register: Vec<String>,
     /// Bearer token for registration (the control plane's `control_plane.token`).
     #[arg(long, env = "ILB_TOKEN", default_value = "", hide_env_values = true)]
     token: String,
@@ -98,8 +99,8 @@ pub fn run(args: EngineSimArgs) -> anyhow::Result<()> {
         stdout.flush()?;
         drop(stdout);
         let mut registrars = Vec::new();
-        if let Some(cp) = &args.register {
-            let profile = args.register_profile.clone().unwrap_or_else(|| args.profile.clone());
+        let profile = args.register_profile.clone().unwrap_or_else(|| args.profile.clone());
+        for cp in &args.register {
             for engine in &engines {
                 let registration = registration(engine, &args.model, &args.region, &profile, args.ttl_s);
                 let mut registrar = Registrar::spawn(cp, &args.token, registration);
