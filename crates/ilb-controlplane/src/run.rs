@@ -155,9 +155,12 @@ async fn control_loop(
                 if let Err(e) = &result {
                     tracing::debug!(engine = %fleet.config.engines[engine].id, error = %e, "scrape failed");
                 }
+                let held_before = fleet.hold_reason(engine);
                 fleet.on_scrape(engine, now(), result);
                 // The fast guard: held engines reach the data planes without waiting for a plan.
-                state.holds.update(fleet.holds());
+                if fleet.hold_reason(engine) != held_before {
+                    state.holds.update(fleet.holds());
+                }
             }
             Event::Report(report) => {
                 if let Err(e) = fleet.on_report(now(), *report) {
@@ -167,6 +170,8 @@ async fn control_loop(
             Event::Tick => {
                 fleet.expire(now());
                 fleet.update_penalties(now());
+                // Also on every tick, for what changes without a scrape (a reloaded fleet).
+                state.holds.update(fleet.holds());
                 // At most one solve at a time: a tick during a solve is skipped.
                 let Some(taken) = solvers.take() else { continue };
                 let plans = plan::build(&fleet, now());
