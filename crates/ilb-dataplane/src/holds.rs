@@ -38,7 +38,7 @@ pub async fn follow(shared: Arc<Shared>, url: String, mut shutdown: watch::Recei
             None => url.clone(),
         };
         let fetched = tokio::select! {
-            r = tokio::time::timeout(LONG_POLL + Duration::from_secs(5), crate::sources::fetch(&shared, &target, None)) => r,
+            r = tokio::time::timeout(LONG_POLL + Duration::from_secs(5), crate::sources::fetch(&shared.control_plane_client, &target, None)) => r,
             _ = shutdown.changed() => return,
         };
         let mut failed = false;
