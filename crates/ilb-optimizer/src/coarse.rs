@@ -99,16 +99,18 @@ pub(crate) fn start(model: &Model, options: &SolverOptions, scale: f64) -> Optio
         rho: model.rho,
     };
     // Fitted clusters are only a starting point: the full solve corrects far more than the
-    // coarse tolerance, so the coarse problem is solved loosely and not re-centred.
+    // re-centring would, so the coarse problem is not re-centred.
     let loose;
-    let (coarse_options, rounds) = if clusters.exact {
-        (options, PROXIMAL_ROUNDS)
+    // Their coarse problem has about one engine per group; starting it at a smaller ε saves
+    // continuation stages.
+    let (coarse_options, rounds, eps_start) = if clusters.exact {
+        (options, PROXIMAL_ROUNDS, 0.2 * scale)
     } else {
         loose = SolverOptions { gap_target: APPROXIMATE_GAP.max(options.gap_target), ..options.clone() };
-        (&loose, 0)
+        (&loose, 0, 0.05 * scale)
     };
     let mut run = Run::new(&coarse, coarse_options, scale, PrevRoutes::default());
-    let (mut repaired, mut epsilon) = run.solve(cold_prices(&coarse), 0.2 * scale);
+    let (mut repaired, mut epsilon) = run.solve(cold_prices(&coarse), eps_start);
     // The cold coarse solution's prices carry the smoothing's spread between the classes an
     // engine serves (u_k − n_k − q = ε·x_k/c, centre zero). Re-solved once with its own routes as
     // the proximal centre, the spread vanishes where routes stay put, so the split below is

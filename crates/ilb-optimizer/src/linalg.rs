@@ -13,6 +13,9 @@
 pub(crate) fn cholesky_solve(h: &mut [f64], rhs: &mut [f64], n: usize, floor_rel: f64) {
     debug_assert_eq!(h.len(), n * n);
     debug_assert_eq!(rhs.len(), n);
+    if n <= DENSE_UP_TO {
+        return dense_cholesky_solve(h, rhs, n, floor_rel);
+    }
     let perm = reverse_cuthill_mckee(h, n);
     // a = Pᵀ h P, b = Pᵀ rhs: row i of `a` is original row perm[i].
     let mut a = vec![0.0; n * n];
@@ -62,6 +65,39 @@ pub(crate) fn cholesky_solve(h: &mut [f64], rhs: &mut [f64], n: usize, floor_rel
     }
     for (i, &p) in perm.iter().enumerate() {
         rhs[p] = b[i];
+    }
+}
+
+/// Below this size the reordering does not pay; the plain dense factorisation is used.
+const DENSE_UP_TO: usize = 48;
+
+/// The dense factorisation in the natural order (sequential sums), overwriting `h` by its factor.
+fn dense_cholesky_solve(h: &mut [f64], rhs: &mut [f64], n: usize, floor_rel: f64) {
+    for i in 0..n {
+        let original = h[i * n + i];
+        let (done, rest) = h.split_at_mut(i * n);
+        let row_i = &mut rest[..n];
+        for jc in 0..i {
+            let row_j = &done[jc * n..jc * n + n];
+            let dot: f64 = row_i[..jc].iter().zip(&row_j[..jc]).map(|(a, b)| a * b).sum();
+            row_i[jc] = (row_i[jc] - dot) / row_j[jc];
+        }
+        let sq: f64 = row_i[..i].iter().map(|v| v * v).sum();
+        let pivot = row_i[i] - sq;
+        let floor = (original.abs() * floor_rel).max(1e-300);
+        row_i[i] = pivot.max(floor).sqrt();
+    }
+    for i in 0..n {
+        let row = &h[i * n..i * n + n];
+        let dot: f64 = row[..i].iter().zip(&rhs[..i]).map(|(a, b)| a * b).sum();
+        rhs[i] = (rhs[i] - dot) / row[i];
+    }
+    for i in (0..n).rev() {
+        let mut acc = rhs[i];
+        for k in i + 1..n {
+            acc -= h[k * n + i] * rhs[k];
+        }
+        rhs[i] = acc / h[i * n + i];
     }
 }
 
@@ -144,23 +180,26 @@ mod tests {
 
     #[test]
     fn solves_sparse_systems_in_any_order() {
-        // Two blocks interleaved (0, 2, 4 | 1, 3), plus an isolated row: the reordering must
+        // Two blocks interleaved (0, 2, 4 | 1, 3), plus isolated rows: the reordering must
         // not change the answer.
-        let n = 6;
+        let n = 60;
         let mut h = vec![0.0; n * n];
         let mut set = |i: usize, j: usize, v: f64| {
             h[i * n + j] = v;
             h[j * n + i] = v;
         };
-        for (i, d) in [4.0, 5.0, 6.0, 3.0, 7.0, 2.0].into_iter().enumerate() {
-            set(i, i, d);
+        for i in 0..n {
+            set(i, i, [4.0, 5.0, 6.0, 3.0, 7.0, 2.0][i % 6]);
+        }
+        for i in 6..n - 7 {
+            set(i, i + 7, 0.3);
         }
         set(0, 2, 1.0);
         set(2, 4, -2.0);
         set(1, 3, 0.5);
         let orig = h.clone();
-        let rhs = [1.0, -2.0, 3.0, 0.5, 4.0, 1.0];
-        let mut x = rhs;
+        let rhs: Vec<f64> = (0..n).map(|i| (i as f64 * 0.7).sin()).collect();
+        let mut x = rhs.clone();
         cholesky_solve(&mut h, &mut x, n, 1e-12);
         for i in 0..n {
             let r: f64 = (0..n).map(|j| orig[i * n + j] * x[j]).sum();
