@@ -24,7 +24,9 @@ pub type HttpClient = Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
 /// A client with keep-alive for http engines; https engines fail their handshake (it trusts no
 /// root). See [`https_client`].
 pub fn http_client() -> HttpClient {
-    https_client(&ilb_tls::ClientTls::new(&ilb_tls::ClientOptions::default()).expect("an empty config builds"))
+    https_client(
+        &ilb_tls::ClientTls::new(&ilb_tls::ClientOptions::default()).expect("an empty config builds"),
+    )
 }
 
 /// A client with keep-alive for http and https engines, trusting what `tls` trusts (and

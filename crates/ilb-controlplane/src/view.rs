@@ -215,7 +215,12 @@ pub fn build(
     let data_planes = fleet
         .instances(now)
         .into_iter()
-        .map(|(cluster, instance, age)| DataPlaneView { cluster, instance, age_ms: age.as_millis() as u64, identity: None })
+        .map(|(cluster, instance, age)| DataPlaneView {
+            cluster,
+            instance,
+            age_ms: age.as_millis() as u64,
+            identity: None,
+        })
         .collect();
     View { version, solved_unix_ms, models, data_planes }
 }

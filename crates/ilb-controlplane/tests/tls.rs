@@ -133,7 +133,8 @@ async fn mutual_tls_between_the_planes_and_https_scrapes() {
         listener: Some(ServerTls::new(&cp_cert, ClientAuth::Required(vec![dp_ca.der()])).unwrap()),
         scrape: Some(tls_client(&fleet_ca, None)),
     };
-    let cp = ControlPlane::start_with_tls(fleet(&engines), "127.0.0.1:0".parse().unwrap(), tls).await.unwrap();
+    let cp =
+        ControlPlane::start_with_tls(fleet(&engines), "127.0.0.1:0".parse().unwrap(), tls).await.unwrap();
     assert!(cp.url().starts_with("https://"));
     let dp_identity = dp_ca.issue_client("spiffe://ilb/dp/a-1").identity();
     let with_cert = data_plane(
@@ -148,11 +149,16 @@ async fn mutual_tls_between_the_planes_and_https_scrapes() {
 
     // Scrapes over https succeed.
     until("both https engines are scraped", async || {
-        cp.view().models.first().is_some_and(|m| m.engines.iter().all(|e| e.signals.scrape_ok_age_ms.is_some()))
+        cp.view()
+            .models
+            .first()
+            .is_some_and(|m| m.engines.iter().all(|e| e.signals.scrape_ok_age_ms.is_some()))
     })
     .await;
-    until("the data plane with a certificate installs a snapshot", async || with_cert.snapshot_version().is_some())
-        .await;
+    until("the data plane with a certificate installs a snapshot", async || {
+        with_cert.snapshot_version().is_some()
+    })
+    .await;
     let installed = with_cert.installed().unwrap();
     assert!(installed.table.engines.iter().all(|e| e.url.starts_with("https://")));
     // Its requests go to the https engines.
@@ -178,7 +184,10 @@ async fn mutual_tls_between_the_planes_and_https_scrapes() {
     })
     .await;
     // The one without a certificate is refused: no snapshot, no report.
-    assert!(without_cert.snapshot_version().is_none(), "a data plane without a client certificate got a snapshot");
+    assert!(
+        without_cert.snapshot_version().is_none(),
+        "a data plane without a client certificate got a snapshot"
+    );
     let anonymous = https_client(&tls_client(&fleet_ca, None));
     assert!(get(&anonymous, &format!("{}/v1/snapshots/a", cp.url())).await.is_err(), "handshake refused");
     let (_, body) = get(&state_client, &format!("{}/v1/state", cp.url())).await.unwrap();
@@ -198,13 +207,15 @@ async fn optional_client_certificates_guard_snapshots_and_reports() {
         listener: Some(ServerTls::new(&cp_cert, ClientAuth::Optional(vec![dp_ca.der()])).unwrap()),
         scrape: Some(tls_client(&fleet_ca, None)),
     };
-    let cp = ControlPlane::start_with_tls(fleet(&engines), "127.0.0.1:0".parse().unwrap(), tls).await.unwrap();
+    let cp =
+        ControlPlane::start_with_tls(fleet(&engines), "127.0.0.1:0".parse().unwrap(), tls).await.unwrap();
     let anonymous = https_client(&tls_client(&fleet_ca, None));
     assert_eq!(get(&anonymous, &format!("{}/health", cp.url())).await.unwrap().0, 200);
     let (status, body) = get(&anonymous, &format!("{}/v1/snapshots/a", cp.url())).await.unwrap();
     assert_eq!(status, 401, "{body}");
     assert!(body.contains("client_certificate_required"), "{body}");
-    let named = https_client(&tls_client(&fleet_ca, Some(dp_ca.issue_client("spiffe://ilb/dp/a-9").identity())));
+    let named =
+        https_client(&tls_client(&fleet_ca, Some(dp_ca.issue_client("spiffe://ilb/dp/a-9").identity())));
     until("a client with a certificate gets the snapshot", async || {
         get(&named, &format!("{}/v1/snapshots/a", cp.url())).await.unwrap().0 == 200
     })
@@ -228,7 +239,8 @@ async fn api_certificate_rotates_under_load_without_failures() {
     let second = ca.issue(&["127.0.0.1"]).identity();
     let listener = ServerTls::new(&first, ClientAuth::None).unwrap();
     let tls = ApiTls { listener: Some(listener.clone()), scrape: Some(tls_client(&ca, None)) };
-    let cp = ControlPlane::start_with_tls(fleet(&engines), "127.0.0.1:0".parse().unwrap(), tls).await.unwrap();
+    let cp =
+        ControlPlane::start_with_tls(fleet(&engines), "127.0.0.1:0".parse().unwrap(), tls).await.unwrap();
     let client = https_client(&tls_client(&ca, None));
     let snapshot_url = format!("{}/v1/snapshots/a", cp.url());
     until("a snapshot is published", async || get(&client, &snapshot_url).await.unwrap().0 == 200).await;

@@ -56,7 +56,8 @@ impl Shared {
     pub fn new(config: DataPlaneConfig) -> Shared {
         // No roots: an https peer without configured trust fails its handshake (unknown issuer).
         let untrusting = || {
-            ilb_tls::ClientTls::new(&ilb_tls::ClientOptions::default()).expect("an empty client config builds")
+            ilb_tls::ClientTls::new(&ilb_tls::ClientOptions::default())
+                .expect("an empty client config builds")
         };
         let engine_tls = config.engine_tls.clone().unwrap_or_else(untrusting);
         let control_plane_tls = config.control_plane_tls.clone().unwrap_or_else(untrusting);
@@ -89,7 +90,10 @@ impl Shared {
         if self.config.https_only {
             if let Some(plain) = snapshot.engines.iter().find(|e| !e.url.starts_with("https://")) {
                 self.snapshot_rejections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                return Err(InstallError::PlainEngine { engine: plain.id.to_string(), url: plain.url.clone() });
+                return Err(InstallError::PlainEngine {
+                    engine: plain.id.to_string(),
+                    url: plain.url.clone(),
+                });
             }
         }
         let expected = self.config.cluster.as_ref().map(|c| c.as_str());
@@ -279,11 +283,8 @@ impl http_body::Body for Tracked {
 /// of the CPU of a small request). As with hyper's, a connection waiting for a request head
 /// (its first, or the next one after a response) is closed `header_read` after it began
 /// waiting; a response in progress is never cut.
-async fn serve_connection<S>(
-    stream: S,
-    shared: Arc<Shared>,
-    mut shutdown: watch::Receiver<bool>,
-) where
+async fn serve_connection<S>(stream: S, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>)
+where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let header_read = shared.config.timeouts.header_read;

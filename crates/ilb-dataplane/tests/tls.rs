@@ -79,7 +79,8 @@ async fn https_engines_stream_and_reuse_one_handshake() {
     // data plane's connection to it is reused.
     let mut routed = None;
     for i in 0..30 {
-        let req = post(&dp.url(), "/v1/chat/completions", &sim_body("same", false, 4), &[("x-session-id", "s1")]);
+        let req =
+            post(&dp.url(), "/v1/chat/completions", &sim_body("same", false, 4), &[("x-session-id", "s1")]);
         let (status, headers, body) = send(&client, req).await;
         assert_eq!(status, 200, "request {i}: {body}");
         assert!(body.contains("chat.completion"), "{body}");
@@ -144,13 +145,17 @@ async fn bad_engine_certificates_are_ejected_with_their_reason() {
         let c = route["candidates"].as_array().unwrap().iter().find(|c| c["engine"] == id).unwrap();
         (c["skip"].clone(), c["tls_failure"]["reason"].clone())
     };
-    assert_eq!(reason("e1"), (serde_json::json!("ejected by local guard"), serde_json::json!("unknown_issuer")));
+    assert_eq!(
+        reason("e1"),
+        (serde_json::json!("ejected by local guard"), serde_json::json!("unknown_issuer"))
+    );
     assert_eq!(reason("e2").1, "name_mismatch");
     assert_eq!(reason("e3").1, "expired");
     assert_eq!(reason("e0"), (serde_json::Value::Null, serde_json::Value::Null));
     let (_, metrics) = get(&client, &format!("{}/metrics", dp.url())).await;
     for (engine, label) in [("e1", "unknown_issuer"), ("e2", "name_mismatch"), ("e3", "expired")] {
-        let line = format!("ilb_dataplane_engine_tls_failures_total{{engine=\"{engine}\",reason=\"{label}\"}}");
+        let line =
+            format!("ilb_dataplane_engine_tls_failures_total{{engine=\"{engine}\",reason=\"{label}\"}}");
         assert!(metrics.contains(&line), "missing {line} in\n{metrics}");
     }
     // Now everything goes to the healthy engine, and the bad ones stay out (their probes fail
@@ -170,7 +175,8 @@ async fn an_https_only_data_plane_refuses_plain_engines() {
     let mut config = config();
     config.https_only = true;
     let dp = DataPlane::start(config, SnapshotSource::Manual).await.unwrap();
-    let plain = snapshot(1, &[("a", "https://127.0.0.1:1".into(), 1.0), ("b", "http://127.0.0.1:2".into(), 1.0)]);
+    let plain =
+        snapshot(1, &[("a", "https://127.0.0.1:1".into(), 1.0), ("b", "http://127.0.0.1:2".into(), 1.0)]);
     let error = dp.install(&plain).unwrap_err().to_string();
     assert!(error.contains("'b'") && error.contains("https-only"), "{error}");
     let tls = snapshot(2, &[("a", "https://127.0.0.1:1".into(), 1.0)]);

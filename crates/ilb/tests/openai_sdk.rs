@@ -64,7 +64,8 @@ async fn run_sdk(python: String, ca: Option<ilb_tls::testing::TestCa>) {
     let mut ca_file = None;
     if let Some(ca) = &ca {
         let roots = vec![ca.der()];
-        config.engine_tls = Some(ilb_tls::ClientTls::new(&ilb_tls::ClientOptions { roots, identity: None }).unwrap());
+        config.engine_tls =
+            Some(ilb_tls::ClientTls::new(&ilb_tls::ClientOptions { roots, identity: None }).unwrap());
         config.listener_tls = Some(server_tls(ca));
         config.https_only = true;
         let path = std::env::temp_dir().join(format!("ilb-sdk-ca-{}.pem", std::process::id()));

@@ -120,9 +120,10 @@ impl Conn {
     pub fn tls_resumed(&self) -> Option<bool> {
         match &self.stream {
             Stream::Plain(_) => None,
-            Stream::Tls(tls) => {
-                Some(matches!(tls.get_ref().1.handshake_kind(), Some(ilb_tls::rustls::HandshakeKind::Resumed)))
-            }
+            Stream::Tls(tls) => Some(matches!(
+                tls.get_ref().1.handshake_kind(),
+                Some(ilb_tls::rustls::HandshakeKind::Resumed)
+            )),
         }
     }
 

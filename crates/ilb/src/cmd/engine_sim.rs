@@ -59,7 +59,11 @@ pub fn run(args: EngineSimArgs) -> anyhow::Result<()> {
         profile = override_profile(profile, path)?;
     }
     profile.validate().context("hardware profile")?;
-    let section = crate::tls::ListenerTlsSection { cert: args.tls_cert.clone(), key: args.tls_key.clone(), ..Default::default() };
+    let section = crate::tls::ListenerTlsSection {
+        cert: args.tls_cert.clone(),
+        key: args.tls_key.clone(),
+        ..Default::default()
+    };
     let listener = section.build("engine-sim --tls-cert", false)?;
     let config = EngineConfig {
         tls: listener.as_ref().map(|l| l.tls.clone()),
