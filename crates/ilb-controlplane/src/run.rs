@@ -374,7 +374,8 @@ impl Control {
                 false => self.solvers_stale = true,
             }
         }
-        let diff = self.fleet.apply_config(config);
+        let now = self.now();
+        let diff = self.fleet.apply_config_at(config, Some(now));
         if !diff.is_empty() {
             tracing::info!(
                 why,
