@@ -9,6 +9,9 @@
 //! - [`profile`]: latency profiles L(y), their fit from observations, and the projection
 //!   onto convex non-decreasing curves the optimizer requires.
 //! - [`clock`]: the only place that reads the clock.
+//! - [`fleet::members`], [`discovery`], [`registrar`]: where engines come from (config file,
+//!   registrations with leases, DNS discovery) and how the set changes while running;
+//!   [`run::Reloader`] applies a new config file.
 //!
 //! **Invariant:** the control plane never depends on the data plane crate.
 

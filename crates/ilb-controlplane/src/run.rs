@@ -399,7 +399,8 @@ impl Control {
                 false => self.solvers_stale = true,
             }
         }
-        let diff = self.fleet.apply_config(config);
+        let now = self.now();
+        let diff = self.fleet.apply_config_at(config, Some(now));
         self.state.holds.update(self.fleet.holds());
         if !diff.is_empty() {
             tracing::info!(

@@ -30,6 +30,12 @@ impl Fleet {
     /// carries every engine's runtime state over by id. Reports of clusters that no longer
     /// exist are dropped; a new smoothing time constant applies to every average from now on.
     pub fn apply_config(&mut self, config: FleetConfig) -> FleetDiff {
+        self.apply_config_at(config, None)
+    }
+
+    /// As [`Fleet::apply_config`] at `now`: new engines count as up until the staleness bound
+    /// has passed since `now` without a scrape (see [`Fleet::health`]).
+    pub fn apply_config_at(&mut self, config: FleetConfig, now: Option<super::Now>) -> FleetDiff {
         let tau = Duration::from_millis(config.control_plane.smoothing_ms);
         let mut diff = FleetDiff::default();
         let old_configs = std::mem::take(&mut self.config.engines);
@@ -41,7 +47,7 @@ impl Fleet {
             let runtime = match old.remove(&e.id) {
                 None => {
                     diff.added.push(e.id.clone());
-                    EngineRuntime::new(tau)
+                    EngineRuntime { added: now, ..EngineRuntime::new(tau) }
                 }
                 Some((previous, runtime)) => {
                     if previous != *e {
@@ -49,7 +55,7 @@ impl Fleet {
                     }
                     if previous.url != e.url || previous.model != e.model || previous.profile != e.profile {
                         diff.reset.push(e.id.clone());
-                        EngineRuntime::new(tau)
+                        EngineRuntime { added: now, ..EngineRuntime::new(tau) }
                     } else {
                         let mut runtime = runtime;
                         runtime.set_tau(tau);
@@ -144,5 +150,32 @@ mod tests {
         );
         assert_eq!(fleet.nominal_capacity(by_id(&fleet, "e2")), 20.0);
         assert!(fleet.apply_config(fleet.config.clone()).is_empty());
+    }
+}
+
+#[cfg(test)]
+mod health_tests {
+    use super::*;
+
+    #[test]
+    fn an_engine_that_joins_late_counts_as_up_until_the_staleness_bound_passes_unscraped() {
+        let text = "[[clusters]]\nid = \"a\"\nregion = \"a\"\n[profiles.gpu]\ncapacity_rps = 10.0\nttft_t0_ms = 30.0\nttft_b_ms = 10.0\n\
+                    [[engines]]\nid = \"e0\"\nurl = \"http://h:1\"\nmodel = \"m\"\nregion = \"a\"\nprofile = \"gpu\"\n";
+        let config: FleetConfig = toml::from_str(text).unwrap();
+        let mut fleet = Fleet::new(config.clone());
+        let stale = Duration::from_millis(fleet.config.control_plane.signal_stale_ms);
+        let joined = stale * 10;
+        let mut next = config;
+        let mut e1 = next.engines[0].clone();
+        e1.id = "e1".into();
+        e1.url = "http://h:2".into();
+        next.engines.push(e1);
+        fleet.apply_config_at(next, Some(joined));
+        let e1 = fleet.engine_idx("e1").unwrap();
+        assert_eq!(fleet.health(e1, joined), 1.0, "a new engine is planned before its first scrape");
+        assert_eq!(fleet.health(e1, joined + stale), 1.0);
+        assert_eq!(fleet.health(e1, joined + stale * 2), 0.0, "never scraped for longer than the bound");
+        // An engine there from the start had its grace at start.
+        assert_eq!(fleet.health(fleet.engine_idx("e0").unwrap(), joined), 0.0);
     }
 }

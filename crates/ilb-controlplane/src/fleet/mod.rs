@@ -105,6 +105,9 @@ pub struct EngineRuntime {
     pub outlier_waiting: Option<String>,
     /// What the engine did since it was last judged.
     pub outlier_window: OutlierWindow,
+    /// When the engine joined a running fleet (None: it was there from the start); until its
+    /// first scrape it counts as up for the staleness bound from then.
+    pub added: Option<Now>,
 }
 
 impl EngineRuntime {
@@ -138,6 +141,7 @@ impl EngineRuntime {
             penalty_reason: None,
             outlier_waiting: None,
             outlier_window: OutlierWindow::default(),
+            added: None,
         }
     }
 }
@@ -432,13 +436,15 @@ impl Fleet {
     /// Whether engine `idx` counts as up (1) or not (0): its last scrape succeeded, or failed
     /// only once (a blip), and the last success is fresh; an engine that is asleep counts as
     /// down, and one with only some replicas ready as that fraction up. Engines never scraped
-    /// yet get the benefit of the doubt until the staleness bound has passed since start.
+    /// yet get the benefit of the doubt until the staleness bound has passed since start (or
+    /// since they joined), so a new engine is in the next plan without waiting for its first
+    /// scrape.
     pub fn health(&self, idx: usize, now: Now) -> f64 {
         let stale = Duration::from_millis(self.config.control_plane.signal_stale_ms);
         let e = &self.engines[idx];
         let fresh = match e.last_scrape_ok {
             Some(t) => now.saturating_sub(t) <= stale,
-            None => now <= stale,
+            None => now.saturating_sub(e.added.unwrap_or_default()) <= stale,
         };
         // Two failed scrapes in a row (connection refused, 5xx, timeout) take the engine out of
         // the next plan without waiting for the staleness bound.
