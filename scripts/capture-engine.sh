@@ -9,7 +9,7 @@ kind=$1 version=$2 base=$3 model=$4 out=$5
 mkdir -p "$out"
 p="$out/$kind-$version"
 hdr() { echo "# $kind $version: $1 (captured $(date -u +%FT%TZ) from $base)"; }
-long_prompt=$(python3 -c 'print(" ".join(f"word{i}" for i in range(300)))')
+long_prompt=$(python3 -c "import sys; print(' '.join(f'word{i}' for i in range(int(sys.argv[1]))))" "${LONG_WORDS:-300}")
 
 { hdr "GET /health, status + headers + body"; curl -sS -D - "$base/health"; echo; } > "$p-health.txt"
 { hdr "GET /v1/models, headers + body"; curl -sS -D - "$base/v1/models"; echo; } > "$p-models.txt"
@@ -48,11 +48,11 @@ done
 pids=()
 for i in 1 2 3 4 5 6; do
   curl -sS -o /dev/null "$base/v1/chat/completions" -H 'content-type: application/json' \
-    -d "$(chat true 24 "Count to $i.")" & pids+=($!)
+    -d "$(chat true "${BUSY_TOKENS:-24}" "Count to $i.")" & pids+=($!)
 done
 sleep 1
 { hdr "GET /metrics while 6 streams run, headers + body"; curl -sS -D - "$base/metrics"; } > "$p-metrics-busy.txt"
 wait "${pids[@]}"
-{ hdr "GET /metrics after ~14 requests incl. 3 repeated 300-word prompts, headers + body"
+{ hdr "GET /metrics after ~14 requests incl. 3 repeated ${LONG_WORDS:-300}-word prompts, headers + body"
   curl -sS -D - "$base/metrics"; } > "$p-metrics-after.txt"
 echo "captured $p-*"
