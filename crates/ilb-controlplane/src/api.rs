@@ -4,6 +4,7 @@
 //! |---|---|
 //! | `GET /v1/snapshots/{cluster}` | the cluster's snapshot; `ETag`, `If-None-Match` → 304, `?wait=30s` long-polls for a newer one |
 //! | `POST /v1/reports` | a data plane's report (bearer token if configured) |
+//! | `GET /v1/engine-holds` | engines data planes must not send new requests to (asleep, no ready replica, unreachable); `?version=V&wait=5s` long-polls for a different set |
 //! | `GET /v1/explain/weights?cluster=C&model=M` | every weight of the cluster and model, with the numbers behind it |
 //! | `GET /v1/state` | the whole latest plan and fleet view |
 //! | `GET /v1/problems/{model}` | the optimizer input of the latest solve, as `ilb optimize` reads it |
@@ -40,6 +41,8 @@ pub struct ApiState {
     /// The optimizer input of the latest solve per model, as `ilb optimize` reads it.
     pub problems: Mutex<Arc<BTreeMap<String, Problem>>>,
     pub token: String,
+    /// The data planes' fast guard (see [`crate::guard`]).
+    pub holds: crate::guard::HoldsPublisher,
 }
 
 impl ApiState {
@@ -115,6 +118,7 @@ async fn dispatch(state: Arc<ApiState>, req: Request<Incoming>) -> Response<Body
         }
         (&Method::GET, "/v1/state") => json(StatusCode::OK, &*state.view()),
         (&Method::GET, "/v1/explain/weights") => explain(&state, &query),
+        (&Method::GET, "/v1/engine-holds") => holds(&state, &query).await,
         (&Method::POST, "/v1/reports") => report(&state, req).await,
         (&Method::GET, p) if p.starts_with("/v1/problems/") => {
             let model = p.trim_start_matches("/v1/problems/");
@@ -220,6 +224,38 @@ async fn snapshot(
                 *r.status_mut() = StatusCode::NOT_MODIFIED;
                 return r;
             }
+        }
+    }
+}
+
+/// The current holds at once, or (with `version` equal to the current one and `wait`) as soon
+/// as they change, else 304 when the wait is over.
+async fn holds(state: &ApiState, query: &str) -> Response<Body> {
+    let wait = match param(query, "wait").map(parse_wait) {
+        None => Duration::ZERO,
+        Some(Some(d)) => d,
+        Some(None) => {
+            return error(StatusCode::BAD_REQUEST, "invalid_wait", "wait must look like 30s or 500ms")
+        }
+    };
+    let known = match param(query, "version").map(str::parse::<u64>) {
+        None => None,
+        Some(Ok(v)) => Some(v),
+        Some(Err(_)) => return error(StatusCode::BAD_REQUEST, "invalid_version", "version must be an integer"),
+    };
+    let mut changes = state.holds.subscribe();
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let current = state.holds.current();
+        if known != Some(current.holds.version) {
+            let mut r = Response::new(Full::new(current.body.clone()));
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            return r;
+        }
+        if tokio::time::timeout_at(deadline, changes.changed()).await.is_err() || wait.is_zero() {
+            let mut r = Response::new(Full::new(Bytes::new()));
+            *r.status_mut() = StatusCode::NOT_MODIFIED;
+            return r;
         }
     }
 }

@@ -23,6 +23,7 @@ pub mod api;
 pub mod config;
 pub mod dashboard;
 pub mod fleet;
+pub mod guard;
 pub mod plan;
 pub mod publish;
 pub mod run;

@@ -56,6 +56,7 @@ impl ControlPlane {
             view: Mutex::new(Arc::new(View::default())),
             problems: Mutex::default(),
             token: config.control_plane.token.clone(),
+            holds: crate::guard::HoldsPublisher::new(crate::clock::unix_ms()),
         });
         let mut tasks = JoinSet::new();
         tasks.spawn(api::serve(listener, Arc::clone(&state), shutdown_rx.clone()));
@@ -155,6 +156,8 @@ async fn control_loop(
                     tracing::debug!(engine = %fleet.config.engines[engine].id, error = %e, "scrape failed");
                 }
                 fleet.on_scrape(engine, now(), result);
+                // The fast guard: held engines reach the data planes without waiting for a plan.
+                state.holds.update(fleet.holds());
             }
             Event::Report(report) => {
                 if let Err(e) = fleet.on_report(now(), *report) {

@@ -26,13 +26,17 @@ pub fn http_client() -> HttpClient {
     Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(90)).build(connector)
 }
 
+/// How the text of a [`ScrapeError::Connect`] begins.
+pub const CONNECT_FAILED: &str = "connect failed";
+
 /// Why a scrape failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ScrapeError {
     /// The URL cannot be requested (e.g. no host).
     #[error("invalid scrape request: {0}")]
     InvalidRequest(String),
-    /// TCP connect failed: the engine is likely down or unreachable.
+    /// TCP connect failed: the engine is likely down or unreachable. Displays with the
+    /// [`CONNECT_FAILED`] prefix, which the fleet reads from the error text.
     #[error("connect failed: {0}")]
     Connect(String),
     /// No complete answer within the timeout (connect, headers and body together).

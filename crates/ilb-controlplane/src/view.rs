@@ -87,8 +87,31 @@ pub struct EngineView {
     pub signals: SignalsView,
 }
 
+/// Where a signal came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// The engine's own metrics.
+    Engine,
+    /// The data planes' reports (what the proxies measured), for engines that do not expose it.
+    DataPlanes,
+    /// Neither yet.
+    None,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct SignalsView {
+    /// Which engine software the metrics come from: `vllm`, `sglang`, `llamacpp`, `tgi`,
+    /// `ilb-sim`, or `unknown` (not scraped yet, or no metric ilb knows).
+    pub kind: &'static str,
+    /// Where `request_rate`, `ttft_ms` and `tbot_ms` (and so the latency fits) come from.
+    pub sources: SourcesView,
+    /// The engine reports it is asleep: it gets no traffic.
+    pub asleep: bool,
+    /// Ready replicas over all replicas, when the engine says.
+    pub ready_fraction: Option<f64>,
+    /// Why the data planes' fast guard holds the engine out now, if it does.
+    pub held: Option<&'static str>,
     pub scrape_ok_age_ms: Option<u64>,
     pub scrape_error: Option<String>,
     pub running: f64,
@@ -99,6 +122,56 @@ pub struct SignalsView {
     pub tbot_ms: Option<f64>,
     pub cache_hit_rate: Option<f64>,
     pub error_rate: Option<f64>,
+    /// Mean time queued before scheduling, ms (engine's queue-time histogram).
+    pub queue_ms: Option<f64>,
+    /// Preemptions (vLLM) or retractions (SGLang) per second: a sign of running past the knee.
+    pub preemption_rate: Option<f64>,
+    /// llama.cpp's own decode time per token, ms.
+    pub decode_ms_per_token: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SourcesView {
+    pub running: Source,
+    pub request_rate: Source,
+    pub ttft: Source,
+    pub tbot: Source,
+}
+
+fn signals_view(fleet: &Fleet, idx: usize, now: Now, holds: &[(String, ilb_core::holds::HoldReason)]) -> SignalsView {
+    let rt = &fleet.engines[idx];
+    let id = &fleet.config.engines[idx].id;
+    let scraped = rt.kind.is_some();
+    let source = |from_engine: bool, has_value: bool| match (from_engine, has_value) {
+        (true, _) => Source::Engine,
+        (false, true) => Source::DataPlanes,
+        (false, false) => Source::None,
+    };
+    SignalsView {
+        kind: rt.kind.map_or("unknown", |k| k.as_str()),
+        sources: SourcesView {
+            running: if scraped { Source::Engine } else { Source::None },
+            request_rate: source(rt.requests_from_engine, rt.request_rate.value().is_some()),
+            ttft: source(rt.ttft_from_engine, rt.ttft_ms.value().is_some()),
+            tbot: source(rt.tbot_from_engine, rt.tbot_ms.value().is_some()),
+        },
+        asleep: rt.asleep,
+        ready_fraction: rt.ready_fraction,
+        held: holds.iter().find(|(engine, _)| engine == id).map(|(_, reason)| reason.as_str()),
+        scrape_ok_age_ms: rt.last_scrape_ok.map(|t| now.saturating_sub(t).as_millis() as u64),
+        scrape_error: rt.last_scrape_error.clone(),
+        running: rt.running,
+        waiting: rt.waiting,
+        kv_usage: rt.kv_usage,
+        request_rate: rt.request_rate.value(),
+        ttft_ms: rt.ttft_ms.value(),
+        tbot_ms: rt.tbot_ms.value(),
+        cache_hit_rate: rt.cache_hit_rate.value(),
+        error_rate: rt.error_rate.value(),
+        queue_ms: rt.queue_ms.value(),
+        preemption_rate: rt.preemption_rate.value(),
+        decode_ms_per_token: rt.decode_ms_per_token.value(),
+    }
 }
 
 /// Builds the view of one solve round.
@@ -110,6 +183,7 @@ pub fn build(
     version: u64,
     solved_unix_ms: u64,
 ) -> View {
+    let holds = fleet.holds();
     let models = plans
         .iter()
         .zip(results)
@@ -178,20 +252,7 @@ pub fn build(
                         residency: cfg.residency.clone(),
                         capabilities: cfg.capabilities.clone(),
                         latency_profile,
-                        signals: SignalsView {
-                            scrape_ok_age_ms: rt
-                                .last_scrape_ok
-                                .map(|t| now.saturating_sub(t).as_millis() as u64),
-                            scrape_error: rt.last_scrape_error.clone(),
-                            running: rt.running,
-                            waiting: rt.waiting,
-                            kv_usage: rt.kv_usage,
-                            request_rate: rt.request_rate.value(),
-                            ttft_ms: rt.ttft_ms.value(),
-                            tbot_ms: rt.tbot_ms.value(),
-                            cache_hit_rate: rt.cache_hit_rate.value(),
-                            error_rate: rt.error_rate.value(),
-                        },
+                        signals: signals_view(fleet, idx, now, &holds),
                     }
                 })
                 .collect();

@@ -131,6 +131,10 @@ impl Sim {
                     errors: (load / 4.0 * failures).round() as u64,
                     ttfb_ms: None,
                     duration_ms: None,
+                    first_chunk_ms: None,
+                    streams: 0,
+                    chunk_gap_ms: None,
+                    chunk_gaps: 0,
                     rtt_ms: None,
                     in_flight: 0,
                 })

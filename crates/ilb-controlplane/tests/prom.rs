@@ -118,9 +118,20 @@ fn limits_are_enforced() {
 
 #[test]
 fn fixtures_parse_cleanly() {
-    for (file, min_samples) in
-        [("vllm.txt", 300), ("vllm_later.txt", 300), ("vllm_v0.txt", 60), ("sglang.txt", 150)]
-    {
+    for (file, min_samples) in [
+        ("vllm.txt", 300),
+        ("vllm_later.txt", 300),
+        ("vllm_v0.txt", 60),
+        ("sglang.txt", 150),
+        ("sglang_0.5_dp2_tp2.txt", 200),
+        ("tgi_3.3.txt", 250),
+        ("llamacpp_idle.txt", 15),
+        ("llamacpp_busy.txt", 15),
+        ("llamacpp_after.txt", 15),
+        ("vllm_0.32_idle.txt", 400),
+        ("vllm_0.32_busy.txt", 400),
+        ("vllm_0.32_after.txt", 400),
+    ] {
         let path = format!("{}/tests/fixtures/{file}", env!("CARGO_MANIFEST_DIR"));
         let text = std::fs::read_to_string(&path).unwrap();
         let parsed = parse(&text, &Limits::default()).unwrap();

@@ -161,3 +161,206 @@ fn unrelated_metrics_produce_no_models() {
     let exposition = parse("process_cpu_seconds_total 12\nup 1\n", &Limits::default()).unwrap();
     assert!(extract(&exposition).is_empty());
 }
+
+fn fixture(file: &str) -> String {
+    std::fs::read_to_string(format!("{}/tests/fixtures/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+}
+
+fn only(samples: &[(ModelName, EngineSample)]) -> &EngineSample {
+    assert_eq!(samples.len(), 1, "one model");
+    &samples[0].1
+}
+
+#[test]
+fn llamacpp_live_capture() {
+    let idle = samples("llamacpp_idle.txt");
+    let busy = samples("llamacpp_busy.txt");
+    // No model label: the sample groups under the empty name, the engine's configured model applies.
+    assert_eq!(busy[0].0.as_str(), "");
+    let sample = only(&busy);
+    assert_eq!(sample.flavor, EngineFlavor::Llamacpp);
+    close(sample.running, 4.0);
+    close(sample.waiting, 2.0);
+    close(sample.prompt_tokens, 93.0);
+    close(sample.prefix_cache_hits, 51.0);
+    close(sample.prefix_cache_queries, 93.0 + 51.0);
+    close(sample.generation_tokens, 60.0);
+    close(sample.decode_seconds, 2.87841);
+    close(sample.prompt_seconds, 1.34674);
+    close(sample.busy_slots_per_decode, 1.02941);
+    // No request counter and no latency histograms: the data planes' reports stand in.
+    assert_eq!(sample.requests_finished, None);
+    assert!(sample.ttft.is_none() && sample.tbot.is_none() && sample.e2e.is_none());
+    assert_eq!(sample.asleep, None);
+    let stats = window(only(&idle), sample, Duration::from_secs(6)).unwrap();
+    assert!(!stats.counter_reset);
+    assert_eq!(stats.request_rate, None);
+    close(stats.generation_token_rate, 10.0);
+    close(stats.decode_ms_per_token, 2.87841 / 60.0 * 1000.0);
+    close(stats.prefix_cache_hit_rate, 51.0 / 144.0);
+    assert_eq!(stats.ttft, None);
+}
+
+const TINY: &str = "tiny-llama";
+
+#[test]
+fn vllm_0_32_live_capture() {
+    let busy = samples("vllm_0.32_busy.txt");
+    let sample = model(&busy, TINY);
+    assert_eq!(busy.len(), 1);
+    assert_eq!(sample.flavor, EngineFlavor::Vllm);
+    close(sample.running, 2.0);
+    close(sample.waiting, 0.0);
+    close(sample.kv_usage, 0.0006104260774020265);
+    assert_eq!(sample.asleep, Some(false));
+    close(sample.preemptions, 0.0);
+    close(sample.requests_finished, 27.0);
+    close(sample.requests_failed, 0.0);
+    close(sample.prompt_tokens, 1948.0);
+    close(sample.prefix_cache_queries, 1948.0);
+    close(sample.prefix_cache_hits, 1280.0);
+    close(sample.generation_tokens, 2539.0);
+    close(sample.ttft.as_ref().map(|h| h.count), 29.0);
+    close(sample.tbot.as_ref().map(|h| h.count), 2510.0);
+    close(sample.queue.as_ref().map(|h| h.count), 27.0);
+    close(sample.e2e.as_ref().map(|h| h.count), 27.0);
+    // 0.12 dropped the gpu_* aliases and time_per_output_token.
+    let text = fixture("vllm_0.32_busy.txt");
+    assert!(!text.contains("vllm:gpu_") && !text.contains("vllm:time_per_output_token_seconds"));
+    let idle = samples("vllm_0.32_idle.txt");
+    let after = samples("vllm_0.32_after.txt");
+    let stats = window(model(&idle, TINY), model(&after, TINY), Duration::from_secs(2)).unwrap();
+    assert!(!stats.counter_reset);
+    close(stats.request_rate, (29.0 - 15.0) / 2.0);
+    close(stats.error_rate, 0.0);
+    close(stats.preemption_rate, 0.0);
+    assert!(stats.ttft.is_some() && stats.tbot.is_some() && stats.queue.is_some());
+}
+
+#[test]
+fn vllm_sleep_state_and_summed_engine_cores() {
+    let text = fixture("vllm_0.32_busy.txt");
+    let asleep = text.replace(
+        "vllm:engine_sleep_state{engine=\"0\",model_name=\"tiny-llama\",sleep_state=\"awake\"} 1.0",
+        "vllm:engine_sleep_state{engine=\"0\",model_name=\"tiny-llama\",sleep_state=\"awake\"} 0.0",
+    );
+    assert_ne!(asleep, text);
+    let parsed = extract(&parse(&asleep, &Limits::default()).unwrap());
+    assert_eq!(only(&parsed).asleep, Some(true));
+    // A second engine core (engine="1") with the same series: counts and gauges add up, and the
+    // server is awake while any core is.
+    let second: String = text
+        .lines()
+        .filter(|l| l.starts_with("vllm:") && l.contains("engine=\"0\""))
+        .map(|l| l.replace("engine=\"0\"", "engine=\"1\""))
+        .map(|l| {
+            if l.starts_with("vllm:engine_sleep_state") && l.contains("\"awake\"") {
+                l.replace("} 1.0", "} 0.0")
+            } else {
+                l
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let both = format!("{text}\n{second}\n");
+    let parsed = extract(&parse(&both, &Limits::default()).unwrap());
+    let sample = only(&parsed);
+    close(sample.running, 4.0);
+    close(sample.requests_finished, 54.0);
+    close(sample.ttft.as_ref().map(|h| h.count), 58.0);
+    assert_eq!(sample.asleep, Some(false), "one core awake");
+}
+
+#[test]
+fn sglang_counts_each_dp_group_once_and_absent_counters_are_zero() {
+    let parsed = samples("sglang_0.5_dp2_tp2.txt");
+    let sample = only(&parsed);
+    assert_eq!(sample.flavor, EngineFlavor::Sglang);
+    // Two DP groups of two TP ranks each: the TP copies count once, the groups add up.
+    close(sample.running, 8.0);
+    close(sample.waiting, 2.0);
+    close(sample.kv_usage, 0.2);
+    close(sample.gen_throughput, 700.5);
+    close(sample.preemptions, 4.0);
+    close(sample.queue.as_ref().map(|h| h.count), 40.0);
+    // Tokenizer metrics carry only the model label.
+    close(sample.requests_finished, 40.0);
+    close(sample.prompt_tokens, 12_000.0);
+    close(sample.ttft.as_ref().map(|h| h.count), 40.0);
+    // Registered at their first event, absent here: zero, not unknown.
+    close(sample.prefix_cache_hits, 0.0);
+    close(sample.prefix_cache_queries, 12_000.0);
+    close(sample.requests_failed, 0.0);
+}
+
+#[test]
+fn sglang_before_its_first_request_reads_zero_and_the_first_window_counts() {
+    // A fresh server: scheduler gauges only; no tokenizer counter or histogram exists yet.
+    let text = fixture("sglang_0.5_dp2_tp2.txt");
+    let fresh: String = text
+        .lines()
+        .filter(|l| l.starts_with('#') || l.contains("tp_rank"))
+        .filter(|l| !l.contains("queue_time") && !l.contains("retracted_requests_total"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let before = extract(&parse(&fresh, &Limits::default()).unwrap());
+    let before = only(&before);
+    close(before.requests_finished, 0.0);
+    close(before.prompt_tokens, 0.0);
+    close(before.preemptions, 0.0);
+    assert!(before.ttft.is_none());
+    let after = samples("sglang_0.5_dp2_tp2.txt");
+    let stats = window(before, only(&after), Duration::from_secs(10)).unwrap();
+    assert!(!stats.counter_reset);
+    close(stats.request_rate, 4.0);
+    close(stats.preemption_rate, 0.4);
+    let ttft = stats.ttft.expect("absent before means empty, so the first window counts");
+    close(Some(ttft.count), 40.0);
+    close(stats.queue.map(|q| q.count), 40.0);
+}
+
+#[test]
+fn tgi_names_from_source() {
+    let parsed = samples("tgi_3.3.txt");
+    let sample = only(&parsed);
+    assert_eq!(sample.flavor, EngineFlavor::Tgi);
+    close(sample.running, 8.0);
+    close(sample.waiting, 3.0);
+    // Validation failures are the client's: 40 successes + 1 generation failure.
+    close(sample.requests_finished, 41.0);
+    close(sample.requests_failed, 1.0);
+    close(sample.prompt_tokens, 12_000.0);
+    close(sample.generation_tokens, 3400.0);
+    assert!(sample.ttft.is_none(), "TGI has no time-to-first-token histogram");
+    close(sample.tbot.as_ref().and_then(Histogram::mean), 0.02);
+    close(sample.e2e.as_ref().map(|h| h.count), 40.0);
+    close(sample.queue.as_ref().and_then(Histogram::mean), 0.05);
+    assert_eq!(sample.prefix_cache_queries, None);
+}
+
+#[test]
+fn engine_simulator_is_told_apart_by_its_replica_gauges() {
+    let text = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 3.0\n\
+                # TYPE ilb_engine_replicas gauge\nilb_engine_replicas{model_name=\"m\"} 2.0\n\
+                # TYPE ilb_engine_ready_replicas gauge\nilb_engine_ready_replicas{model_name=\"m\"} 0.0\n";
+    let parsed = extract(&parse(text, &Limits::default()).unwrap());
+    let sample = only(&parsed);
+    assert_eq!(sample.flavor, EngineFlavor::IlbSim);
+    close(sample.running, 3.0);
+    close(sample.replicas, 2.0);
+    close(sample.ready_replicas, 0.0);
+}
+
+#[test]
+fn legacy_fixtures_are_labelled() {
+    for file in ["vllm.txt", "vllm_later.txt", "vllm_v0.txt", "sglang.txt"] {
+        assert!(fixture(file).starts_with("# Hand-written, not captured: "), "{file}");
+        assert!(fixture(file).lines().take(3).any(|l| l.contains("LEGACY")), "{file}");
+    }
+    for file in ["sglang_0.5_dp2_tp2.txt", "tgi_3.3.txt"] {
+        assert!(fixture(file).starts_with("# Built by hand from the metric definitions"), "{file}");
+    }
+    for file in ["llamacpp_idle.txt", "llamacpp_busy.txt", "llamacpp_after.txt", "vllm_0.32_busy.txt"] {
+        assert!(fixture(file).starts_with("# Live capture"), "{file}");
+    }
+}

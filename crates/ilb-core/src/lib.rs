@@ -11,6 +11,7 @@
 
 pub mod affinity;
 pub mod classify;
+pub mod holds;
 pub mod ids;
 pub mod metrics;
 pub mod report;

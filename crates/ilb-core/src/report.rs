@@ -49,8 +49,27 @@ pub struct EngineObservation {
     /// Mean total request duration over the period, milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<f64>,
+    /// Mean time from sending the request to the first chunk of a streamed (SSE) response body
+    /// over the period, milliseconds: time to first token as the client sees it, for engines
+    /// that expose no TTFT histogram (llama.cpp, TGI).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_chunk_ms: Option<f64>,
+    /// Streamed responses whose first chunk arrived in the period (the weight of `first_chunk_ms`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub streams: u64,
+    /// Mean gap between consecutive chunks of streamed response bodies over the period,
+    /// milliseconds: the time between tokens as the client sees it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunk_gap_ms: Option<f64>,
+    /// Gaps measured in the period (the weight of `chunk_gap_ms`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub chunk_gaps: u64,
     /// Smoothed network round-trip time (TCP connect), milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rtt_ms: Option<f64>,
     pub in_flight: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

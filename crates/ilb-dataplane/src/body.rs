@@ -52,13 +52,24 @@ pub struct UpstreamBody {
     /// Whether everything forwarded so far ends at an SSE event boundary.
     at_boundary: bool,
     done: bool,
+    /// When the last chunk of a streamed body arrived (SSE only), for the chunk-gap figures.
+    last_chunk: Option<Instant>,
     in_flight: InFlight,
 }
 
 impl UpstreamBody {
     pub fn new(inner: EngineBody, idle_timeout: Duration, sse: bool, in_flight: InFlight) -> Self {
         let mut body =
-            UpstreamBody { inner, idle: None, idle_timeout, sse, at_boundary: true, done: false, in_flight };
+            UpstreamBody {
+            inner,
+            idle: None,
+            idle_timeout,
+            sse,
+            at_boundary: true,
+            done: false,
+            last_chunk: None,
+            in_flight,
+        };
         if body.inner.is_end_stream() {
             // An empty body (length 0): hyper will not poll it at all.
             body.end();
@@ -129,6 +140,11 @@ impl UpstreamBody {
                 if let Some(data) = frame.data_ref() {
                     if !data.is_empty() {
                         self.at_boundary = data.ends_with(b"\n\n") || data.ends_with(b"\r\n\r\n");
+                        if self.sse {
+                            let now = Instant::now();
+                            self.in_flight.stream_chunk(self.last_chunk, now);
+                            self.last_chunk = Some(now);
+                        }
                     }
                     if let Some(idle) = self.idle.as_mut() {
                         idle.as_mut().reset(Instant::now() + self.idle_timeout);

@@ -56,6 +56,12 @@ fn explain(shared: &Shared, query: &str) -> Result<serde_json::Value, ProxyError
                 Some("constraints")
             } else if state.is_ejected() {
                 Some("ejected by local guard")
+            } else if let Some(reason) = state.hold_reason() {
+                Some(match reason {
+                    ilb_core::holds::HoldReason::Asleep => "held by the control plane: asleep",
+                    ilb_core::holds::HoldReason::NoReadyReplicas => "held by the control plane: no ready replicas",
+                    ilb_core::holds::HoldReason::Unreachable => "held by the control plane: unreachable",
+                })
             } else if entry.max_in_flight != 0 && state.in_flight.load(Relaxed) >= entry.max_in_flight {
                 Some("at max_in_flight")
             } else {

@@ -6,7 +6,8 @@
 
 use ilb_core::metrics::Histogram;
 use ilb_core::EngineId;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+use ilb_core::holds::HoldReason;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::time::Duration;
 
 /// When and for how long the local guard ejects an engine.
@@ -54,6 +55,9 @@ pub struct EngineState {
     ejected: AtomicBool,
     /// Ejections in a row without a success in between; sets the back-off.
     ejections: AtomicU32,
+    /// Why the control plane's fast guard holds the engine out (0: not held; else
+    /// [`hold_code`]); set by the holds follower, read on the request path.
+    held: AtomicU8,
     /// Milliseconds since the data plane started when the next health probe is due.
     probe_at_ms: AtomicU64,
     pub counters: EngineCounters,
@@ -69,6 +73,10 @@ pub struct EngineCounters {
     pub ttfb: Histogram,
     /// Request sent → last byte of the response body.
     pub duration: Histogram,
+    /// Request sent → first chunk of a streamed (SSE) response body.
+    pub first_chunk: Histogram,
+    /// Gap between consecutive chunks of a streamed response body.
+    pub chunk_gap: Histogram,
 }
 
 impl EngineState {
@@ -92,6 +100,7 @@ impl EngineState {
             consecutive_failures: AtomicU32::new(0),
             ejected: AtomicBool::new(false),
             ejections: AtomicU32::new(0),
+            held: AtomicU8::new(0),
             probe_at_ms: AtomicU64::new(0),
             counters: EngineCounters::default(),
         }
@@ -126,6 +135,27 @@ impl EngineState {
     #[inline]
     pub fn is_ejected(&self) -> bool {
         self.ejected.load(Relaxed)
+    }
+
+    /// Whether the control plane's fast guard holds the engine out. Hot path: one relaxed load.
+    #[inline]
+    pub fn is_held(&self) -> bool {
+        self.held.load(Relaxed) != 0
+    }
+
+    /// Why the engine is held, if it is.
+    pub fn hold_reason(&self) -> Option<HoldReason> {
+        match self.held.load(Relaxed) {
+            1 => Some(HoldReason::Asleep),
+            2 => Some(HoldReason::NoReadyReplicas),
+            3 => Some(HoldReason::Unreachable),
+            _ => None,
+        }
+    }
+
+    /// Sets or clears the hold; returns whether it changed.
+    pub fn set_hold(&self, reason: Option<HoldReason>) -> bool {
+        self.held.swap(reason.map_or(0, hold_code), Relaxed) != reason.map_or(0, hold_code)
     }
 
     pub fn record_success(&self) {
@@ -193,6 +223,14 @@ impl EngineState {
     }
 }
 
+fn hold_code(reason: HoldReason) -> u8 {
+    match reason {
+        HoldReason::Asleep => 1,
+        HoldReason::NoReadyReplicas => 2,
+        HoldReason::Unreachable => 3,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,6 +252,20 @@ mod tests {
         let named = EngineState::new(EngineId::new("n"), "http://engine-7");
         assert_eq!(named.host_header(), "engine-7");
         assert_eq!(named.connect_addr(), ("engine-7", 80));
+    }
+
+    #[test]
+    fn holds_set_and_clear() {
+        let e = EngineState::new(EngineId::new("h"), "http://127.0.0.1:1/");
+        assert!(!e.is_held() && e.hold_reason().is_none());
+        assert!(e.set_hold(Some(HoldReason::Asleep)));
+        assert!(!e.set_hold(Some(HoldReason::Asleep)));
+        assert_eq!(e.hold_reason(), Some(HoldReason::Asleep));
+        assert!(e.set_hold(Some(HoldReason::Unreachable)));
+        assert_eq!(e.hold_reason(), Some(HoldReason::Unreachable));
+        assert!(!e.is_ejected(), "a hold is not an ejection: no probes, no back-off");
+        assert!(e.set_hold(None));
+        assert!(!e.is_held());
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //!
 //! For every request it classifies (model, constraints, priority, affinity key), picks an engine
 //! by weighted consistent hashing on the installed routing snapshot, skips engines its local
-//! guard has ejected, forwards the request and streams the response back as it arrives.
+//! guard has ejected or the control plane's fast guard holds (`holds`), forwards the request and streams the response back as it arrives.
 //! Snapshots arrive in the background (polled from a control plane, discovered in quick mode,
 //! or installed by the embedding program); the request path never waits for them.
 //!
@@ -17,6 +17,7 @@ pub mod config;
 mod debug;
 pub mod engines;
 pub mod error;
+pub mod holds;
 pub mod proxy;
 pub mod report;
 mod server;
@@ -72,6 +73,10 @@ impl DataPlane {
         match source {
             SnapshotSource::Manual => {}
             SnapshotSource::Poll { url, interval, long_poll } => {
+                // The fast guard rides beside the snapshots, from the same control plane.
+                if let Some(holds_url) = holds::url_for_snapshot_url(&url) {
+                    tasks.spawn(holds::follow(Arc::clone(&shared), holds_url, shutdown_rx.clone()));
+                }
                 tasks.spawn(sources::poll(Arc::clone(&shared), url, interval, long_poll, shutdown_rx));
             }
             SnapshotSource::Discover { engines, interval } => {

@@ -91,6 +91,17 @@ impl InFlight {
         self.engine.pool.push(conn, shared.pool_clock.ms(), &shared.config.upstream_pool);
     }
 
+    /// A chunk of a streamed response body arrived at `now`; `previous` is when the one before
+    /// it did (none for the first). Feeds the first-chunk and chunk-gap figures reported to the
+    /// control plane.
+    pub fn stream_chunk(&self, previous: Option<Instant>, now: Instant) {
+        let counters = &self.engine.counters;
+        match previous {
+            None => counters.first_chunk.observe_micros(now.duration_since(self.started).as_micros() as u64),
+            Some(before) => counters.chunk_gap.observe_micros(now.duration_since(before).as_micros() as u64),
+        }
+    }
+
     fn first_byte(&self) {
         self.engine.counters.ttfb.observe_micros(self.started.elapsed().as_micros() as u64);
     }
@@ -328,6 +339,7 @@ pub(crate) fn choose(
         let c = &class.candidates[candidate];
         !tried.contains(&candidate)
             && !installed.engines[c.engine_idx].is_ejected()
+            && !installed.engines[c.engine_idx].is_held()
             && (constraints.is_empty() || constraints.allow(&installed.table.engines[c.engine_idx]))
     };
     let has_room = |candidate: usize| {

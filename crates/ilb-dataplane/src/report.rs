@@ -1,6 +1,8 @@
 //! The reporter: every period, tells the control plane what this data plane saw — demand per
 //! traffic class (smoothed req/s), and per engine the attempts, errors, mean time to first byte
-//! and duration through the proxy, in-flight count and a measured round-trip time.
+//! and duration through the proxy, the mean time to the first chunk of streamed responses and
+//! between their chunks (the latency the control plane plans on for engines that expose no
+//! latency histograms, such as llama.cpp), in-flight count and a measured round-trip time.
 //!
 //! Reporting is best effort and off the request path: a control plane that is down only means
 //! reports are dropped; routing goes on with the installed snapshot.
@@ -55,6 +57,10 @@ struct EngineMark {
     ttfb_n: u64,
     duration_us: u64,
     duration_n: u64,
+    first_chunk_us: u64,
+    first_chunk_n: u64,
+    chunk_gap_us: u64,
+    chunk_gap_n: u64,
 }
 
 struct ClassMark {
@@ -135,6 +141,10 @@ pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch:
                     ttfb_n: c.ttfb.count(),
                     duration_us: c.duration.sum_micros(),
                     duration_n: c.duration.count(),
+                    first_chunk_us: c.first_chunk.sum_micros(),
+                    first_chunk_n: c.first_chunk.count(),
+                    chunk_gap_us: c.chunk_gap.sum_micros(),
+                    chunk_gap_n: c.chunk_gap.count(),
                 };
                 let before = engines.insert(engine.id.clone(), current).unwrap_or(current);
                 let mean_ms = |sum: u64, n: u64| (n > 0).then(|| sum as f64 / n as f64 / 1000.0);
@@ -147,6 +157,16 @@ pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch:
                         current.duration_us - before.duration_us,
                         current.duration_n - before.duration_n,
                     ),
+                    first_chunk_ms: mean_ms(
+                        current.first_chunk_us - before.first_chunk_us,
+                        current.first_chunk_n - before.first_chunk_n,
+                    ),
+                    streams: current.first_chunk_n - before.first_chunk_n,
+                    chunk_gap_ms: mean_ms(
+                        current.chunk_gap_us - before.chunk_gap_us,
+                        current.chunk_gap_n - before.chunk_gap_n,
+                    ),
+                    chunk_gaps: current.chunk_gap_n - before.chunk_gap_n,
                     rtt_ms: rtt.get(&engine.id).copied(),
                     in_flight: engine.in_flight.load(Relaxed) as u64,
                 }

@@ -75,7 +75,7 @@ pub async fn poll(
 }
 
 /// GET with `If-None-Match`; `Ok(None)` on 304.
-async fn fetch(
+pub(crate) async fn fetch(
     shared: &Shared,
     url: &str,
     etag: Option<&str>,

@@ -132,6 +132,14 @@ pub fn render(shared: &Shared) -> String {
             if e.is_ejected() { 1.0 } else { 0.0 },
         );
     }
+    w.family(
+        "ilb_dataplane_engine_held",
+        "gauge",
+        "1 while the control plane's fast guard holds the engine out (asleep, no ready replica, unreachable).",
+    );
+    for e in &installed.engines {
+        w.sample("ilb_dataplane_engine_held", &[("engine", e.id.as_str())], if e.is_held() { 1.0 } else { 0.0 });
+    }
     w.family("ilb_dataplane_guard_ejections_total", "counter", "Times the local guard ejected the engine.");
     for e in &installed.engines {
         w.sample(
@@ -147,6 +155,26 @@ pub fn render(shared: &Shared) -> String {
     );
     for e in &installed.engines {
         w.histogram("ilb_dataplane_ttfb_seconds", &[("engine", e.id.as_str())], &e.counters.ttfb);
+    }
+    w.family(
+        "ilb_dataplane_stream_first_chunk_seconds",
+        "histogram",
+        "Time from sending a request to an engine to the first chunk of its streamed response.",
+    );
+    for e in &installed.engines {
+        w.histogram(
+            "ilb_dataplane_stream_first_chunk_seconds",
+            &[("engine", e.id.as_str())],
+            &e.counters.first_chunk,
+        );
+    }
+    w.family(
+        "ilb_dataplane_stream_chunk_gap_seconds",
+        "histogram",
+        "Time between consecutive chunks of an engine's streamed response.",
+    );
+    for e in &installed.engines {
+        w.histogram("ilb_dataplane_stream_chunk_gap_seconds", &[("engine", e.id.as_str())], &e.counters.chunk_gap);
     }
     w.family(
         "ilb_dataplane_request_duration_seconds",

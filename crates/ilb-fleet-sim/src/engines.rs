@@ -125,6 +125,7 @@ impl SimEngine {
             ttft: Some(self.ttft.exposed()),
             tbot: Some(self.itl.exposed()),
             e2e: Some(self.e2e.exposed()),
+            ..EngineSample::default()
         }
     }
 }

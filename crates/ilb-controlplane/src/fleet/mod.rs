@@ -16,9 +16,10 @@ pub use outliers::OutlierWindow;
 
 use crate::config::FleetConfig;
 use crate::profile::{combine, fit_level, fit_queueing, LatencyProfile, Observation, QueueingPrior};
-use crate::signals::{window, EngineSample, WindowStats};
+use crate::signals::{window, EngineFlavor, EngineSample, WindowStats};
 use crate::smoothing::Ewma;
 use history::LoadHistory;
+use ilb_core::holds::HoldReason;
 use ilb_core::report::Report;
 use ilb_core::ModelName;
 use std::collections::{BTreeMap, HashMap};
@@ -66,6 +67,29 @@ pub struct EngineRuntime {
     pub request_rate: Ewma<Now>,
     pub cache_hit_rate: Ewma<Now>,
     pub error_rate: Ewma<Now>,
+    /// Which engine software the last successful scrape came from; `None`: never scraped, or
+    /// no metric ilb knows.
+    pub kind: Option<EngineFlavor>,
+    /// The engine said it is asleep (vLLM `engine_sleep_state`): it gets no traffic.
+    pub asleep: bool,
+    /// Replicas taking requests over replicas behind the endpoint, when the engine says.
+    pub ready_fraction: Option<f64>,
+    /// Whether the last scrape carried the engine's own TTFT / TBOT histograms. Without them
+    /// (llama.cpp, TGI's TTFT), `ttft_ms` / `tbot_ms`, the fits and the request rate follow
+    /// the data planes' reports instead.
+    pub ttft_from_engine: bool,
+    pub tbot_from_engine: bool,
+    /// Whether the engine counts finished requests; if not, `request_rate` is the data
+    /// planes' reported rate.
+    pub requests_from_engine: bool,
+    /// Time queued before scheduling (vLLM, SGLang, TGI), ms.
+    pub queue_ms: Ewma<Now>,
+    /// Preemptions (vLLM) or retractions (SGLang) per second: the engine runs past its knee.
+    pub preemption_rate: Ewma<Now>,
+    /// llama.cpp's own decode time per token, ms.
+    pub decode_ms_per_token: Ewma<Now>,
+    /// Whether the last scrape failure was a refused or failed connect.
+    pub last_failure_connect: bool,
     /// Operating points for the latency-profile fits. Nothing is added while the engine is
     /// penalised (see [`outliers`] for why).
     observations: LoadHistory,
@@ -96,6 +120,16 @@ impl EngineRuntime {
             request_rate: Ewma::new(tau),
             cache_hit_rate: Ewma::new(tau),
             error_rate: Ewma::new(tau),
+            kind: None,
+            asleep: false,
+            ready_fraction: None,
+            ttft_from_engine: false,
+            tbot_from_engine: false,
+            requests_from_engine: false,
+            queue_ms: Ewma::new(tau),
+            preemption_rate: Ewma::new(tau),
+            decode_ms_per_token: Ewma::new(tau),
+            last_failure_connect: false,
             observations: LoadHistory::default(),
             penalty: 0.0,
             penalty_reason: None,
@@ -165,6 +199,7 @@ impl Fleet {
             Ok(samples) => samples,
             Err(error) => {
                 e.consecutive_scrape_failures += 1;
+                e.last_failure_connect = error.starts_with(crate::scrape::CONNECT_FAILED);
                 e.last_scrape_error = Some(error);
                 return;
             }
@@ -172,12 +207,24 @@ impl Fleet {
         e.last_scrape_ok = Some(now);
         e.consecutive_scrape_failures = 0;
         e.last_scrape_error = None;
+        e.last_failure_connect = false;
         // An engine exposing several models is scraped once; take the configured one, else the first.
         let Some((_, sample)) =
             samples.iter().find(|(m, _)| m.as_str() == model).or(samples.first()).cloned()
         else {
+            e.kind = None;
             return;
         };
+        e.kind = Some(sample.flavor);
+        e.asleep = sample.asleep == Some(true);
+        e.ready_fraction = match (sample.ready_replicas, sample.replicas) {
+            (Some(ready), Some(all)) if all > 0.0 => Some((ready / all).clamp(0.0, 1.0)),
+            (Some(ready), _) => Some(if ready > 0.0 { 1.0 } else { 0.0 }),
+            _ => None,
+        };
+        e.ttft_from_engine = sample.ttft.is_some();
+        e.tbot_from_engine = sample.tbot.is_some();
+        e.requests_from_engine = sample.requests_finished.is_some() || sample.e2e.is_some();
         e.running = sample.running.unwrap_or(0.0);
         e.waiting = sample.waiting.unwrap_or(0.0);
         e.kv_usage = sample.kv_usage.unwrap_or(0.0);
@@ -209,6 +256,15 @@ impl Fleet {
                 if let Some(err) = w.error_rate {
                     e.error_rate.update(now, err);
                 }
+                if let Some(queue) = w.queue {
+                    e.queue_ms.update(now, queue.mean_ms);
+                }
+                if let Some(rate) = w.preemption_rate {
+                    e.preemption_rate.update(now, rate);
+                }
+                if let Some(ms) = w.decode_ms_per_token {
+                    e.decode_ms_per_token.update(now, ms);
+                }
                 e.last_window = Some(w);
             }
         }
@@ -231,6 +287,12 @@ impl Fleet {
             }
         }
         let tau = self.tau();
+        let period_s = report.period_ms as f64 / 1000.0;
+        let engines: Vec<_> = report
+            .engines
+            .iter()
+            .filter_map(|obs| self.engine_index.get(obs.engine.as_str()).map(|&idx| (idx, obs.clone())))
+            .collect();
         for obs in &report.engines {
             if let Some(&idx) = self.engine_index.get(obs.engine.as_str()) {
                 self.engines[idx].outlier_window.add_report(obs.requests, obs.errors);
@@ -243,7 +305,85 @@ impl Fleet {
             }
         }
         self.instances.insert(key, InstanceState { received: now, report });
+        for (idx, obs) in engines {
+            self.on_reported_latency(idx, now, period_s, &obs);
+        }
         Ok(())
+    }
+
+    /// What a data plane measured of engine `idx` stands in for what the engine does not
+    /// expose: its request rate (llama.cpp counts no requests), its TTFT (llama.cpp, TGI) and
+    /// its time between tokens (llama.cpp), and then feeds the latency fits.
+    fn on_reported_latency(
+        &mut self,
+        idx: usize,
+        now: Now,
+        period_s: f64,
+        obs: &ilb_core::report::EngineObservation,
+    ) {
+        if period_s <= 0.0 {
+            return;
+        }
+        let id = self.config.engines[idx].id.clone();
+        let reported_rps: f64 = self
+            .instances
+            .values()
+            .filter(|i| now.saturating_sub(i.received) <= Duration::from_millis(self.config.control_plane.report_timeout_ms))
+            .filter(|i| i.report.period_ms > 0)
+            .flat_map(|i| {
+                let secs = i.report.period_ms as f64 / 1000.0;
+                i.report.engines.iter().filter(|o| o.engine.as_str() == id).map(move |o| o.requests as f64 / secs)
+            })
+            .sum();
+        let e = &mut self.engines[idx];
+        if !e.requests_from_engine {
+            e.request_rate.update(now, reported_rps);
+        }
+        let valid = |ms: Option<f64>| ms.filter(|v| v.is_finite() && *v >= 0.0);
+        let ttft = valid(obs.first_chunk_ms).filter(|_| obs.streams > 0 && !e.ttft_from_engine);
+        let tbot = valid(obs.chunk_gap_ms).filter(|_| obs.chunk_gaps > 0 && !e.tbot_from_engine);
+        if let Some(ms) = ttft {
+            e.ttft_ms.update(now, ms);
+        }
+        if let Some(ms) = tbot {
+            e.tbot_ms.update(now, ms);
+        }
+        // Fits pair the smoothed load with the measured latency, as for scraped engines.
+        if let (Some(rate), Some(ms), true) = (e.request_rate.value(), ttft, e.penalty == 0.0) {
+            let weight = obs.streams as f64;
+            let at = |latency_ms| Observation { load_rps: rate, latency_ms, weight };
+            e.observations.record(now, at(ms), tbot.map(at));
+        }
+    }
+
+    /// Engines the data planes must not send new requests to now, and why: asleep, no ready
+    /// replica, or unreachable (the last scrape's connect failed, or two scrapes in a row
+    /// failed). Served beside the snapshots as the data planes' fast guard, so they stop
+    /// within about a scrape period instead of waiting for the next plan. Unreachable engines
+    /// are held only while at most half of the fleet is: more at once looks like the control
+    /// plane's own network, not the engines.
+    pub fn holds(&self) -> Vec<(String, HoldReason)> {
+        let unreachable = |e: &EngineRuntime| {
+            e.consecutive_scrape_failures >= 2 || (e.consecutive_scrape_failures >= 1 && e.last_failure_connect)
+        };
+        let down = self.engines.iter().filter(|e| unreachable(e)).count();
+        let hold_unreachable = down * 2 <= self.engines.len();
+        self.engines
+            .iter()
+            .zip(&self.config.engines)
+            .filter_map(|(e, cfg)| {
+                let reason = if e.asleep {
+                    HoldReason::Asleep
+                } else if cfg.replicas == 0 || e.ready_fraction == Some(0.0) {
+                    HoldReason::NoReadyReplicas
+                } else if hold_unreachable && unreachable(e) {
+                    HoldReason::Unreachable
+                } else {
+                    return None;
+                };
+                Some((cfg.id.clone(), reason))
+            })
+            .collect()
     }
 
     /// Forgets data-plane instances that stopped reporting.
@@ -272,8 +412,9 @@ impl Fleet {
     }
 
     /// Whether engine `idx` counts as up (1) or not (0): its last scrape succeeded, or failed
-    /// only once (a blip), and the last success is fresh. Engines never scraped yet get the
-    /// benefit of the doubt until the staleness bound has passed since start.
+    /// only once (a blip), and the last success is fresh; an engine that is asleep counts as
+    /// down, and one with only some replicas ready as that fraction up. Engines never scraped
+    /// yet get the benefit of the doubt until the staleness bound has passed since start.
     pub fn health(&self, idx: usize, now: Now) -> f64 {
         let stale = Duration::from_millis(self.config.control_plane.signal_stale_ms);
         let e = &self.engines[idx];
@@ -283,8 +424,9 @@ impl Fleet {
         };
         // Two failed scrapes in a row (connection refused, 5xx, timeout) take the engine out of
         // the next plan without waiting for the staleness bound.
-        if fresh && e.consecutive_scrape_failures < 2 {
-            1.0
+        if fresh && e.consecutive_scrape_failures < 2 && !e.asleep {
+            // Replicas that are not ready carry no load.
+            e.ready_fraction.unwrap_or(1.0)
         } else {
             0.0
         }

@@ -39,6 +39,13 @@ pub struct WindowStats {
     pub ttft: Option<LatencyStats>,
     pub tbot: Option<LatencyStats>,
     pub e2e: Option<LatencyStats>,
+    /// Time queued before scheduling.
+    pub queue: Option<LatencyStats>,
+    /// Preemptions (vLLM) or retractions (SGLang) per second.
+    pub preemption_rate: Option<f64>,
+    /// Decode time per generated token, ms (llama.cpp: slot generation seconds over tokens,
+    /// which is the mean time between tokens of a stream).
+    pub decode_ms_per_token: Option<f64>,
 }
 
 /// Computes the windowed figures from `previous` to `current`, taken `elapsed` apart.
@@ -67,15 +74,24 @@ pub fn window(previous: &EngineSample, current: &EngineSample, elapsed: Duration
     let generated = delta(previous.generation_tokens, current.generation_tokens);
     let queries = delta(previous.prefix_cache_queries, current.prefix_cache_queries);
     let hits = delta(previous.prefix_cache_hits, current.prefix_cache_hits);
+    let preempted = delta(previous.preemptions, current.preemptions);
+    let decode_seconds = delta(previous.decode_seconds, current.decode_seconds);
 
+    // SGLang and TGI register a histogram at its first observation: absent before means empty.
+    let absent_is_empty = previous.flavor.absent_means_zero() && previous.flavor == current.flavor;
     let mut histogram_delta = |before: &Option<Histogram>, now: &Option<Histogram>| -> Option<Histogram> {
-        let (window, was_reset) = now.as_ref()?.delta_since(before.as_ref()?)?;
+        let now = now.as_ref()?;
+        let Some(before) = before.as_ref() else {
+            return absent_is_empty.then(|| now.clone());
+        };
+        let (window, was_reset) = now.delta_since(before)?;
         reset |= was_reset;
         Some(window)
     };
     let ttft = histogram_delta(&previous.ttft, &current.ttft);
     let tbot = histogram_delta(&previous.tbot, &current.tbot);
     let e2e = histogram_delta(&previous.e2e, &current.e2e);
+    let queue = histogram_delta(&previous.queue, &current.queue);
 
     // Without a request counter, every finished request still lands in the e2e histogram.
     let finished = finished.or(e2e.as_ref().map(|window| window.count));
@@ -98,6 +114,12 @@ pub fn window(previous: &EngineSample, current: &EngineSample, elapsed: Duration
         ttft: ttft.as_ref().and_then(latency_stats),
         tbot: tbot.as_ref().and_then(latency_stats),
         e2e: e2e.as_ref().and_then(latency_stats),
+        queue: queue.as_ref().and_then(latency_stats),
+        preemption_rate: preempted.map(|n| n / elapsed_s),
+        decode_ms_per_token: match (decode_seconds, generated) {
+            (Some(seconds), Some(tokens)) if tokens > 0.0 => Some(seconds / tokens * 1000.0),
+            _ => None,
+        },
     })
 }
 
