@@ -236,9 +236,9 @@ async fn dp_metric(client: &HttpClient, dp: &DataPlane, name: &str, engine: &str
         .reduce(|a, b| a + b)
 }
 
-fn chat(model: &str, tokens: u32) -> Value {
+fn chat(model: &str, tokens: u32, stream: bool) -> Value {
     serde_json::json!({
-        "model": model, "max_tokens": tokens, "temperature": 0,
+        "model": model, "max_tokens": tokens, "temperature": 0, "stream": stream,
         "messages": [{"role": "user", "content": "Name a colour."}],
     })
 }
@@ -308,7 +308,21 @@ async fn real_engines_behind_ilb() {
     }
 
     // Every engine's real /metrics was scraped, and its signals are live in /v1/state and in
-    // /v1/explain/weights.
+    // /v1/explain/weights, while light streamed traffic runs through both data planes.
+    let (stop_load, load_stopped) = tokio::sync::watch::channel(false);
+    let mut load = Vec::new();
+    for (i, (model, dp)) in by_model.keys().flat_map(|m| dps.iter().map(move |dp| (m, dp))).enumerate() {
+        let (http, url, model, stop) =
+            (http.clone(), format!("{}/v1/chat/completions", dp.url()), model.clone(), load_stopped.clone());
+        load.push(tokio::spawn(async move {
+            for n in 0.. {
+                if *stop.borrow() {
+                    break;
+                }
+                let _ = request(&http, &url, Some(&chat(&model, 8, true)), &format!("load-{i}-{n}")).await;
+            }
+        }));
+    }
     let state = eventually("every engine scraped, with live signals", Duration::from_secs(30), || async {
         let state = get_json(&http, &format!("{}/v1/state", cp.url())).await;
         for e in &engines {
@@ -336,6 +350,10 @@ async fn real_engines_behind_ilb() {
             assert!(weight(&state, model, &e.name).is_some_and(|w| w > 0.0), "{} has no weight: {state}", e.name);
         }
     }
+    let _ = stop_load.send(true);
+    for task in load {
+        task.await.unwrap();
+    }
 
     // Weights are published and followed: both data planes install the control plane's
     // version, and every engine with weight got requests through the data plane.
@@ -361,7 +379,7 @@ async fn real_engines_behind_ilb() {
     tokio::time::sleep(Duration::from_secs(6)).await;
     for e in &engines {
         let url = format!("{}/v1/chat/completions", dps[0].url());
-        let (status, route, body) = request(&http, &url, Some(&chat(&e.model, 4)), "after-idle").await;
+        let (status, route, body) = request(&http, &url, Some(&chat(&e.model, 4, false)), "after-idle").await;
         assert_eq!(status, 200, "after an idle pause, {}: {route} {body}", e.model);
     }
 
@@ -409,7 +427,7 @@ async fn real_engines_behind_ilb() {
         let (http, url, model, victim) = (&http, &url, &victim_model, &victim.name);
         let session = format!("back-{session}");
         async move {
-            let (status, route, body) = request(http, url, Some(&chat(model, 2)), &session).await;
+            let (status, route, body) = request(http, url, Some(&chat(model, 2, false)), &session).await;
             if status != 200 {
                 return Err(format!("{status} {body}"));
             }
