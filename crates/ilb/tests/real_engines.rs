@@ -331,6 +331,15 @@ async fn real_engines_behind_ilb() {
             if !s["scrape_error"].is_null() || !s["scrape_ok_age_ms"].as_u64().is_some_and(|age| age < 5000) {
                 return Err(format!("{}: not scraped: {s}", e.name));
             }
+            // The engine's kind is read from its real metric names.
+            if s["kind"] != e.kind {
+                return Err(format!("{}: kind {} from its /metrics, expected {}", e.name, s["kind"], e.kind));
+            }
+            // llama.cpp has no latency histograms: its TTFT comes from the data planes' reports.
+            let ttft_source = if e.kind == "llamacpp" { "data_planes" } else { "engine" };
+            if s["sources"]["ttft"] != ttft_source {
+                return Err(format!("{}: TTFT from {}, expected {ttft_source}", e.name, s["sources"]["ttft"]));
+            }
             for signal in ["request_rate", "ttft_ms", "tbot_ms"] {
                 if !s[signal].as_f64().is_some_and(|v| v > 0.0) {
                     return Err(format!("{} ({}): no live {signal}: {s}", e.name, e.kind));
