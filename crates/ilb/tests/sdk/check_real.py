@@ -200,6 +200,7 @@ def failover(base, model, kill_command):
         "ok": sum(r["ok"] for r in results),
         "failed_mid_stream": [r["error"] for r in results if not r["ok"]],
         "not_streaming_at_kill": len(waiting),
+        "in_flight_without_headers_at_kill": sum(r["start"] < k for r in waiting),
         "engines_after_kill": sorted({r["engine"] for r in after}),
     }
     print(json.dumps(summary))
