@@ -16,28 +16,40 @@ pub const PROMPT_PREFIX_BYTES: usize = 1024;
 /// Most constraint tags one request may name.
 pub const MAX_REQUIRE_TAGS: usize = 16;
 
-/// The OpenAI endpoints the data plane routes.
+/// Engine paths outside `/v1/` that are routed by their body's `model` like the OpenAI ones
+/// (vLLM's and SGLang's tokenizer and pooling endpoints).
+pub const ROOT_INFERENCE_PATHS: [&str; 6] =
+    ["/tokenize", "/detokenize", "/rerank", "/score", "/classify", "/pooling"];
+
+/// What kind of inference request a `POST` is, which decides where its affinity material is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Endpoint {
     ChatCompletions,
     Completions,
     Embeddings,
+    /// The Responses API (`/v1/responses`): `instructions` and `input`, and
+    /// `previous_response_id` naming a response an engine stored.
+    Responses,
+    /// Any other inference path routed by its `model`: `/v1/messages`, `/v1/rerank`,
+    /// `/v1/score`, `/v1/audio/transcriptions`, [`ROOT_INFERENCE_PATHS`], …
+    Other,
 }
 
 impl Endpoint {
-    pub fn path(self) -> &'static str {
-        match self {
-            Endpoint::ChatCompletions => "/v1/chat/completions",
-            Endpoint::Completions => "/v1/completions",
-            Endpoint::Embeddings => "/v1/embeddings",
-        }
-    }
-
+    /// The endpoint a `POST` to `path` is, or `None` for a path the data plane does not route
+    /// (its own paths, and anything outside `/v1/` and [`ROOT_INFERENCE_PATHS`]).
     pub fn from_path(path: &str) -> Option<Endpoint> {
         match path {
             "/v1/chat/completions" => Some(Endpoint::ChatCompletions),
             "/v1/completions" => Some(Endpoint::Completions),
             "/v1/embeddings" => Some(Endpoint::Embeddings),
+            "/v1/responses" => Some(Endpoint::Responses),
+            // The model list is the data plane's own; a stored response's sub-paths carry no
+            // model to route by.
+            "/v1/models" => None,
+            p if p.starts_with("/v1/responses/") => None,
+            p if p.starts_with("/v1/") && p.len() > 4 => Some(Endpoint::Other),
+            p if ROOT_INFERENCE_PATHS.contains(&p) => Some(Endpoint::Other),
             _ => None,
         }
     }
@@ -95,6 +107,10 @@ pub struct BodyInfo<'a> {
     pub model: Cow<'a, str>,
     pub stream: bool,
     pub user: Option<Cow<'a, str>>,
+    /// OpenAI's `prompt_cache_key`: a client's own name for requests that share a prefix.
+    pub prompt_cache_key: Option<Cow<'a, str>>,
+    /// The Responses API's `previous_response_id`: the stored response this one continues.
+    pub previous_response_id: Option<Cow<'a, str>>,
     /// Hash of the conversation's leading part (system prompt and first user message, or the
     /// start of the prompt); `None` when there is nothing to hash.
     pub prefix_hash: Option<u64>,
@@ -119,15 +135,48 @@ pub fn parse_body(endpoint: Endpoint, body: &[u8]) -> Result<BodyInfo<'_>, Class
     }
     let prefix_hash = match endpoint {
         Endpoint::ChatCompletions => raw.messages.and_then(|m| m.0),
-        Endpoint::Completions => raw.prompt.map(|p| prefix_of(p.get())),
-        Endpoint::Embeddings => raw.input.map(|p| prefix_of(p.get())),
+        Endpoint::Completions => raw.prompt.map(prefix_of),
+        Endpoint::Embeddings => raw.input.map(prefix_of),
+        Endpoint::Responses => responses_prefix(raw.instructions, raw.input)?,
+        Endpoint::Other => match raw.messages {
+            Some(ConversationPrefix(hash)) => hash,
+            None => raw.prompt.or(raw.input).or(raw.query).map(prefix_of),
+        },
     };
-    Ok(BodyInfo { model, stream: raw.stream.unwrap_or(false), user: raw.user.map(|u| u.0), prefix_hash })
+    Ok(BodyInfo {
+        model,
+        stream: raw.stream.unwrap_or(false),
+        user: raw.user.map(|u| u.0),
+        prompt_cache_key: raw.prompt_cache_key.map(|k| k.0),
+        previous_response_id: raw.previous_response_id.map(|id| id.0),
+        prefix_hash,
+    })
 }
 
-fn prefix_of(raw_json: &str) -> u64 {
-    let bytes = raw_json.as_bytes();
+fn prefix_of(raw_json: &RawValue) -> u64 {
+    let bytes = raw_json.get().as_bytes();
     crate::stable_hash(&bytes[..bytes.len().min(PROMPT_PREFIX_BYTES)])
+}
+
+/// A Responses request's prefix: its `instructions` (the system prompt) and its `input`, a
+/// string or a list of items hashed like chat messages up to the first user message.
+fn responses_prefix(
+    instructions: Option<&RawValue>,
+    input: Option<&RawValue>,
+) -> Result<Option<u64>, ClassifyError> {
+    let input_hash = match input {
+        Some(raw) if raw.get().starts_with('[') => {
+            serde_json::from_str::<ConversationPrefix>(raw.get())
+                .map_err(|e| ClassifyError::Shape(format!("input: {e}")))?
+                .0
+        }
+        Some(raw) => Some(prefix_of(raw)),
+        None => None,
+    };
+    Ok(match (instructions.map(prefix_of), input_hash) {
+        (Some(i), Some(h)) => Some(crate::slots::mix(i ^ h.rotate_left(17))),
+        (i, h) => i.or(h),
+    })
 }
 
 /// Splits a comma-separated `x-ilb-require` header into sorted, deduplicated tags.
@@ -143,16 +192,24 @@ pub fn parse_require(header: &str) -> Result<Vec<&str>, ClassifyError> {
     Ok(tags)
 }
 
-/// The affinity key's hash: an explicit session key, else the `user` field, else the prompt
-/// prefix, else `fallback` (the caller passes something per-request, e.g. a counter).
+/// The affinity key's hash: an explicit session key, else the body's `prompt_cache_key`, else
+/// its `user` field, else the prompt prefix, else `fallback` (the caller passes something
+/// per-request, e.g. a counter).
 pub fn affinity_hash(session_header: Option<&str>, body: &BodyInfo<'_>, fallback: u64) -> u64 {
-    if let Some(key) = session_header.filter(|k| !k.is_empty()) {
+    let named = [session_header, body.prompt_cache_key.as_deref(), body.user.as_deref()];
+    if let Some(key) = named.into_iter().flatten().find(|k| !k.is_empty()) {
         return crate::stable_hash(key.as_bytes());
     }
-    if let Some(user) = body.user.as_deref().filter(|u| !u.is_empty()) {
-        return crate::stable_hash(user.as_bytes());
-    }
     body.prefix_hash.unwrap_or(fallback)
+}
+
+/// The key under which a data plane remembers which engine stored a response (the Responses
+/// API's `id`, which a later request names as `previous_response_id`).
+pub fn response_key(response_id: &str) -> u64 {
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    hasher.update(b"response\0");
+    hasher.update(response_id.as_bytes());
+    hasher.digest()
 }
 
 /// A string that borrows from the body unless it had escapes to decode. serde's derive
@@ -202,6 +259,15 @@ struct RawBody<'a> {
     prompt: Option<&'a RawValue>,
     #[serde(borrow, default)]
     input: Option<&'a RawValue>,
+    /// Rerank and score requests' text.
+    #[serde(borrow, default)]
+    query: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    instructions: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    prompt_cache_key: Option<BorrowedStr<'a>>,
+    #[serde(borrow, default)]
+    previous_response_id: Option<BorrowedStr<'a>>,
 }
 
 /// Hash of the chat messages up to and including the first user message. The remaining

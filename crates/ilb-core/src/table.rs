@@ -292,10 +292,23 @@ impl ClassTable {
     /// binary search.
     #[inline]
     pub fn remembered(&self, affinity: &AffinityTable, key_hash: u64, now_s: u32) -> Option<usize> {
-        let tag = affinity.get(key_hash, now_s)?;
-        let at = self.by_affinity_tag.binary_search_by_key(&tag, |&(t, _)| t).ok()?;
-        let candidate = self.by_affinity_tag[at].1 as usize;
+        let candidate = self.stored_at(affinity, key_hash, now_s)?;
         (self.candidates[candidate].weight > 0.0).then_some(candidate)
+    }
+
+    /// The candidate `table` names for `key_hash`, whatever its weight: for state that lives on
+    /// one engine only (a response the engine stored). Hot path: one atomic load and a binary
+    /// search.
+    #[inline]
+    pub fn stored_at(&self, table: &AffinityTable, key_hash: u64, now_s: u32) -> Option<usize> {
+        let tag = table.get(key_hash, now_s)?;
+        let at = self.by_affinity_tag.binary_search_by_key(&tag, |&(t, _)| t).ok()?;
+        Some(self.by_affinity_tag[at].1 as usize)
+    }
+
+    /// The tag under which `candidate` is remembered ([`crate::affinity::affinity_tag`]).
+    pub fn affinity_tag(&self, candidate: usize) -> u32 {
+        self.affinity_tags.get(candidate).copied().unwrap_or(0)
     }
 
     /// Records that `candidate` serves `key_hash` now. Hot path: one atomic store.

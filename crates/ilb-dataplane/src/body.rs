@@ -11,7 +11,7 @@
 //! client sees an error instead of a hang.
 
 use crate::error::ProxyError;
-use crate::proxy::InFlight;
+use crate::proxy::{InFlight, ResponseStore};
 use crate::upstream::EngineBody;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -55,12 +55,13 @@ pub struct UpstreamBody {
     /// When the last chunk of a streamed body arrived (SSE only), for the chunk-gap figures.
     last_chunk: Option<Instant>,
     in_flight: InFlight,
+    /// Looks for the id of the response the engine stores, until it is found.
+    response_id: Option<Box<ResponseIdReader>>,
 }
 
 impl UpstreamBody {
     pub fn new(inner: EngineBody, idle_timeout: Duration, sse: bool, in_flight: InFlight) -> Self {
-        let mut body =
-            UpstreamBody {
+        let mut body = UpstreamBody {
             inner,
             idle: None,
             idle_timeout,
@@ -69,6 +70,7 @@ impl UpstreamBody {
             done: false,
             last_chunk: None,
             in_flight,
+            response_id: None,
         };
         if body.inner.is_end_stream() {
             // An empty body (length 0): hyper will not poll it at all.
@@ -77,8 +79,31 @@ impl UpstreamBody {
         body
     }
 
+    /// Reads the id of the response this body carries (a Responses API answer, streamed or
+    /// not) as it passes, and remembers that its engine stored it. The bytes go to the client
+    /// unchanged and undelayed; a copy of the first [`RESPONSE_ID_WINDOW`] bytes is kept
+    /// until the id is found.
+    pub fn learn_response_id(&mut self, store: ResponseStore) {
+        if !self.done {
+            self.response_id = Some(Box::new(ResponseIdReader { store, sse: self.sse, seen: Vec::new() }));
+        }
+    }
+
+    fn read_response_id(&mut self, data: &[u8], ended: bool) {
+        let Some(reader) = self.response_id.as_mut() else { return };
+        match reader.push(data, ended) {
+            Found::Id(id) => {
+                self.in_flight.remember_response(&id, reader.store.tag, reader.store.now_s);
+                self.response_id = None;
+            }
+            Found::Never => self.response_id = None,
+            Found::NotYet => {}
+        }
+    }
+
     /// The engine's body ended cleanly: count the success and free its connection for reuse.
     fn end(&mut self) {
+        self.read_response_id(&[], true);
         self.done = true;
         self.in_flight.finish(true);
         if let Some(conn) = self.inner.take_reusable_conn() {
@@ -149,6 +174,10 @@ impl UpstreamBody {
                     if let Some(idle) = self.idle.as_mut() {
                         idle.as_mut().reset(Instant::now() + self.idle_timeout);
                     }
+                    if self.response_id.is_some() {
+                        let data = data.clone();
+                        self.read_response_id(&data, false);
+                    }
                 }
                 if self.inner.is_end_stream() {
                     // A body of known length ends with its last chunk: hyper stops polling once
@@ -174,5 +203,129 @@ impl UpstreamBody {
                 self.fail(ProxyError::EngineTimeout { engine, timeout_ms })
             }
         }
+    }
+}
+
+/// Bytes of a Responses answer searched for its id: the id comes first (the top-level `id` of
+/// the JSON body, or the `response.created` event that opens a stream).
+pub const RESPONSE_ID_WINDOW: usize = 64 * 1024;
+
+/// The search for a response's id in the bytes of its body.
+struct ResponseIdReader {
+    store: ResponseStore,
+    sse: bool,
+    seen: Vec<u8>,
+}
+
+enum Found {
+    Id(String),
+    NotYet,
+    /// The window is used up, or the body ended, without an id.
+    Never,
+}
+
+/// The part of a Responses body (or of one of its stream events) that names the response.
+#[derive(serde::Deserialize)]
+struct NamesResponse {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    response: Option<Box<NamesResponse>>,
+}
+
+impl ResponseIdReader {
+    fn push(&mut self, data: &[u8], ended: bool) -> Found {
+        let room = RESPONSE_ID_WINDOW.saturating_sub(self.seen.len());
+        self.seen.extend_from_slice(&data[..data.len().min(room)]);
+        let truncated = data.len() > room;
+        if self.sse {
+            return self.scan_events(ended || truncated);
+        }
+        match (ended, truncated) {
+            (_, true) => Found::Never,
+            (false, false) => Found::NotYet,
+            (true, false) => match serde_json::from_slice::<NamesResponse>(&self.seen) {
+                Ok(NamesResponse { id: Some(id), .. }) => Found::Id(id),
+                _ => Found::Never,
+            },
+        }
+    }
+
+    /// The first complete event whose data names a response (`response.id`, or a top-level
+    /// `id` for streams that put it there).
+    fn scan_events(&self, last_chance: bool) -> Found {
+        let text = String::from_utf8_lossy(&self.seen);
+        let text = text.replace("\r\n", "\n");
+        let complete = match text.rfind("\n\n") {
+            Some(end) => &text[..end],
+            None if last_chance => return Found::Never,
+            None => return Found::NotYet,
+        };
+        for event in complete.split("\n\n") {
+            let data: String = event
+                .lines()
+                .filter_map(|line| line.strip_prefix("data:"))
+                .map(|d| d.strip_prefix(' ').unwrap_or(d))
+                .collect::<Vec<_>>()
+                .join("\n");
+            if let Ok(names) = serde_json::from_str::<NamesResponse>(&data) {
+                if let Some(id) = names.response.and_then(|r| r.id).or(names.id) {
+                    return Found::Id(id);
+                }
+            }
+        }
+        if last_chance {
+            Found::Never
+        } else {
+            Found::NotYet
+        }
+    }
+}
+
+#[cfg(test)]
+mod response_id_tests {
+    use super::*;
+
+    fn reader(sse: bool) -> ResponseIdReader {
+        ResponseIdReader { store: ResponseStore { tag: 1, now_s: 0 }, sse, seen: Vec::new() }
+    }
+
+    fn id(found: Found) -> Option<String> {
+        match found {
+            Found::Id(id) => Some(id),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn reads_the_id_of_a_json_body_at_its_end() {
+        let mut r = reader(false);
+        let body = br#"{"id":"resp_1","object":"response","output":[{"id":"msg_2","type":"message"}]}"#;
+        assert!(matches!(r.push(&body[..20], false), Found::NotYet));
+        assert_eq!(id(r.push(&body[20..], true)).as_deref(), Some("resp_1"));
+        assert!(matches!(reader(false).push(b"{\"error\":{}}", true), Found::Never));
+    }
+
+    #[test]
+    fn reads_the_id_of_a_stream_from_its_first_event_split_anywhere() {
+        let stream = "event: response.created\r\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\
+                      \"response\":{\"id\":\"resp_abc\",\"status\":\"in_progress\"}}\r\n\r\n\
+                      event: response.output_text.delta\ndata: {\"delta\":\"hi\"}\n\n";
+        for split in 0..stream.len() {
+            let mut r = reader(true);
+            let first = r.push(&stream.as_bytes()[..split], false);
+            let found = match first {
+                Found::Id(id) => Some(id),
+                _ => id(r.push(&stream.as_bytes()[split..], true)),
+            };
+            assert_eq!(found.as_deref(), Some("resp_abc"), "split at {split}");
+        }
+    }
+
+    #[test]
+    fn gives_up_after_the_window() {
+        let mut r = reader(true);
+        let filler = vec![b'x'; RESPONSE_ID_WINDOW + 1];
+        assert!(matches!(r.push(&filler, false), Found::Never));
     }
 }

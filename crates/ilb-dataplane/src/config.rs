@@ -36,6 +36,10 @@ pub struct DataPlaneConfig {
     /// (0 turns it off; see `ilb_core::affinity`), and how long an entry lasts.
     pub affinity_entries: usize,
     pub affinity_ttl: Duration,
+    /// How long the data plane remembers which engine stored a response (Responses API
+    /// `previous_response_id` routing; a table of `affinity_entries` entries). At most about
+    /// 18 hours (65,535 s); default 4 hours.
+    pub response_ttl: Duration,
 }
 
 #[derive(Clone, Debug)]
@@ -82,6 +86,7 @@ impl DataPlaneConfig {
             upstream_pool: Default::default(),
             affinity_entries: ilb_core::affinity::DEFAULT_ENTRIES,
             affinity_ttl: Duration::from_secs(u64::from(ilb_core::affinity::DEFAULT_TTL_S)),
+            response_ttl: Duration::from_secs(4 * 3600),
         }
     }
 }

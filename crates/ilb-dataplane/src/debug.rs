@@ -5,7 +5,7 @@
 
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
-use crate::proxy::choose;
+use crate::proxy::{choose, Pick};
 use crate::server::{json_response, Shared};
 use http::{Response, StatusCode};
 use ilb_core::classify::parse_require;
@@ -77,7 +77,8 @@ fn explain(shared: &Shared, query: &str) -> Result<serde_json::Value, ProxyError
         })
         .collect();
     let now_s = (shared.pool_clock.ms() / 1000) as u32;
-    let chosen = choose(&installed, class, &constraints, key_hash, &[], &shared.affinity, now_s).ok();
+    let pick = Pick { tried: &[], pinned: None, affinity: &shared.affinity, now_s };
+    let chosen = choose(&installed, class, &constraints, key_hash, pick).ok();
     let remembered = class.remembered(&shared.affinity, key_hash, now_s);
     Ok(json!({
         "snapshot": installed.table.version,

@@ -36,6 +36,9 @@ pub struct Classified<'a> {
     pub residency: Option<&'a str>,
     pub priority: Priority,
     pub key_hash: u64,
+    /// [`classify::response_key`] of the `previous_response_id` the request continues: the
+    /// engine that stored that response is the only one that can serve it.
+    pub previous_response: Option<u64>,
 }
 
 /// Counts one request against its engine and class from send until the response body ends.
@@ -102,6 +105,11 @@ impl InFlight {
         }
     }
 
+    /// Remembers that this request's engine stored the response `id` (Responses API).
+    pub fn remember_response(&self, id: &str, tag: u32, now_s: u32) {
+        self.shared.responses.put(classify::response_key(id), tag, now_s);
+    }
+
     fn first_byte(&self) {
         self.engine.counters.ttfb.observe_micros(self.started.elapsed().as_micros() as u64);
     }
@@ -132,7 +140,17 @@ async fn forward(
     let (parts, body) = req.into_parts();
     let body = read_body(shared, &parts.headers, body).await?;
     let request_id = shared.next_request_id();
-    let request = classify_request(endpoint, &parts.headers, &body, request_id)?;
+    let form_model;
+    let request = match multipart_boundary(&parts.headers) {
+        Some(boundary) => {
+            form_model = form_field(&body, boundary, "model").await?.ok_or_else(|| {
+                ProxyError::BadRequest("a multipart request must have a 'model' form field".into())
+            })?;
+            let info = classify::BodyInfo { model: form_model.as_str().into(), ..Default::default() };
+            classify_info(endpoint, info, &parts.headers, request_id)?
+        }
+        None => classify_request(endpoint, &parts.headers, &body, request_id)?,
+    };
     let installed = shared.routing.load().ok_or(ProxyError::NoSnapshot)?;
     let model = installed
         .table
@@ -168,14 +186,13 @@ async fn forward(
     let mut wait_started: Option<Instant> = None;
     loop {
         let now_s = (shared.pool_clock.ms() / 1000) as u32;
+        let pinned = request.previous_response.and_then(|key| class.stored_at(&shared.responses, key, now_s));
         let candidate = match choose(
             &installed,
             class,
             &constraints,
             request.key_hash,
-            tried.as_slice(),
-            &shared.affinity,
-            now_s,
+            Pick { tried: tried.as_slice(), pinned, affinity: &shared.affinity, now_s },
         ) {
             Ok(candidate) => {
                 class.remember(&shared.affinity, request.key_hash, candidate, now_s);
@@ -239,7 +256,9 @@ async fn forward(
                 } else {
                     class_state.ok.fetch_add(1, Relaxed);
                     let route = route_header(&installed, class, candidate, tried.len(), false);
-                    return Ok(stream_back(shared, response, in_flight, route));
+                    let stored = (request.endpoint == Endpoint::Responses && status.is_success())
+                        .then(|| ResponseStore { tag: class.affinity_tag(candidate), now_s });
+                    return Ok(stream_back(shared, response, in_flight, route, stored));
                 }
             }
             Ok(Err(e)) => {
@@ -262,7 +281,7 @@ async fn forward(
     if let Some((response, in_flight)) = last_response {
         let candidate = tried.as_slice().last().copied().unwrap_or_default();
         let route = route_header(&installed, class, candidate, tried.len(), budget_exhausted);
-        return Ok(stream_back(shared, response, in_flight, route));
+        return Ok(stream_back(shared, response, in_flight, route, None));
     }
     match last_error {
         Some(ProxyError::EngineFailed { engine, detail }) if budget_exhausted => {
@@ -322,18 +341,28 @@ pub enum NoCandidate {
     Unavailable,
 }
 
-/// Picks a candidate: weighted consistent hashing on the key, skipping engines that fail the
-/// request's constraints, are ejected, were already tried, or are full; first with the load
-/// bound, then without it. Hot path.
+/// What a pick takes besides the class and the key.
+pub(crate) struct Pick<'a> {
+    /// Candidates already tried by this request.
+    pub tried: &'a [usize],
+    /// The candidate that must serve the request if it can (the engine that stored the
+    /// response it continues), whatever its weight and load bound.
+    pub pinned: Option<usize>,
+    pub affinity: &'a AffinityTable,
+    pub now_s: u32,
+}
+
+/// Picks a candidate: the pinned one if it is usable, else weighted consistent hashing on the
+/// key, skipping engines that fail the request's constraints, are ejected, were already tried,
+/// or are full; first with the load bound, then without it. Hot path.
 pub(crate) fn choose(
     installed: &Installed,
     class: &ClassTable,
     constraints: &Constraints<'_>,
     key_hash: u64,
-    tried: &[usize],
-    affinity: &AffinityTable,
-    now_s: u32,
+    pick: Pick<'_>,
 ) -> Result<usize, NoCandidate> {
+    let Pick { tried, pinned, affinity, now_s } = pick;
     let class_load = installed.classes[class.seq].in_flight.load(Relaxed) as f64;
     let healthy = |candidate: usize| {
         let c = &class.candidates[candidate];
@@ -355,6 +384,10 @@ pub(crate) fn choose(
         let in_flight = class_engine[candidate].load(Relaxed) as f64;
         within_load_bound(in_flight, c.weight, class_load) && healthy(candidate) && has_room(candidate)
     };
+    if let Some(c) = pinned.filter(|&c| healthy(c)) {
+        // Only this engine has the stored response: wait for its room rather than go elsewhere.
+        return if has_room(c) { Ok(c) } else { Err(NoCandidate::Saturated) };
+    }
     // A conversation stays on the engine that holds its KV cache while that engine keeps a
     // weight and room; only then does the hash decide.
     if let Some(c) = class.select(key_hash, affinity, now_s, bounded, |c| healthy(c) && has_room(c)) {
@@ -426,6 +459,16 @@ pub fn classify_request<'a>(
     request_id: u64,
 ) -> Result<Classified<'a>, ProxyError> {
     let info = classify::parse_body(endpoint, body).map_err(|e| ProxyError::BadRequest(e.to_string()))?;
+    classify_info(endpoint, info, headers, request_id)
+}
+
+/// [`classify_request`] on a body already read (a JSON body, or a multipart form's fields).
+fn classify_info<'a>(
+    endpoint: Endpoint,
+    info: classify::BodyInfo<'a>,
+    headers: &'a HeaderMap,
+    request_id: u64,
+) -> Result<Classified<'a>, ProxyError> {
     let header_str = |name: &HeaderName| -> Result<Option<&'a str>, ProxyError> {
         match headers.get(name) {
             None => Ok(None),
@@ -452,7 +495,28 @@ pub fn classify_request<'a>(
         }
     }
     let key_hash = classify::affinity_hash(session, &info, ilb_core::slots::mix(request_id));
-    Ok(Classified { endpoint, model: info.model, require, residency, priority, key_hash })
+    let previous_response = info.previous_response_id.as_deref().map(classify::response_key);
+    Ok(Classified { endpoint, model: info.model, require, residency, priority, key_hash, previous_response })
+}
+
+/// The boundary of a `multipart/form-data` body (audio transcriptions and translations), or
+/// `None` for any other content type.
+fn multipart_boundary(headers: &HeaderMap) -> Option<String> {
+    let content_type = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
+    multer::parse_boundary(content_type).ok()
+}
+
+/// The text of a multipart form's field `name`, read from the buffered body with `multer`.
+async fn form_field(body: &Bytes, boundary: String, name: &str) -> Result<Option<String>, ProxyError> {
+    let bad = |e: multer::Error| ProxyError::BadRequest(format!("malformed multipart body: {e}"));
+    let whole = futures_util::stream::iter([Ok::<Bytes, std::convert::Infallible>(body.clone())]);
+    let mut form = multer::Multipart::new(whole, boundary);
+    while let Some(field) = form.next_field().await.map_err(bad)? {
+        if field.name() == Some(name) {
+            return field.text().await.map(Some).map_err(bad);
+        }
+    }
+    Ok(None)
 }
 
 fn build_upstream<'a>(
@@ -498,11 +562,19 @@ fn route_header(
     HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("engine=?"))
 }
 
+/// Where to remember the id of a response an engine stores (a successful Responses request).
+pub struct ResponseStore {
+    /// The engine's affinity tag.
+    pub tag: u32,
+    pub now_s: u32,
+}
+
 fn stream_back(
     shared: &Shared,
     response: Response<EngineBody>,
     in_flight: InFlight,
     route: HeaderValue,
+    stored: Option<ResponseStore>,
 ) -> Response<ProxyBody> {
     let (mut parts, body) = response.into_parts();
     let sse = parts
@@ -512,7 +584,10 @@ fn stream_back(
         .is_some_and(|ct| ct.starts_with("text/event-stream"));
     // Hop-by-hop headers were removed as the head was read (`upstream`).
     parts.headers.insert(ROUTE_HEADER, route);
-    let body = UpstreamBody::new(body, shared.config.timeouts.idle, sse, in_flight);
+    let mut body = UpstreamBody::new(body, shared.config.timeouts.idle, sse, in_flight);
+    if let Some(stored) = stored {
+        body.learn_response_id(stored);
+    }
     Response::from_parts(parts, ProxyBody::Upstream(Box::new(body)))
 }
 

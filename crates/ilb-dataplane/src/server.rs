@@ -42,6 +42,9 @@ pub struct Shared {
     pub pool_clock: crate::upstream::CoarseClock,
     /// Which engine served each affinity key last; kept across snapshot installs.
     pub affinity: ilb_core::affinity::AffinityTable,
+    /// Which engine stored each response id this data plane proxied (Responses API), so that
+    /// a request naming it as `previous_response_id` goes there.
+    pub responses: ilb_core::affinity::AffinityTable,
 }
 
 impl Shared {
@@ -60,7 +63,12 @@ impl Shared {
             config.affinity_entries,
             config.affinity_ttl.as_secs().min(u64::from(u32::MAX)) as u32,
         );
+        let responses = ilb_core::affinity::AffinityTable::new(
+            config.affinity_entries,
+            config.response_ttl.as_secs().min(u64::from(u32::MAX)) as u32,
+        );
         Shared {
+            responses,
             budget: crate::budget::RetryBudget::new(config.retry_budget.clone()),
             waiters: crate::admission::Waiters::default(),
             config,

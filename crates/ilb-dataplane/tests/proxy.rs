@@ -187,7 +187,7 @@ async fn client_errors_get_openai_errors() {
             413,
             "body_too_large",
         ),
-        ("/v1/nothing", "{}", 404, "not_found"),
+        ("/nothing", r#"{"model":"m"}"#, 404, "not_found"),
     ];
     for (path, body, status, code) in cases {
         let (s, headers, text) = send(&client, post(&dp.url(), path, body, &[])).await;

@@ -49,6 +49,23 @@ pub struct ChatPrompt {
 }
 
 impl ChatPrompt {
+    /// A prompt that continues an earlier conversation's tokens.
+    pub fn continuing(tokens: Vec<u32>) -> ChatPrompt {
+        ChatPrompt { tokens }
+    }
+
+    /// Appends an assistant answer to a finished prompt (which ends with the assistant
+    /// marker): its text, then the end marker, as a chat template renders the turn.
+    pub fn push_reply(&mut self, text: &str) {
+        tokenize_into(text, &mut self.tokens);
+        self.tokens.push(END_OF_MESSAGE);
+    }
+
+    /// The tokens so far, without the generation prompt.
+    pub fn into_tokens(self) -> Vec<u32> {
+        self.tokens
+    }
+
     pub fn push_message(&mut self, role: &str, content_parts: &[&str]) {
         self.tokens.push(role_marker(role));
         for part in content_parts {

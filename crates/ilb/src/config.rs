@@ -55,6 +55,10 @@ pub struct DataPlaneSection {
     pub affinity_entries: Option<usize>,
     /// How long the session-affinity table remembers a key, ms; default 600000 (10 minutes).
     pub affinity_ttl_ms: Option<u64>,
+    /// How long the data plane remembers which engine stored a Responses API response, so a
+    /// request naming it as `previous_response_id` reaches that engine, ms; default 14400000
+    /// (4 hours), at most 65535000.
+    pub response_ttl_ms: Option<u64>,
     /// Create a W3C `traceparent` for requests without one; default true.
     pub create_traceparent: Option<bool>,
     /// How often to report to the control plane, ms; default 1000.

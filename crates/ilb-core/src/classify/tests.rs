@@ -97,3 +97,41 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn paths_route_by_kind() {
+    assert_eq!(Endpoint::from_path("/v1/responses"), Some(Endpoint::Responses));
+    assert_eq!(Endpoint::from_path("/v1/chat/completions"), Some(Endpoint::ChatCompletions));
+    for other in ["/v1/messages", "/v1/rerank", "/v1/audio/transcriptions", "/tokenize", "/score"] {
+        assert_eq!(Endpoint::from_path(other), Some(Endpoint::Other), "{other}");
+    }
+    for local in ["/v1/models", "/v1/", "/v1", "/v1/responses/resp_1", "/health", "/tokenizer", "/"] {
+        assert_eq!(Endpoint::from_path(local), None, "{local}");
+    }
+}
+
+#[test]
+fn responses_read_previous_id_cache_key_and_prefix() {
+    let parse = |body: &str| parse_body(Endpoint::Responses, body.as_bytes()).unwrap().prefix_hash;
+    let b = parse_body(
+        Endpoint::Responses,
+        br#"{"model":"m","input":"hi","previous_response_id":"resp_1","prompt_cache_key":"k"}"#,
+    )
+    .unwrap();
+    assert_eq!(b.previous_response_id.as_deref(), Some("resp_1"));
+    assert_eq!(b.prompt_cache_key.as_deref(), Some("k"));
+    // The cache key names the conversation ahead of the user field and the prefix.
+    assert_eq!(affinity_hash(None, &b, 0), crate::stable_hash(b"k"));
+    assert_eq!(affinity_hash(Some("s"), &b, 0), crate::stable_hash(b"s"));
+    // Items hash like chat messages up to the first user message; instructions count too.
+    let items = r#"{"model":"m","input":[{"role":"user","content":"hi"}]}"#;
+    let more = r#"{"model":"m","input":[{"role":"user","content":"hi"},{"role":"assistant","content":"x"}]}"#;
+    assert_eq!(parse(items), parse(more));
+    let instructed = r#"{"model":"m","instructions":"be brief","input":[{"role":"user","content":"hi"}]}"#;
+    assert_ne!(parse(items), parse(instructed));
+    assert!(parse(r#"{"model":"m","input":"text"}"#).is_some());
+    assert!(matches!(
+        parse_body(Endpoint::Responses, br#"{"model":"m","input":[1]}"#),
+        Err(ClassifyError::Shape(_))
+    ));
+}

@@ -241,8 +241,12 @@ pub fn client() -> TestClient {
     Client::builder(TokioExecutor::new()).build(HttpConnector::new())
 }
 
+/// A POST with a JSON content type unless `headers` name another.
 pub fn post(url: &str, path: &str, body: &str, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
-    let mut b = Request::post(format!("{url}{path}")).header("content-type", "application/json");
+    let mut b = Request::post(format!("{url}{path}"));
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
+        b = b.header("content-type", "application/json");
+    }
     for (k, v) in headers {
         b = b.header(*k, *v);
     }

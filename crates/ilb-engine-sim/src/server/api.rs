@@ -15,6 +15,7 @@ use super::driver::{LiveEntry, LiveRequest};
 use super::faults::Faults;
 use super::metrics::FinishedReason;
 use super::respond::{self, Completion, EngineBody, Kind, Source, SseStream};
+use super::responses;
 use super::Shared;
 use crate::clock;
 use crate::tokenize::{self, ChatPrompt};
@@ -27,6 +28,7 @@ pub async fn handle(request: Request<Incoming>, shared: Arc<Shared>) -> Reply {
     match (&parts.method, parts.uri.path()) {
         (&Method::POST, "/v1/chat/completions") => completion(&shared, Kind::Chat, body).await,
         (&Method::POST, "/v1/completions") => completion(&shared, Kind::Text, body).await,
+        (&Method::POST, "/v1/responses") => completion(&shared, Kind::Responses, body).await,
         (&Method::POST, "/v1/embeddings") => embeddings(&shared, body).await,
         (&Method::GET, "/v1/models") => models(&shared),
         (&Method::GET, "/health" | "/health_generate") => health(&shared),
@@ -45,6 +47,7 @@ pub async fn handle(request: Request<Incoming>, shared: Arc<Shared>) -> Reply {
             _,
             "/v1/chat/completions"
             | "/v1/completions"
+            | "/v1/responses"
             | "/v1/embeddings"
             | "/v1/models"
             | "/health"
@@ -114,6 +117,17 @@ struct CompletionRequest {
     stream: Option<bool>,
     #[serde(default)]
     stream_options: Option<StreamOptions>,
+    // The Responses API's fields.
+    #[serde(default)]
+    input: Option<responses::Input>,
+    #[serde(default)]
+    instructions: Option<String>,
+    #[serde(default)]
+    max_output_tokens: Option<i64>,
+    #[serde(default)]
+    previous_response_id: Option<String>,
+    #[serde(default)]
+    store: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -151,9 +165,20 @@ enum Prompt {
     TokenLists(Vec<Vec<u32>>),
 }
 
-/// The prompt's token ids, or a 400 naming the problem.
-fn prompt_tokens(kind: Kind, request: &CompletionRequest) -> Result<Vec<u32>, Rejection> {
+/// The prompt's token ids, or a 400 naming the problem. `previous` is the stored
+/// conversation a Responses request continues.
+fn prompt_tokens(
+    kind: Kind,
+    request: &CompletionRequest,
+    previous: Option<&[u32]>,
+) -> Result<Vec<u32>, Rejection> {
     match kind {
+        Kind::Responses => {
+            if request.input.is_none() && previous.is_none() {
+                return Err(Rejection::bad_request("input is required", Some("input")));
+            }
+            Ok(responses::prompt(previous, request.instructions.as_deref(), request.input.as_ref()))
+        }
         Kind::Chat => {
             let messages = match &request.messages {
                 Some(messages) if !messages.is_empty() => messages,
@@ -226,12 +251,27 @@ async fn completion(shared: &Arc<Shared>, kind: Kind, body: Incoming) -> Reply {
     if request.n.is_some_and(|n| n != 1) {
         return bad_request("n must be 1", Some("n"));
     }
-    let (output_tokens, finish_reason) = match request.max_completion_tokens.or(request.max_tokens) {
-        Some(max) if max < 1 => return bad_request("max_tokens must be at least 1", Some("max_tokens")),
-        Some(max) => (max.min(i64::from(shared.config.max_tokens_cap)) as u32, "length"),
-        None => (shared.config.default_max_tokens, "stop"),
+    let (output_tokens, finish_reason) =
+        match request.max_output_tokens.or(request.max_completion_tokens).or(request.max_tokens) {
+            Some(max) if max < 1 => return bad_request("max_tokens must be at least 1", Some("max_tokens")),
+            Some(max) => (max.min(i64::from(shared.config.max_tokens_cap)) as u32, "length"),
+            None => (shared.config.default_max_tokens, "stop"),
+        };
+    let previous = match request.previous_response_id.as_deref() {
+        Some(id) => match shared.stored_responses().get(id) {
+            Some(tokens) => Some(tokens),
+            None => {
+                return respond::error(
+                    StatusCode::NOT_FOUND,
+                    "invalid_request_error",
+                    &format!("Response with id '{id}' not found."),
+                    Some("previous_response_id"),
+                )
+            }
+        },
+        None => None,
     };
-    let tokens = match prompt_tokens(kind, &request) {
+    let tokens = match prompt_tokens(kind, &request, previous.as_deref()) {
         Ok(tokens) => tokens,
         Err(rejection) => return rejection.reply(),
     };
@@ -250,9 +290,14 @@ async fn completion(shared: &Arc<Shared>, kind: Kind, body: Incoming) -> Reply {
         return respond::error(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "injected fault", None);
     }
     let id = shared.next_request_id.fetch_add(1, Ordering::Relaxed);
+    let prefix = match kind {
+        Kind::Chat => "chatcmpl-",
+        Kind::Text => "cmpl-",
+        Kind::Responses => "resp_",
+    };
     let completion = Completion {
         kind,
-        id: format!("{}-{:016x}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, shared.id_salt ^ id),
+        id: format!("{prefix}{:016x}", shared.id_salt ^ id),
         model: shared.config.model.to_string(),
         created: clock::unix_secs(),
         output_seed: tokenize::output_seed(shared.config.seed, &tokens),
@@ -262,6 +307,10 @@ async fn completion(shared: &Arc<Shared>, kind: Kind, body: Incoming) -> Reply {
         include_usage: stream
             && request.stream_options.as_ref().and_then(|options| options.include_usage).unwrap_or(false),
     };
+    if kind == Kind::Responses && request.store != Some(false) {
+        // Stored as soon as it is created, as OpenAI does (retrievable while in progress).
+        shared.stored_responses().put(completion.id.clone(), responses::conversation(&tokens, &completion));
+    }
     if !shared.config.latency {
         return direct(shared, completion, stream, drop_after_first, started);
     }

@@ -10,6 +10,7 @@ mod driver;
 pub mod faults;
 pub mod metrics;
 mod respond;
+mod responses;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
@@ -110,9 +111,15 @@ pub(crate) struct Shared {
     down: watch::Sender<bool>,
     /// Bumped to close every live connection (down fault, shutdown).
     close_connections: watch::Sender<u64>,
+    /// Responses stored for `previous_response_id` (Responses API).
+    responses: Mutex<responses::Store>,
 }
 
 impl Shared {
+    fn stored_responses(&self) -> std::sync::MutexGuard<'_, responses::Store> {
+        self.responses.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     fn faults(&self) -> Faults {
         self.faults.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
     }
@@ -247,6 +254,7 @@ pub async fn spawn(config: EngineConfig, addr: SocketAddr) -> Result<EngineHandl
         next_request_id: AtomicU64::new(1),
         down,
         close_connections: watch::channel(0).0,
+        responses: Mutex::default(),
     });
     let driver = tokio::spawn(driver::run(shared.cell.clone(), shared.metrics.clone(), shutdown_rx.clone()));
     let acceptor = tokio::spawn(accept_loop(shared.clone(), listener, down_rx, shutdown_rx));

@@ -22,6 +22,8 @@ use crate::tokenize::output_word;
 pub enum Kind {
     Chat,
     Text,
+    /// The Responses API (`super::responses`).
+    Responses,
 }
 
 /// Everything needed to format one completion's output.
@@ -59,11 +61,15 @@ impl Completion {
             (Kind::Chat, false) => "chat.completion",
             (Kind::Chat, true) => "chat.completion.chunk",
             (Kind::Text, _) => "text_completion",
+            (Kind::Responses, _) => "response",
         }
     }
 
     /// The non-streaming response body.
     pub fn full_json(&self) -> Vec<u8> {
+        if self.kind == Kind::Responses {
+            return serde_json::to_vec(&self.response_object(true)).unwrap_or_default();
+        }
         let text = crate::tokenize::output_text(self.output_seed, self.output_tokens);
         let choice = Choice {
             index: 0,
@@ -86,6 +92,9 @@ impl Completion {
 
     /// One SSE event carrying output token `index` (1-based).
     pub fn chunk(&self, index: u32, last: bool) -> Bytes {
+        if self.kind == Kind::Responses {
+            return self.response_delta(index);
+        }
         let word = output_word(self.output_seed, index - 1);
         let choice = Choice {
             index: 0,
@@ -109,6 +118,9 @@ impl Completion {
 
     /// What follows the last content chunk: the usage chunk if asked for, then `[DONE]`.
     pub fn tail(&self) -> Bytes {
+        if self.kind == Kind::Responses {
+            return self.response_tail();
+        }
         let mut out = Vec::new();
         if self.include_usage {
             let body = Envelope {
@@ -130,7 +142,16 @@ impl Completion {
         let mut chunks: VecDeque<Bytes> =
             (1..=self.output_tokens).map(|index| self.chunk(index, index == self.output_tokens)).collect();
         chunks.push_back(self.tail());
+        if let Some(head) = self.head() {
+            chunks.push_front(head);
+        }
         chunks
+    }
+
+    /// What a stream sends before its first token, at once: the Responses API's opening
+    /// events (chat and text completions start with their first token).
+    pub fn head(&self) -> Option<Bytes> {
+        (self.kind == Kind::Responses).then(|| self.response_head())
     }
 }
 
@@ -240,6 +261,8 @@ pub struct SseStream {
     /// Held only for its `Drop`, which aborts an unfinished request.
     _live: Option<LiveRequest>,
     sent_first: bool,
+    /// Whether the opening events went out (Responses streams from the model).
+    sent_head: bool,
     finished: bool,
     drop_timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
@@ -257,6 +280,7 @@ impl SseStream {
             drop_after_first,
             _live: live,
             sent_first: false,
+            sent_head: false,
             finished: false,
             drop_timer: None,
         }
@@ -265,6 +289,12 @@ impl SseStream {
     fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, DroppedByFault>>> {
         if self.finished {
             return Poll::Ready(None);
+        }
+        if !self.sent_head {
+            self.sent_head = true;
+            if let (Source::Model(_), Some(head)) = (&self.source, self.completion.head()) {
+                return Poll::Ready(Some(Ok(Frame::data(head))));
+            }
         }
         if let Some(timer) = self.drop_timer.as_mut() {
             // Waiting (Pending) first lets hyper flush the first chunk before the connection

@@ -165,6 +165,12 @@ impl DataPlaneSection {
             }
             config.affinity_ttl = Duration::from_millis(ms);
         }
+        if let Some(ms) = self.response_ttl_ms {
+            if !(1000..=65_535_000).contains(&ms) {
+                bail!("data_plane.response_ttl_ms: must be between 1000 and 65535000 (the table counts seconds in 16 bits)");
+            }
+            config.response_ttl = Duration::from_millis(ms);
+        }
         if let Some(t) = self.create_traceparent {
             config.create_traceparent = t;
         }

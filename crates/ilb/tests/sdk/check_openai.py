@@ -1,5 +1,5 @@
 """Drives an ilb data plane with the official openai SDK: every call must behave as it does
-against OpenAI itself. Usage: check_openai.py BASE_URL MODEL. Exits non-zero on any mismatch."""
+against OpenAI itself (chat, legacy completions, the Responses API, errors). Usage: check_openai.py BASE_URL MODEL. Exits non-zero on any mismatch."""
 import sys
 
 import openai
@@ -38,6 +38,35 @@ assert usage is not None and usage.completion_tokens == 6, usage
 legacy = client.completions.create(model=model, prompt="Once upon a time", max_tokens=5, stream=True)
 legacy_text = "".join(choice.text for chunk in legacy for choice in chunk.choices)
 assert legacy_text, "legacy completion streamed no text"
+
+# The Responses API: a stored response, a follow-up naming it (only the engine that stored it
+# can answer), and the streamed event sequence.
+first = client.responses.create(model=model, input="Say hello.", instructions="Be brief.", max_output_tokens=6)
+assert first.object == "response", first
+assert first.id.startswith("resp_"), first.id
+assert first.output_text, first
+assert first.usage.output_tokens == 6, first.usage
+for turn in range(4):
+    follow = client.responses.create(
+        model=model, input=f"And again, turn {turn}.", previous_response_id=first.id, max_output_tokens=4
+    )
+    assert follow.output_text, follow
+    first = follow
+events = list(
+    client.responses.create(model=model, input="Stream it.", max_output_tokens=5, stream=True, previous_response_id=first.id)
+)
+kinds = [event.type for event in events]
+assert kinds[0] == "response.created", kinds
+assert kinds[-1] in ("response.completed", "response.incomplete"), kinds
+deltas = "".join(event.delta for event in events if event.type == "response.output_text.delta")
+assert deltas and kinds.count("response.output_text.delta") == 5, kinds
+assert events[-1].response.output_text == deltas, (events[-1].response.output_text, deltas)
+
+try:
+    client.responses.create(model="no-such-model", input="hi")
+    raise AssertionError("unknown model did not raise")
+except openai.NotFoundError as e:
+    assert "no-such-model" in str(e), e
 
 try:
     client.chat.completions.create(model="no-such-model", messages=messages, max_tokens=4)
