@@ -103,21 +103,30 @@ fn client() -> HttpClient {
 }
 
 /// One request; the status, the `x-ilb-route` header and the body (JSON or a string).
-async fn request(client: &HttpClient, url: &str, body: Option<&Value>, session: &str) -> (u16, String, Value) {
+async fn request(
+    client: &HttpClient,
+    url: &str,
+    body: Option<&Value>,
+    session: &str,
+) -> (u16, String, Value) {
     let mut builder = http::Request::builder().uri(url).header("x-session-id", session);
     builder = match body {
         Some(_) => builder.method("POST").header("content-type", "application/json"),
         None => builder.method("GET"),
     };
     let bytes = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
-    let response = tokio::time::timeout(Duration::from_secs(120), client.request(builder.body(Full::new(bytes)).unwrap()))
-        .await
-        .unwrap_or_else(|_| panic!("{url}: no response in 120 s"))
-        .unwrap_or_else(|e| panic!("{url}: {e}"));
+    let response = tokio::time::timeout(
+        Duration::from_secs(120),
+        client.request(builder.body(Full::new(bytes)).unwrap()),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{url}: no response in 120 s"))
+    .unwrap_or_else(|e| panic!("{url}: {e}"));
     let status = response.status().as_u16();
     let route = response.headers().get("x-ilb-route").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
     let body = response.into_body().collect().await.unwrap().to_bytes();
-    let value = serde_json::from_slice(&body).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into()));
+    let value = serde_json::from_slice(&body)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into()));
     (status, route, value)
 }
 
@@ -151,7 +160,8 @@ async fn discover(client: &HttpClient, name: &str, url: &str) -> RealEngine {
         n => panic!("engine name {n}: must start with llama or vllm"),
     };
     let models = get_json(client, &format!("{url}/v1/models")).await;
-    let model = models["data"][0]["id"].as_str().unwrap_or_else(|| panic!("{url}/v1/models: {models}")).to_owned();
+    let model =
+        models["data"][0]["id"].as_str().unwrap_or_else(|| panic!("{url}/v1/models: {models}")).to_owned();
     RealEngine { name: name.to_owned(), url: url.to_owned(), kind, model }
 }
 
@@ -256,11 +266,11 @@ async fn real_engines_behind_ilb() {
     for e in &engines {
         by_model.entry(e.model.clone()).or_default().push(e.clone());
     }
-    // The engine to kill: the last of a model served by two or more engines.
-    let (victim_model, victim) = by_model
+    // The model to kill an engine of: one served by two or more engines.
+    let (victim_model, candidates) = by_model
         .iter()
         .find(|(_, es)| es.len() >= 2)
-        .map(|(m, es)| (m.clone(), es.last().unwrap().clone()))
+        .map(|(m, es)| (m.clone(), es.clone()))
         .expect("ILB_REAL_ENGINES needs two engines of one model (for the kill)");
 
     let fleet: FleetConfig = toml::from_str(&fleet_toml(&engines)).expect("fleet config parses");
@@ -277,7 +287,9 @@ async fn real_engines_behind_ilb() {
         };
         let mut reports = ReportConfig::new(format!("{}/v1/reports", cp.url()), format!("dp-{i}"));
         reports.interval = Duration::from_millis(500);
-        dps.push(DataPlane::start_with_reports(config, source, Some(reports)).await.expect("data plane starts"));
+        dps.push(
+            DataPlane::start_with_reports(config, source, Some(reports)).await.expect("data plane starts"),
+        );
     }
     for dp in &dps {
         eventually("data plane installs a snapshot with every engine", Duration::from_secs(60), || async {
@@ -302,9 +314,11 @@ async fn real_engines_behind_ilb() {
         let mut args = vec!["sdk".to_owned(), dp.url()];
         args.extend(specs.iter().cloned());
         let python = python.clone();
-        tokio::task::spawn_blocking(move || run_python(&python, &args.iter().map(String::as_str).collect::<Vec<_>>()))
-            .await
-            .unwrap();
+        tokio::task::spawn_blocking(move || {
+            run_python(&python, &args.iter().map(String::as_str).collect::<Vec<_>>())
+        })
+        .await
+        .unwrap();
     }
 
     // Every engine's real /metrics was scraped, and its signals are live in /v1/state and in
@@ -326,7 +340,8 @@ async fn real_engines_behind_ilb() {
     let state = eventually("every engine scraped, with live signals", Duration::from_secs(30), || async {
         let state = get_json(&http, &format!("{}/v1/state", cp.url())).await;
         for e in &engines {
-            let view = engine_view(&state, &e.model, &e.name).ok_or(format!("{} not in /v1/state", e.name))?;
+            let view =
+                engine_view(&state, &e.model, &e.name).ok_or(format!("{} not in /v1/state", e.name))?;
             let s = &view["signals"];
             if !s["scrape_error"].is_null() || !s["scrape_ok_age_ms"].as_u64().is_some_and(|age| age < 5000) {
                 return Err(format!("{}: not scraped: {s}", e.name));
@@ -338,7 +353,10 @@ async fn real_engines_behind_ilb() {
             // llama.cpp has no latency histograms: its TTFT comes from the data planes' reports.
             let ttft_source = if e.kind == "llamacpp" { "data_planes" } else { "engine" };
             if s["sources"]["ttft"] != ttft_source {
-                return Err(format!("{}: TTFT from {}, expected {ttft_source}", e.name, s["sources"]["ttft"]));
+                return Err(format!(
+                    "{}: TTFT from {}, expected {ttft_source}",
+                    e.name, s["sources"]["ttft"]
+                ));
             }
             for signal in ["request_rate", "ttft_ms", "tbot_ms"] {
                 if !s[signal].as_f64().is_some_and(|v| v > 0.0) {
@@ -356,31 +374,56 @@ async fn real_engines_behind_ilb() {
             let view = explain["engines"].as_array().and_then(|v| v.iter().find(|v| v["id"] == e.name));
             let view = view.unwrap_or_else(|| panic!("{} not in {url}: {explain}", e.name));
             assert!(view["signals"]["scrape_ok_age_ms"].is_u64(), "{url}: {} not scraped: {view}", e.name);
-            assert!(weight(&state, model, &e.name).is_some_and(|w| w > 0.0), "{} has no weight: {state}", e.name);
+            assert!(weight(&state, model, &e.name).is_some(), "{} has no route in the plan: {state}", e.name);
         }
+        // The plan splits all of the model's traffic (with light demand the optimum may well
+        // put it all on the faster engine).
+        let total: f64 = es.iter().filter_map(|e| weight(&state, model, &e.name)).sum();
+        assert!((total - 1.0).abs() < 1e-6, "{model}: weights sum to {total}: {state}");
     }
     let _ = stop_load.send(true);
     for task in load {
         task.await.unwrap();
     }
 
-    // Weights are published and followed: both data planes install the control plane's
-    // version, and every engine with weight got requests through the data plane.
-    eventually("data planes follow the published snapshot", Duration::from_secs(30), || async {
-        let version = cp.view().version;
-        let installed: Vec<_> = dps.iter().map(|dp| dp.snapshot_version().map(|v| v.0)).collect();
-        match installed.iter().all(|v| v.is_some_and(|v| v + 2 >= version)) {
-            true => Ok(()),
-            false => Err(format!("published {version}, installed {installed:?}")),
+    // Weights are published and followed: each data plane routes on the plan the control plane
+    // shows (same snapshot, same weights), and requests go only to engines with weight.
+    for dp in &dps {
+        for (model, es) in &by_model {
+            eventually("a data plane routes on the published weights", Duration::from_secs(30), || async {
+                let state = get_json(&http, &format!("{}/v1/state", cp.url())).await;
+                let route = get_json(&http, &format!("{}/debug/route?model={model}&key=k", dp.url())).await;
+                if route["snapshot"] != state["version"] {
+                    return Err(format!(
+                        "data plane on {}, control plane on {}",
+                        route["snapshot"], state["version"]
+                    ));
+                }
+                for e in es {
+                    let planned = weight(&state, model, &e.name).unwrap_or(0.0);
+                    let candidates = route["candidates"].as_array().cloned().unwrap_or_default();
+                    let used = candidates.iter().find(|c| c["engine"] == e.name.as_str());
+                    let used = used.and_then(|c| c["weight"].as_f64()).unwrap_or(0.0);
+                    if (planned - used).abs() > 0.01 {
+                        return Err(format!("{}: planned {planned}, data plane {used}", e.name));
+                    }
+                }
+                Ok(())
+            })
+            .await;
+            let url = format!("{}/v1/chat/completions", dp.url());
+            for n in 0..4 {
+                let (status, route, body) =
+                    request(&http, &url, Some(&chat(model, 2, false)), &format!("w{n}")).await;
+                assert_eq!(status, 200, "{body}");
+                let w: f64 = route
+                    .split("; ")
+                    .find_map(|kv| kv.strip_prefix("weight="))
+                    .and_then(|w| w.parse().ok())
+                    .unwrap_or_else(|| panic!("x-ilb-route without a weight: {route}"));
+                assert!(w > 0.0, "routed to an engine without weight: {route}");
+            }
         }
-    })
-    .await;
-    for e in &engines {
-        let mut ok = 0.0;
-        for dp in &dps {
-            ok += dp_metric(&http, dp, "ilb_dataplane_engine_attempts_total", &e.name).await.unwrap_or(0.0);
-        }
-        assert!(ok > 0.0, "{} has weight but the data planes sent it nothing", e.name);
     }
 
     // An idle pause longer than llama.cpp's keep-alive (5 s): pooled connections the engine
@@ -392,7 +435,18 @@ async fn real_engines_behind_ilb() {
         assert_eq!(status, 200, "after an idle pause, {}: {route} {body}", e.model);
     }
 
-    // Kill one engine mid-run: requests not yet streaming succeed on another.
+    // Kill one engine mid-run, the one with the most weight: requests not yet streaming
+    // succeed on another.
+    let state = get_json(&http, &format!("{}/v1/state", cp.url())).await;
+    let victim = candidates
+        .iter()
+        .max_by(|a, b| {
+            let w = |e: &RealEngine| weight(&state, &victim_model, &e.name).unwrap_or(0.0);
+            w(a).total_cmp(&w(b))
+        })
+        .unwrap()
+        .clone();
+    eprintln!("killing {} (weight {:?})", victim.name, weight(&state, &victim_model, &victim.name));
     let kill = format!("bash {} kill {}", setup.script, victim.name);
     let python = setup.pythons[0].clone();
     let dp_url = dps[0].url();
@@ -419,7 +473,8 @@ async fn real_engines_behind_ilb() {
     .await;
 
     // Restarted, it comes back: weight in the plan, then traffic through the data plane.
-    let status = Command::new("bash").args([setup.script.as_str(), "start", victim.name.as_str()]).status().unwrap();
+    let status =
+        Command::new("bash").args([setup.script.as_str(), "start", victim.name.as_str()]).status().unwrap();
     assert!(status.success(), "restarting {} failed", victim.name);
     eventually("the restarted engine gets weight again", Duration::from_secs(60), || async {
         let state = get_json(&http, &format!("{}/v1/state", cp.url())).await;

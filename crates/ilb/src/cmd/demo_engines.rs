@@ -134,7 +134,8 @@ async fn list_models(client: &Client<HttpConnector, Empty<Bytes>>, url: &str) ->
         .with_context(|| format!("{models_url}: no answer in 10 s"))?
         .with_context(|| format!("cannot reach {models_url}: is the engine running?"))?;
     let status = response.status();
-    let body = response.into_body().collect().await.with_context(|| format!("{models_url}: body"))?.to_bytes();
+    let body =
+        response.into_body().collect().await.with_context(|| format!("{models_url}: body"))?.to_bytes();
     anyhow::ensure!(status.is_success(), "{models_url} answered {status}");
     let value: serde_json::Value =
         serde_json::from_slice(&body).with_context(|| format!("{models_url}: not JSON"))?;
@@ -142,7 +143,10 @@ async fn list_models(client: &Client<HttpConnector, Empty<Bytes>>, url: &str) ->
         .as_array()
         .map(|data| data.iter().filter_map(|m| m["id"].as_str().map(str::to_owned)).collect())
         .unwrap_or_default();
-    anyhow::ensure!(!models.is_empty(), "{models_url} lists no models (expected {{\"data\": [{{\"id\": ...}}]}})");
+    anyhow::ensure!(
+        !models.is_empty(),
+        "{models_url} lists no models (expected {{\"data\": [{{\"id\": ...}}]}})"
+    );
     Ok(models)
 }
 
