@@ -343,7 +343,7 @@ async fn real_engines_behind_ilb() {
             let view =
                 engine_view(&state, &e.model, &e.name).ok_or(format!("{} not in /v1/state", e.name))?;
             let s = &view["signals"];
-            if !s["scrape_error"].is_null() || !s["scrape_ok_age_ms"].as_u64().is_some_and(|age| age < 5000) {
+            if !s["scrape_error"].is_null() || s["scrape_ok_age_ms"].as_u64().is_none_or(|age| age >= 5000) {
                 return Err(format!("{}: not scraped: {s}", e.name));
             }
             // The engine's kind is read from its real metric names.
