@@ -169,6 +169,12 @@ fn fleet_config(args: &DemoArgs, found: &[Found]) -> FleetConfig {
             scrape_interval_ms: 1000,
             solve_interval_ms: 2000,
             smoothing_ms: 4000,
+            // Nothing is shed for being slow (the default cost of a shed request is 10 s of
+            // latency): a user trying ilb on their own engines expects every request served.
+            shed_penalty_ms: ["low", "normal", "high", "critical"]
+                .into_iter()
+                .map(|p| (p.to_owned(), 3_600_000.0))
+                .collect(),
             ..ControlPlaneSettings::default()
         },
         regions: Vec::new(),
