@@ -1,6 +1,6 @@
 """TTFT and decode speed of real engines, directly and through an ilb data plane, and what ilb
-adds (paired: each request through ilb is sent right after the same request direct, so engine
-drift cancels). Standard library only. Usage:
+adds (paired: each request through ilb is sent next to one direct, alternating which goes
+first, so engine drift cancels). Standard library only. Usage:
 
     python3 scripts/real-engines-bench.py N MAX_TOKENS NAME=ENGINE_URL=DATA_PLANE_URL [...]
 
@@ -23,11 +23,14 @@ def model_of(url):
     return json.loads(c.getresponse().read())["data"][0]["id"]
 
 
-def stream(conn, model, max_tokens, i):
+def stream(url, model, max_tokens, i, tag=""):
+    # A new client connection each time, on both paths (llama.cpp may close a kept-alive one).
+    u = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
     body = json.dumps({
         "model": model, "stream": True, "max_tokens": max_tokens, "temperature": 0,
         "stream_options": {"include_usage": True},
-        "messages": [{"role": "user", "content": f"Tell me a story about the number {i}."}],
+        "messages": [{"role": "user", "content": f"Tell me a story about the number {i}{tag}."}],
     })
     start = time.perf_counter()
     conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json", "x-session-id": f"b{i}"})
@@ -47,6 +50,7 @@ def stream(conn, model, max_tokens, i):
                 now = time.perf_counter()
                 first = first or now
                 last = now
+    conn.close()
     assert first is not None, "no content"
     return (first - start) * 1000, tokens / (last - first) if last > first and tokens > 1 else None
 
@@ -61,16 +65,16 @@ def main():
     for spec in sys.argv[3:]:
         name, engine, dp = spec.split("=")
         model = model_of(engine)
-        conns = {}
-        for which, url in (("direct", engine), ("ilb", dp)):
-            u = urllib.parse.urlsplit(url)
-            conns[which] = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
-        stream(conns["direct"], model, max_tokens, -1)  # warm both paths' connections
+        conns = {"direct": engine, "ilb": dp}
+        stream(conns["direct"], model, max_tokens, -1)  # warm both paths
         stream(conns["ilb"], model, max_tokens, -1)
         res = {"direct": [], "ilb": []}
         for i in range(n):
-            for which in ("direct", "ilb"):
-                res[which].append(stream(conns[which], model, max_tokens, i))
+            # Alternate which path goes first, and give each its own prompt (same length), so
+            # neither gains from the other's prompt cache or from going second.
+            order = ("direct", "ilb") if i % 2 == 0 else ("ilb", "direct")
+            for which in order:
+                res[which].append(stream(conns[which], model, max_tokens, i, "A" if which == "direct" else "B"))
         added = [b[0] - a[0] for a, b in zip(res["direct"], res["ilb"])]
         out = {"engine": name, "model": model, "requests_per_path": n, "max_tokens": max_tokens}
         for which in ("direct", "ilb"):
