@@ -11,6 +11,11 @@
 //! | `GET /health` | liveness |
 //! | `GET /` | the live dashboard |
 //! | `GET /metrics` | Prometheus metrics (`ilb_controlplane_*`) |
+//!
+//! With TLS ([`ApiTls`]) the listener terminates it with a rotatable certificate. With a
+//! client CA, data planes authenticate with certificates: `GET /v1/snapshots/...` and
+//! `POST /v1/reports` then need a verified client certificate (reports: or the bearer token,
+//! if one is set), and the certificate's name is logged and shown in `/v1/state`.
 
 use crate::publish::Publisher;
 use crate::run::Event;
@@ -43,6 +48,30 @@ pub struct ApiState {
     pub token: String,
     /// The data planes' fast guard (see [`crate::guard`]).
     pub holds: crate::guard::HoldsPublisher,
+    /// The verified client certificate name each data plane's last report came with, by
+    /// (cluster, instance).
+    pub identities: Mutex<BTreeMap<(String, String), String>>,
+    /// Whether the listener serves https.
+    pub https: bool,
+}
+
+/// TLS settings of a control plane.
+#[derive(Clone, Debug, Default)]
+pub struct ApiTls {
+    /// Terminate TLS on the API listener (its certificate rotates through the handle). If it
+    /// verifies client certificates, data planes authenticate with them.
+    pub listener: Option<ilb_tls::ServerTls>,
+    /// Trust settings for https engines' `/metrics`.
+    pub scrape: Option<ilb_tls::ClientTls>,
+}
+
+/// Who is on the other end of a connection.
+#[derive(Clone, Debug)]
+struct Peer {
+    /// The name in the client's verified certificate.
+    identity: Option<Arc<str>>,
+    /// Whether the listener verifies client certificates (then snapshots need one).
+    verifies_clients: bool,
 }
 
 impl ApiState {
@@ -58,6 +87,27 @@ impl ApiState {
         *self.problems.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(problems);
     }
 
+    /// Remembers the certificate name a data plane reported with; logs it when it is new or
+    /// changed (not per report).
+    fn note_identity(&self, report: &Report, identity: &str) {
+        let key = (report.cluster.to_string(), report.instance.clone());
+        let mut identities = self.identities.lock().unwrap_or_else(|p| p.into_inner());
+        if identities.get(&key).map(String::as_str) != Some(identity) {
+            tracing::info!(cluster = %key.0, instance = %key.1, identity, "data plane authenticated by client certificate");
+            identities.insert(key, identity.to_owned());
+        }
+    }
+
+    /// The view, its data planes named by their client certificates.
+    fn view_with_identities(&self) -> View {
+        let mut view = (*self.view()).clone();
+        let identities = self.identities.lock().unwrap_or_else(|p| p.into_inner());
+        for dp in &mut view.data_planes {
+            dp.identity = identities.get(&(dp.cluster.clone(), dp.instance.clone())).cloned();
+        }
+        view
+    }
+
     fn problems(&self) -> Arc<BTreeMap<String, Problem>> {
         Arc::clone(&self.problems.lock().unwrap_or_else(|p| p.into_inner()))
     }
@@ -68,7 +118,17 @@ type Body = Full<Bytes>;
 /// Serves the API until `shutdown` changes. Connections are tracked, and closed before it
 /// returns: a control plane that has shut down must not answer a kept-alive connection from
 /// its old state (a client would otherwise get a stale snapshot from a replaced process).
-pub async fn serve(listener: TcpListener, state: Arc<ApiState>, mut shutdown: watch::Receiver<bool>) {
+pub async fn serve(listener: TcpListener, state: Arc<ApiState>, shutdown: watch::Receiver<bool>) {
+    serve_tls(listener, state, None, shutdown).await
+}
+
+/// As [`serve`], terminating TLS with `tls` when given.
+pub async fn serve_tls(
+    listener: TcpListener,
+    state: Arc<ApiState>,
+    tls: Option<ilb_tls::ServerTls>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let mut connections = tokio::task::JoinSet::new();
     loop {
         let (stream, _) = tokio::select! {
@@ -86,20 +146,45 @@ pub async fn serve(listener: TcpListener, state: Arc<ApiState>, mut shutdown: wa
         };
         let _ = stream.set_nodelay(true);
         let state = Arc::clone(&state);
+        let tls = tls.clone();
         connections.spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let state = Arc::clone(&state);
-                async move { Ok::<_, Infallible>(dispatch(state, req).await) }
-            });
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder.timer(TokioTimer::new()).header_read_timeout(Duration::from_secs(10));
-            let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+            let Some(tls) = tls else {
+                let peer = Peer { identity: None, verifies_clients: false };
+                return serve_connection(stream, state, peer).await;
+            };
+            let stream =
+                match tokio::time::timeout(Duration::from_secs(10), tls.acceptor().accept(stream)).await {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(error)) => {
+                        let reason = ilb_tls::classify_io(&error).map_or("transport", |f| f.label());
+                        tracing::info!(%error, reason, "tls handshake with a client failed");
+                        return;
+                    }
+                    Err(_) => return,
+                };
+            let identity =
+                stream.get_ref().1.peer_certificates().and_then(|c| c.first()).map(ilb_tls::peer_identity);
+            let peer = Peer { identity: identity.map(Arc::from), verifies_clients: tls.verifies_clients() };
+            serve_connection(stream, state, peer).await
         });
     }
     connections.shutdown().await;
 }
 
-async fn dispatch(state: Arc<ApiState>, req: Request<Incoming>) -> Response<Body> {
+async fn serve_connection<S>(stream: S, state: Arc<ApiState>, peer: Peer)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |req| {
+        let (state, peer) = (Arc::clone(&state), peer.clone());
+        async move { Ok::<_, Infallible>(dispatch(state, &peer, req).await) }
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(Duration::from_secs(10));
+    let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+}
+
+async fn dispatch(state: Arc<ApiState>, peer: &Peer, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_owned();
     let query = req.uri().query().unwrap_or("").to_owned();
     match (req.method(), path.as_str()) {
@@ -116,10 +201,15 @@ async fn dispatch(state: Arc<ApiState>, req: Request<Incoming>) -> Response<Body
                 .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
             r
         }
-        (&Method::GET, "/v1/state") => json(StatusCode::OK, &*state.view()),
+        (&Method::GET, "/v1/state") => json(StatusCode::OK, &state.view_with_identities()),
         (&Method::GET, "/v1/explain/weights") => explain(&state, &query),
+        (&Method::GET, "/v1/engine-holds") if peer.verifies_clients && peer.identity.is_none() => error(
+            StatusCode::UNAUTHORIZED,
+            "client_certificate_required",
+            "engine holds need a client certificate issued by the control plane's client CA",
+        ),
         (&Method::GET, "/v1/engine-holds") => holds(&state, &query).await,
-        (&Method::POST, "/v1/reports") => report(&state, req).await,
+        (&Method::POST, "/v1/reports") => report(&state, peer, req).await,
         (&Method::GET, p) if p.starts_with("/v1/problems/") => {
             let model = p.trim_start_matches("/v1/problems/");
             match state.problems().get(model) {
@@ -132,6 +222,13 @@ async fn dispatch(state: Arc<ApiState>, req: Request<Incoming>) -> Response<Body
             }
         }
         (&Method::GET, p) if p.starts_with("/v1/snapshots/") => {
+            if peer.verifies_clients && peer.identity.is_none() {
+                return error(
+                    StatusCode::UNAUTHORIZED,
+                    "client_certificate_required",
+                    "snapshots need a client certificate issued by the control plane's client CA",
+                );
+            }
             let cluster = p.trim_start_matches("/v1/snapshots/").to_owned();
             let if_none_match =
                 req.headers().get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()).map(str::to_owned);
@@ -156,8 +253,9 @@ fn error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
     )
 }
 
-fn param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
-    query.split('&').filter_map(|p| p.split_once('=')).find(|(k, _)| *k == name).map(|(_, v)| v)
+/// The first value of query parameter `name`, percent- and `+`-decoded (`form_urlencoded`).
+fn param<'a>(query: &'a str, name: &str) -> Option<std::borrow::Cow<'a, str>> {
+    form_urlencoded::parse(query.as_bytes()).find(|(k, _)| k == name).map(|(_, v)| v)
 }
 
 /// `30s`, `500ms` or plain seconds.
@@ -178,7 +276,7 @@ async fn snapshot(
     if_none_match: Option<&str>,
     query: &str,
 ) -> Response<Body> {
-    let wait = match param(query, "wait").map(parse_wait) {
+    let wait = match param(query, "wait").map(|w| parse_wait(&w)) {
         None => Duration::ZERO,
         Some(Some(d)) => d,
         Some(None) => {
@@ -231,17 +329,19 @@ async fn snapshot(
 /// The current holds at once, or (with `version` equal to the current one and `wait`) as soon
 /// as they change, else 304 when the wait is over.
 async fn holds(state: &ApiState, query: &str) -> Response<Body> {
-    let wait = match param(query, "wait").map(parse_wait) {
+    let wait = match param(query, "wait").map(|w| parse_wait(&w)) {
         None => Duration::ZERO,
         Some(Some(d)) => d,
         Some(None) => {
             return error(StatusCode::BAD_REQUEST, "invalid_wait", "wait must look like 30s or 500ms")
         }
     };
-    let known = match param(query, "version").map(str::parse::<u64>) {
+    let known = match param(query, "version").map(|v| v.parse::<u64>()) {
         None => None,
         Some(Ok(v)) => Some(v),
-        Some(Err(_)) => return error(StatusCode::BAD_REQUEST, "invalid_version", "version must be an integer"),
+        Some(Err(_)) => {
+            return error(StatusCode::BAD_REQUEST, "invalid_version", "version must be an integer")
+        }
     };
     let mut changes = state.holds.subscribe();
     let deadline = tokio::time::Instant::now() + wait;
@@ -260,8 +360,17 @@ async fn holds(state: &ApiState, query: &str) -> Response<Body> {
     }
 }
 
-async fn report(state: &ApiState, req: Request<Incoming>) -> Response<Body> {
-    if !state.token.is_empty() {
+async fn report(state: &ApiState, peer: &Peer, req: Request<Incoming>) -> Response<Body> {
+    // A verified client certificate authenticates on its own; without one the bearer token
+    // (if set) is required, and with client verification on, one of the two is.
+    if peer.identity.is_none() && peer.verifies_clients && state.token.is_empty() {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "client_certificate_required",
+            "reports need a client certificate issued by the control plane's client CA",
+        );
+    }
+    if peer.identity.is_none() && !state.token.is_empty() {
         let expected = format!("Bearer {}", state.token);
         let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
         if given != Some(expected.as_str()) {
@@ -278,6 +387,9 @@ async fn report(state: &ApiState, req: Request<Incoming>) -> Response<Body> {
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_report", &format!("malformed report: {e}")),
     };
+    if let Some(identity) = &peer.identity {
+        state.note_identity(&report, identity);
+    }
     match state.events.try_send(Event::Report(Box::new(report))) {
         Ok(()) => json(StatusCode::ACCEPTED, &serde_json::json!({"status": "accepted"})),
         Err(_) => {
@@ -295,6 +407,7 @@ fn explain(state: &ApiState, query: &str) -> Response<Body> {
         );
     };
     let view = state.view();
+    let (cluster, model) = (cluster.as_ref(), model.as_ref());
     let Some(m) = view.models.iter().find(|m| m.model == model) else {
         return error(StatusCode::NOT_FOUND, "model_not_found", &format!("no plan for model '{model}'"));
     };

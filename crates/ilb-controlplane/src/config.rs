@@ -307,7 +307,8 @@ fn default_tbot_b() -> f64 {
 #[serde(deny_unknown_fields)]
 pub struct Engine {
     pub id: String,
-    /// Base URL, `http://host:port`.
+    /// Base URL, `http://host:port` or `https://host:port` (scraped with the trust settings of
+    /// `[control_plane.engine_tls]`).
     pub url: String,
     pub model: String,
     pub region: String,

@@ -2,7 +2,7 @@
 //! latency as a function of load, for the optimizer.
 //!
 //! - [`prom`]: a bounded, zero-copy Prometheus text-format (0.0.4 / OpenMetrics) parser.
-//! - [`signals`]: vLLM and SGLang metric names → one [`signals::EngineSample`] per model,
+//! - [`signals`]: vLLM, SGLang, llama.cpp and TGI metric names → one [`signals::EngineSample`] per model,
 //!   and windowed figures (rates, latency means and quantiles) between two samples.
 //! - [`scrape`]: fetch and parse one engine's `/metrics` with a timeout and a body limit.
 //! - [`smoothing`]: EWMA with an explicit time constant, staleness, counter rates.

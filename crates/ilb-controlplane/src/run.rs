@@ -46,6 +46,15 @@ pub struct ControlPlane {
 impl ControlPlane {
     /// Validates nothing: `config` must have passed [`FleetConfig::validate`]. Binds `listen`.
     pub async fn start(config: FleetConfig, listen: SocketAddr) -> std::io::Result<ControlPlane> {
+        Self::start_with_tls(config, listen, api::ApiTls::default()).await
+    }
+
+    /// As [`ControlPlane::start`], with TLS on the API listener and/or for scrapes.
+    pub async fn start_with_tls(
+        config: FleetConfig,
+        listen: SocketAddr,
+        tls: api::ApiTls,
+    ) -> std::io::Result<ControlPlane> {
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let local_addr = listener.local_addr()?;
         let (events, rx) = mpsc::channel(1024);
@@ -57,10 +66,15 @@ impl ControlPlane {
             problems: Mutex::default(),
             token: config.control_plane.token.clone(),
             holds: crate::guard::HoldsPublisher::new(crate::clock::unix_ms()),
+            identities: Mutex::default(),
+            https: tls.listener.is_some(),
         });
         let mut tasks = JoinSet::new();
-        tasks.spawn(api::serve(listener, Arc::clone(&state), shutdown_rx.clone()));
-        let client = scrape::http_client();
+        let client = match &tls.scrape {
+            Some(scrape_tls) => scrape::https_client(scrape_tls),
+            None => scrape::http_client(),
+        };
+        tasks.spawn(api::serve_tls(listener, Arc::clone(&state), tls.listener, shutdown_rx.clone()));
         let scrape_every = Duration::from_millis(config.control_plane.scrape_interval_ms);
         for (idx, engine) in config.engines.iter().enumerate() {
             let url = format!("{}/metrics", engine.url.trim_end_matches('/'));
@@ -76,8 +90,10 @@ impl ControlPlane {
         self.local_addr
     }
 
+    /// `http://ip:port`, or `https://ip:port` with a TLS listener.
     pub fn url(&self) -> String {
-        format!("http://{}", self.local_addr)
+        let scheme = if self.state.https { "https" } else { "http" };
+        format!("{scheme}://{}", self.local_addr)
     }
 
     /// The latest plan and its explanation.

@@ -10,19 +10,36 @@ use crate::signals::{self, EngineSample};
 use bytes::Bytes;
 use http::{header, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Empty, LengthLimitError, Limited};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use ilb_core::ModelName;
 use std::time::Duration;
 
-/// The HTTP client scrapes go through; cheap to clone, keeps connections alive between scrapes.
-pub type HttpClient = Client<HttpConnector, Empty<Bytes>>;
+/// The HTTP client scrapes go through (http or https); cheap to clone, keeps connections alive
+/// between scrapes.
+pub type HttpClient = Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
 
-/// A plain-HTTP client with keep-alive, suitable for [`scrape`].
+/// A client with keep-alive for http engines; https engines fail their handshake (it trusts no
+/// root). See [`https_client`].
 pub fn http_client() -> HttpClient {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
+    https_client(
+        &ilb_tls::ClientTls::new(&ilb_tls::ClientOptions::default()).expect("an empty config builds"),
+    )
+}
+
+/// A client with keep-alive for http and https engines, trusting what `tls` trusts (and
+/// presenting its client certificate, if any).
+pub fn https_client(tls: &ilb_tls::ClientTls) -> HttpClient {
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    http.enforce_http(false);
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls.config_without_alpn())
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
     Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(90)).build(connector)
 }
 
@@ -35,7 +52,8 @@ pub enum ScrapeError {
     /// The URL cannot be requested (e.g. no host).
     #[error("invalid scrape request: {0}")]
     InvalidRequest(String),
-    /// TCP connect failed: the engine is likely down or unreachable. Displays with the
+    /// TCP connect or the TLS handshake failed: the engine is likely down or unreachable, or
+    /// its certificate is not trusted (the message names the reason). Displays with the
     /// [`CONNECT_FAILED`] prefix, which the fleet reads from the error text.
     #[error("connect failed: {0}")]
     Connect(String),

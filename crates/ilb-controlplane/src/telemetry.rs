@@ -10,7 +10,7 @@ pub fn render(view: &View) -> String {
     w.sample("ilb_controlplane_snapshot_version", &[], view.version as f64);
 
     type EngineField = fn(&crate::view::EngineView) -> Option<f64>;
-    let engine_gauges: [(&str, &str, EngineField); 14] = [
+    let engine_gauges: [(&str, &str, EngineField); 17] = [
         ("ilb_controlplane_engine_running", "Requests in the engine's running batch (scraped).", |e| {
             Some(e.signals.running)
         }),
@@ -20,12 +20,31 @@ pub fn render(view: &View) -> String {
         ("ilb_controlplane_engine_kv_usage", "KV-cache usage fraction (scraped).", |e| {
             Some(e.signals.kv_usage)
         }),
-        ("ilb_controlplane_engine_ttft_ms", "Smoothed time to first token (scraped).", |e| e.signals.ttft_ms),
-        ("ilb_controlplane_engine_tbot_ms", "Smoothed time between output tokens (scraped).", |e| {
-            e.signals.tbot_ms
+        (
+            "ilb_controlplane_engine_ttft_ms",
+            "Smoothed time to first token (scraped, or reported by data planes for engines without a TTFT histogram).",
+            |e| e.signals.ttft_ms,
+        ),
+        (
+            "ilb_controlplane_engine_tbot_ms",
+            "Smoothed time between output tokens (scraped, or reported by data planes).",
+            |e| e.signals.tbot_ms,
+        ),
+        (
+            "ilb_controlplane_engine_request_rate",
+            "Smoothed finished requests per second (scraped, or reported by data planes).",
+            |e| e.signals.request_rate,
+        ),
+        ("ilb_controlplane_engine_queue_ms", "Smoothed time queued before scheduling (scraped).", |e| {
+            e.signals.queue_ms
         }),
-        ("ilb_controlplane_engine_request_rate", "Smoothed finished requests per second (scraped).", |e| {
-            e.signals.request_rate
+        (
+            "ilb_controlplane_engine_preemption_rate",
+            "Smoothed preemptions (vLLM) or retractions (SGLang) per second (scraped).",
+            |e| e.signals.preemption_rate,
+        ),
+        ("ilb_controlplane_engine_held", "1 while the fast guard holds the engine out of the data planes.", |e| {
+            Some(if e.signals.held.is_some() { 1.0 } else { 0.0 })
         }),
         ("ilb_controlplane_engine_cache_hit_rate", "Smoothed prefix-cache hit rate (scraped).", |e| {
             e.signals.cache_hit_rate
@@ -62,6 +81,30 @@ pub fn render(view: &View) -> String {
             for e in &m.engines {
                 w.sample(name, &[("model", &m.model), ("engine", &e.id)], field(e).unwrap_or(f64::NAN));
             }
+        }
+    }
+    w.family(
+        "ilb_controlplane_engine_info",
+        "gauge",
+        "1, labelled with the engine's kind and where its signals come from.",
+    );
+    for m in &view.models {
+        for e in &m.engines {
+            let s = &e.signals;
+            let source = |src: crate::view::Source| match src {
+                crate::view::Source::Engine => "engine",
+                crate::view::Source::DataPlanes => "data_planes",
+                crate::view::Source::None => "none",
+            };
+            let labels = [
+                ("model", m.model.as_str()),
+                ("engine", e.id.as_str()),
+                ("kind", s.kind),
+                ("ttft_source", source(s.sources.ttft)),
+                ("tbot_source", source(s.sources.tbot)),
+                ("request_rate_source", source(s.sources.request_rate)),
+            ];
+            w.sample("ilb_controlplane_engine_info", &labels, 1.0);
         }
     }
     w.family("ilb_controlplane_weight", "gauge", "Published share of a class's traffic for an engine.");

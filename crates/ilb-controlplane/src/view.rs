@@ -21,6 +21,9 @@ pub struct DataPlaneView {
     pub cluster: String,
     pub instance: String,
     pub age_ms: u64,
+    /// The name in the verified client certificate its last report came with (mutual TLS).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -138,7 +141,12 @@ pub struct SourcesView {
     pub tbot: Source,
 }
 
-fn signals_view(fleet: &Fleet, idx: usize, now: Now, holds: &[(String, ilb_core::holds::HoldReason)]) -> SignalsView {
+fn signals_view(
+    fleet: &Fleet,
+    idx: usize,
+    now: Now,
+    holds: &[(String, ilb_core::holds::HoldReason)],
+) -> SignalsView {
     let rt = &fleet.engines[idx];
     let id = &fleet.config.engines[idx].id;
     let scraped = rt.kind.is_some();
@@ -273,7 +281,12 @@ pub fn build(
     let data_planes = fleet
         .instances(now)
         .into_iter()
-        .map(|(cluster, instance, age)| DataPlaneView { cluster, instance, age_ms: age.as_millis() as u64 })
+        .map(|(cluster, instance, age)| DataPlaneView {
+            cluster,
+            instance,
+            age_ms: age.as_millis() as u64,
+            identity: None,
+        })
         .collect();
     View { version, solved_unix_ms, models, data_planes }
 }

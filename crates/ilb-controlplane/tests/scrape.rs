@@ -18,7 +18,23 @@ fn fixture(file: &str) -> String {
     std::fs::read_to_string(format!("{}/tests/fixtures/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap()
 }
 
-/// Serves `/vllm`, `/sglang`, `/error`, `/slow`, `/binary` on an ephemeral loopback port.
+/// Every fixture, with the engine it comes from.
+const FIXTURES: [&str; 12] = [
+    "vllm.txt",
+    "vllm_later.txt",
+    "vllm_v0.txt",
+    "sglang.txt",
+    "sglang_0.5_dp2_tp2.txt",
+    "tgi_3.3.txt",
+    "llamacpp_idle.txt",
+    "llamacpp_busy.txt",
+    "llamacpp_after.txt",
+    "vllm_0.32_idle.txt",
+    "vllm_0.32_busy.txt",
+    "vllm_0.32_after.txt",
+];
+
+/// Serves every fixture at `/f/{file}`, and `/vllm`, `/sglang`, `/error`, `/slow`, `/binary` on an ephemeral loopback port.
 /// The listener is bound before this returns, so no readiness wait is needed.
 async fn serve() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -32,7 +48,11 @@ async fn serve() -> SocketAddr {
                 let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
                     let (vllm, sglang) = (vllm.clone(), sglang.clone());
                     async move {
-                        let response = match request.uri().path() {
+                        let path = request.uri().path().to_owned();
+                        let response = match path.as_str() {
+                            p if p.starts_with("/f/") && FIXTURES.contains(&&p[3..]) => {
+                                Response::new(Full::new(Bytes::from(fixture(&p[3..]))))
+                            }
                             "/vllm" => Response::new(Full::new(Bytes::from(vllm))),
                             "/sglang" => Response::new(Full::new(Bytes::from(sglang))),
                             "/binary" => Response::new(Full::new(Bytes::from_static(&[0xff, 0xfe, 0x00]))),
@@ -114,4 +134,26 @@ async fn unparsable_body_is_typed() {
     let address = serve().await;
     let error = scrape(&http_client(), &url(address, "/binary"), Duration::from_secs(5)).await.unwrap_err();
     assert!(matches!(error, ScrapeError::Parse(_)), "{error}");
+}
+
+#[tokio::test]
+async fn scrapes_every_fixture_over_http() {
+    use ilb_controlplane::signals::EngineFlavor;
+    let address = serve().await;
+    let client = http_client();
+    for file in FIXTURES {
+        let samples =
+            scrape(&client, &url(address, &format!("/f/{file}")), Duration::from_secs(5)).await.unwrap();
+        assert!(!samples.is_empty(), "{file}");
+        let flavor = samples[0].1.flavor;
+        let expected = match file.split(['_', '.']).next().unwrap() {
+            "vllm" => EngineFlavor::Vllm,
+            "sglang" => EngineFlavor::Sglang,
+            "tgi" => EngineFlavor::Tgi,
+            "llamacpp" => EngineFlavor::Llamacpp,
+            other => panic!("fixture of unknown engine {other}"),
+        };
+        assert_eq!(flavor, expected, "{file}");
+        assert!(samples.iter().all(|(_, s)| s.running.is_some()), "{file}: running read");
+    }
 }

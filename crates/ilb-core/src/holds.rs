@@ -66,6 +66,9 @@ mod tests {
         let json = serde_json::to_string(&holds).unwrap();
         assert_eq!(json, r#"{"version":7,"held":[{"engine":"e1","reason":"no_ready_replicas"}]}"#);
         assert_eq!(serde_json::from_str::<EngineHolds>(&json).unwrap(), holds);
-        assert!(serde_json::from_str::<EngineHolds>(r#"{"version":1,"held":[{"engine":"e","reason":"bored"}]}"#).is_err());
+        assert!(serde_json::from_str::<EngineHolds>(
+            r#"{"version":1,"held":[{"engine":"e","reason":"bored"}]}"#
+        )
+        .is_err());
     }
 }

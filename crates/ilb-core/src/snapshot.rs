@@ -231,14 +231,17 @@ pub fn check_name(what: &str, name: &str) -> Result<(), SnapshotError> {
     Ok(())
 }
 
-/// Engines are plain `http://host:port` origins (optionally with a path prefix). Anything
-/// else (other schemes, credentials, queries) is refused so that a snapshot cannot turn the
-/// data plane into an open proxy.
+/// Engines are `http://host:port` or `https://host:port` origins (optionally with a path
+/// prefix). Anything else (other schemes, credentials, queries) is refused so that a snapshot
+/// cannot turn the data plane into an open proxy.
 pub fn check_engine_url(url: &str) -> Result<(), &'static str> {
     if url.len() > MAX_URL_LEN {
         return Err("is too long");
     }
-    let rest = url.strip_prefix("http://").ok_or("must start with http://")?;
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .ok_or("must start with http:// or https://")?;
     let (authority, path) = match rest.find('/') {
         Some(i) => rest.split_at(i),
         None => (rest, ""),

@@ -269,9 +269,12 @@ impl ClassTable {
     }
 
     /// The data plane's selection (the proxy and the fleet simulator both call it): the
-    /// candidate `affinity` remembers for the key if `bounded` admits it, else weighted
-    /// consistent hashing admitting `bounded` (within the load bound), then `usable` (without
-    /// it). Hot path.
+    /// candidate `affinity` remembers for the key if `bounded` admits it; else, for a key the
+    /// table has never seen (a new conversation), the less loaded relative to its weight
+    /// (`load` is the class's requests in flight on a candidate) of the first two candidates
+    /// weighted consistent hashing admits within the load bound ([`ClassTable::pick_by_load`]),
+    /// and for a known key that must move, hashing within the bound; else hashing admitting
+    /// `usable` (without the bound). Hot path.
     #[inline]
     pub fn select(
         &self,
@@ -280,11 +283,50 @@ impl ClassTable {
         now_s: u32,
         bounded: impl Fn(usize) -> bool,
         usable: impl FnMut(usize) -> bool,
+        load: impl Fn(usize) -> f64,
     ) -> Option<usize> {
+        let seen = affinity.get(key_hash, now_s).is_some();
         if let Some(c) = self.remembered(affinity, key_hash, now_s).filter(|&c| bounded(c)) {
             return Some(c);
         }
-        self.pick(key_hash, &bounded).or_else(|| self.pick(key_hash, usable)).map(|p| p.candidate)
+        let within = if seen {
+            // A conversation that must move goes to its hash home, as before it had one: so a
+            // plan that gives an engine its weight back gets its keys back too. (Placed by
+            // load, moved keys would stay wherever load put them while within their bound.)
+            self.pick(key_hash, &bounded).map(|p| p.candidate)
+        } else {
+            self.pick_by_load(key_hash, &bounded, load)
+        };
+        within.or_else(|| self.pick(key_hash, usable).map(|p| p.candidate))
+    }
+
+    /// Weighted power of two choices on the hash: the first two distinct candidates the key's
+    /// probe sequence reaches that `admit` accepts (each drawn in proportion to its weight), and
+    /// of those the one with less `load` per unit of weight; on a tie the first, so with
+    /// nothing in flight the pick is plain consistent hashing and shares follow the weights.
+    /// With a few requests per engine the hash alone puts two concurrent conversations on one
+    /// engine half the time while another idles; comparing two choices keeps each engine's
+    /// load near its share, and drawing them by weight keeps the shares the plan's.
+    pub fn pick_by_load(
+        &self,
+        key_hash: u64,
+        admit: impl Fn(usize) -> bool,
+        load: impl Fn(usize) -> f64,
+    ) -> Option<usize> {
+        let first = self.pick(key_hash, &admit)?;
+        if first.fallback {
+            return Some(first.candidate);
+        }
+        let n = self.candidates.len();
+        let per_weight = |c: usize| load(c) / self.candidates[c].weight.max(f64::MIN_POSITIVE);
+        for attempt in first.probes..MAX_PROBES {
+            let second = self.slots.probe(key_hash, attempt);
+            if second < n && second != first.candidate && admit(second) {
+                let better = per_weight(second) < per_weight(first.candidate);
+                return Some(if better { second } else { first.candidate });
+            }
+        }
+        Some(first.candidate)
     }
 
     /// The candidate `affinity` remembers for `key_hash` (the engine that served it last), if

@@ -165,7 +165,8 @@ impl UpstreamBody {
                 if let Some(data) = frame.data_ref() {
                     if !data.is_empty() {
                         self.at_boundary = data.ends_with(b"\n\n") || data.ends_with(b"\r\n\r\n");
-                        if self.sse {
+                        // The closing `[DONE]` follows the last token at once: no token gap.
+                        if self.sse && !data.starts_with(b"data: [DONE]") {
                             let now = Instant::now();
                             self.in_flight.stream_chunk(self.last_chunk, now);
                             self.last_chunk = Some(now);

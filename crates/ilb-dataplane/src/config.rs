@@ -40,6 +40,17 @@ pub struct DataPlaneConfig {
     /// `previous_response_id` routing; a table of `affinity_entries` entries). At most about
     /// 18 hours (65,535 s); default 4 hours.
     pub response_ttl: Duration,
+    /// TLS to https engines (requests, probes, discovery, round trips): trust roots and an
+    /// optional client certificate. `None`: no trusted roots, so every https engine fails its
+    /// handshake with `unknown_issuer`.
+    pub engine_tls: Option<ilb_tls::ClientTls>,
+    /// TLS to an https control plane (snapshots, reports), with the client certificate it
+    /// may ask for. `None`: no trusted roots.
+    pub control_plane_tls: Option<ilb_tls::ClientTls>,
+    /// Terminate TLS on the client listener with this (rotatable) certificate.
+    pub listener_tls: Option<ilb_tls::ServerTls>,
+    /// Refuse snapshots that name a plain `http://` engine.
+    pub https_only: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -87,6 +98,10 @@ impl DataPlaneConfig {
             affinity_entries: ilb_core::affinity::DEFAULT_ENTRIES,
             affinity_ttl: Duration::from_secs(u64::from(ilb_core::affinity::DEFAULT_TTL_S)),
             response_ttl: Duration::from_secs(4 * 3600),
+            engine_tls: None,
+            control_plane_tls: None,
+            listener_tls: None,
+            https_only: false,
         }
     }
 }

@@ -21,15 +21,8 @@ pub fn route(shared: &Shared, query: Option<&str>) -> Response<ProxyBody> {
 }
 
 fn explain(shared: &Shared, query: &str) -> Result<serde_json::Value, ProxyError> {
-    let params: Vec<(String, String)> = query
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (percent_decode(k), percent_decode(v))
-        })
-        .collect();
-    let get = |name: &str| params.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+    let params: Vec<_> = form_urlencoded::parse(query.as_bytes()).collect();
+    let get = |name: &str| params.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_ref());
     let model_name =
         get("model").ok_or_else(|| ProxyError::BadRequest("query parameter 'model' is required".into()))?;
     let key = get("key").ok_or_else(|| ProxyError::BadRequest("query parameter 'key' is required".into()))?;
@@ -59,7 +52,9 @@ fn explain(shared: &Shared, query: &str) -> Result<serde_json::Value, ProxyError
             } else if let Some(reason) = state.hold_reason() {
                 Some(match reason {
                     ilb_core::holds::HoldReason::Asleep => "held by the control plane: asleep",
-                    ilb_core::holds::HoldReason::NoReadyReplicas => "held by the control plane: no ready replicas",
+                    ilb_core::holds::HoldReason::NoReadyReplicas => {
+                        "held by the control plane: no ready replicas"
+                    }
                     ilb_core::holds::HoldReason::Unreachable => "held by the control plane: unreachable",
                 })
             } else if entry.max_in_flight != 0 && state.in_flight.load(Relaxed) >= entry.max_in_flight {
@@ -73,6 +68,7 @@ fn explain(shared: &Shared, query: &str) -> Result<serde_json::Value, ProxyError
                 "in_flight": state.in_flight.load(Relaxed),
                 "class_in_flight": installed.class_engine_in_flight[class.seq][i].load(Relaxed),
                 "skip": skip, "home_slot": i == home,
+                "tls_failure": state.last_tls_failure().map(|f| json!({"reason": f.label(), "advice": f.advice()})),
             })
         })
         .collect();
@@ -94,27 +90,4 @@ fn explain(shared: &Shared, query: &str) -> Result<serde_json::Value, ProxyError
         "walked": chosen.is_some_and(|c| c != home && Some(c) != remembered),
         "candidates": candidates,
     }))
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                match u8::from_str_radix(std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("zz"), 16) {
-                    Ok(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    Err(_) => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }

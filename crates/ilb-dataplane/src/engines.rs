@@ -4,9 +4,9 @@
 //! resets a count and a request finishing after its engine left the snapshot still decrements
 //! the right counter.
 
+use ilb_core::holds::HoldReason;
 use ilb_core::metrics::Histogram;
 use ilb_core::EngineId;
-use ilb_core::holds::HoldReason;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::time::Duration;
 
@@ -39,8 +39,17 @@ impl Default for GuardConfig {
 #[derive(Debug)]
 pub struct EngineState {
     pub id: EngineId,
-    /// `http://host:port` with any path prefix, without a trailing slash.
+    /// `http://host:port` or `https://host:port` with any path prefix, without a trailing slash.
     pub base_url: String,
+    /// For an https engine, the name its certificate must carry (the URL's host).
+    tls_name: Option<ilb_tls::ServerName<'static>>,
+    /// The reason of the last failed TLS handshake, as `Failure::ALL` index + 1 (0: none
+    /// since the last successful request).
+    last_tls_failure: std::sync::atomic::AtomicU8,
+    /// Failed TLS handshakes by reason, indexed like `Failure::ALL`.
+    pub tls_failures: [AtomicU64; ilb_tls::Failure::ALL.len()],
+    /// TLS handshakes that succeeded: full, and resumed from a cached session.
+    pub tls_handshakes: [AtomicU64; 2],
     /// The `Host` header sent to the engine, built once.
     host: http::HeaderValue,
     /// Where to connect: host (without IPv6 brackets) and port.
@@ -82,17 +91,30 @@ pub struct EngineCounters {
 impl EngineState {
     pub fn new(id: EngineId, url: &str) -> EngineState {
         let base_url = url.trim_end_matches('/').to_owned();
-        let rest = base_url.strip_prefix("http://").unwrap_or(&base_url);
+        let (rest, https) = match base_url.strip_prefix("https://") {
+            Some(rest) => (rest, true),
+            None => (base_url.strip_prefix("http://").unwrap_or(&base_url), false),
+        };
         let (authority, path_prefix) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
         let parsed: Option<http::uri::Authority> = authority.parse().ok();
         let connect_host = parsed.as_ref().map_or(authority, |a| a.host());
         let connect_host = connect_host.trim_start_matches('[').trim_end_matches(']').to_owned();
+        // A host rustls does not take as a server name (neither a DNS name nor an IP address)
+        // gets a placeholder name, so its handshakes fail as `name_mismatch`.
+        let tls_name = https.then(|| {
+            ilb_tls::server_name(&connect_host)
+                .unwrap_or_else(|_| ilb_tls::ServerName::try_from("invalid.invalid").expect("valid name"))
+        });
         EngineState {
             id,
             host: http::HeaderValue::from_str(authority)
                 .unwrap_or_else(|_| http::HeaderValue::from_static("localhost")),
             connect_host,
-            connect_port: parsed.as_ref().and_then(|a| a.port_u16()).unwrap_or(80),
+            connect_port: parsed.as_ref().and_then(|a| a.port_u16()).unwrap_or(if https { 443 } else { 80 }),
+            tls_name,
+            last_tls_failure: Default::default(),
+            tls_failures: Default::default(),
+            tls_handshakes: Default::default(),
             path_prefix: path_prefix.to_owned(),
             pool: crate::upstream::Pool::default(),
             base_url,
@@ -131,6 +153,27 @@ impl EngineState {
         (&self.connect_host, self.connect_port)
     }
 
+    /// The name to verify an https engine's certificate against; `None` for plain http.
+    pub fn tls_name(&self) -> Option<&ilb_tls::ServerName<'static>> {
+        self.tls_name.as_ref()
+    }
+
+    /// Counts a failed TLS handshake; returns true when its reason differs from the last one
+    /// (the caller logs only then, not once per attempt).
+    pub fn record_tls_failure(&self, failure: ilb_tls::Failure) -> bool {
+        let index = ilb_tls::Failure::ALL.iter().position(|f| *f == failure).unwrap_or(0);
+        self.tls_failures[index].fetch_add(1, Relaxed);
+        self.last_tls_failure.swap(index as u8 + 1, Relaxed) != index as u8 + 1
+    }
+
+    /// The reason of the last failed TLS handshake, until a request succeeds again.
+    pub fn last_tls_failure(&self) -> Option<ilb_tls::Failure> {
+        match self.last_tls_failure.load(Relaxed) {
+            0 => None,
+            n => ilb_tls::Failure::ALL.get(n as usize - 1).copied(),
+        }
+    }
+
     /// Hot path: one relaxed load.
     #[inline]
     pub fn is_ejected(&self) -> bool {
@@ -161,6 +204,9 @@ impl EngineState {
     pub fn record_success(&self) {
         if self.consecutive_failures.load(Relaxed) != 0 {
             self.consecutive_failures.store(0, Relaxed);
+        }
+        if self.last_tls_failure.load(Relaxed) != 0 {
+            self.last_tls_failure.store(0, Relaxed);
         }
         if self.ejections.load(Relaxed) != 0 && !self.is_ejected() {
             self.ejections.store(0, Relaxed);
@@ -252,6 +298,19 @@ mod tests {
         let named = EngineState::new(EngineId::new("n"), "http://engine-7");
         assert_eq!(named.host_header(), "engine-7");
         assert_eq!(named.connect_addr(), ("engine-7", 80));
+        assert!(named.tls_name().is_none());
+        let tls = EngineState::new(EngineId::new("t"), "https://engine-7.example/v1");
+        assert_eq!(tls.connect_addr(), ("engine-7.example", 443));
+        assert_eq!(tls.tls_name().map(|n| n.to_str().into_owned()).as_deref(), Some("engine-7.example"));
+        assert_eq!(tls.upstream_uri(Some(&pq("/x"))).unwrap(), "/v1/x");
+        let tls_v6 = EngineState::new(EngineId::new("t6"), "https://[::1]:8443");
+        assert_eq!(tls_v6.connect_addr(), ("::1", 8443));
+        assert!(tls_v6.tls_name().is_some());
+        assert!(tls.record_tls_failure(ilb_tls::Failure::Expired), "a new reason is logged");
+        assert!(!tls.record_tls_failure(ilb_tls::Failure::Expired), "the same reason again is not");
+        assert_eq!(tls.last_tls_failure(), Some(ilb_tls::Failure::Expired));
+        tls.record_success();
+        assert_eq!(tls.last_tls_failure(), None);
     }
 
     #[test]

@@ -38,7 +38,7 @@ pub async fn follow(shared: Arc<Shared>, url: String, mut shutdown: watch::Recei
             None => url.clone(),
         };
         let fetched = tokio::select! {
-            r = tokio::time::timeout(LONG_POLL + Duration::from_secs(5), crate::sources::fetch(&shared, &target, None)) => r,
+            r = tokio::time::timeout(LONG_POLL + Duration::from_secs(5), crate::sources::fetch(&shared.control_plane_client, &target, None)) => r,
             _ = shutdown.changed() => return,
         };
         let mut failed = false;
@@ -84,10 +84,13 @@ pub async fn follow(shared: Arc<Shared>, url: String, mut shutdown: watch::Recei
 pub fn apply(shared: &Shared, holds: Option<&EngineHolds>) {
     let Some(installed) = shared.routing.load() else { return };
     for engine in installed.engines.iter() {
-        let reason = holds.and_then(|h| h.held.iter().find(|hold| hold.engine == engine.id)).map(|h| h.reason);
+        let reason =
+            holds.and_then(|h| h.held.iter().find(|hold| hold.engine == engine.id)).map(|h| h.reason);
         if engine.set_hold(reason) {
             match reason {
-                Some(reason) => tracing::info!(engine = %engine.id, reason = reason.as_str(), "engine held by the control plane"),
+                Some(reason) => {
+                    tracing::info!(engine = %engine.id, reason = reason.as_str(), "engine held by the control plane")
+                }
                 None => tracing::info!(engine = %engine.id, "engine hold released"),
             }
         }

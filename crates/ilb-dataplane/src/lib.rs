@@ -90,8 +90,10 @@ impl DataPlane {
         self.local_addr
     }
 
+    /// `http://ip:port`, or `https://ip:port` with a TLS listener.
     pub fn url(&self) -> String {
-        format!("http://{}", self.local_addr)
+        let scheme = if self.shared.config.listener_tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.local_addr)
     }
 
     /// Installs a snapshot now; an invalid or older one is rejected and the current one stays.

@@ -241,6 +241,7 @@ async fn forward(
             shared.pool_clock.ms(),
             &shared.config.upstream_pool,
             shared.config.timeouts.connect,
+            &shared.engine_tls,
             &upstream,
         );
         match tokio::time::timeout_at(in_flight.started + shared.config.timeouts.first_byte, send).await {
@@ -390,7 +391,8 @@ pub(crate) fn choose(
     }
     // A conversation stays on the engine that holds its KV cache while that engine keeps a
     // weight and room; only then does the hash decide.
-    if let Some(c) = class.select(key_hash, affinity, now_s, bounded, |c| healthy(c) && has_room(c)) {
+    let load = |candidate: usize| class_engine[candidate].load(Relaxed) as f64;
+    if let Some(c) = class.select(key_hash, affinity, now_s, bounded, |c| healthy(c) && has_room(c), load) {
         return Ok(c);
     }
     if class.pick(key_hash, healthy).is_some() {

@@ -198,10 +198,10 @@ async fn send(shared: &Shared, config: &ReportConfig, report: &Report) -> Result
         let value = header::HeaderValue::from_str(&format!("Bearer {token}")).map_err(|e| e.to_string())?;
         request.headers_mut().insert(header::AUTHORIZATION, value);
     }
-    let response = tokio::time::timeout(Duration::from_secs(5), shared.client.request(request))
+    let response = tokio::time::timeout(Duration::from_secs(5), shared.control_plane_client.request(request))
         .await
         .map_err(|_| "timed out".to_owned())?
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| crate::sources::error_chain(&e))?;
     if !response.status().is_success() {
         return Err(format!("status {}", response.status()));
     }

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use ilb_core::classify::Endpoint;
@@ -23,13 +24,20 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::time::Instant;
 
-pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+/// The background tasks' HTTP client (probes, discovery, snapshots, reports): http, or https
+/// with one of the data plane's client TLS configs.
+pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// State shared by every connection and background task of one data plane.
 pub struct Shared {
     pub config: DataPlaneConfig,
     pub routing: RoutingState,
+    /// For engines: probes, quick-mode discovery, round trips.
     pub client: HttpClient,
+    /// For the control plane: snapshots and reports.
+    pub control_plane_client: HttpClient,
+    /// TLS to https engines on the request path.
+    pub engine_tls: ilb_tls::ClientTls,
     pub budget: crate::budget::RetryBudget,
     pub waiters: crate::admission::Waiters,
     epoch: Instant,
@@ -49,16 +57,15 @@ pub struct Shared {
 
 impl Shared {
     pub fn new(config: DataPlaneConfig) -> Shared {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(config.timeouts.connect));
-        connector.enforce_http(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(std::time::Duration::from_secs(90))
-            .pool_max_idle_per_host(1024)
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .build(connector);
+        // No roots: an https peer without configured trust fails its handshake (unknown issuer).
+        let untrusting = || {
+            ilb_tls::ClientTls::new(&ilb_tls::ClientOptions::default())
+                .expect("an empty client config builds")
+        };
+        let engine_tls = config.engine_tls.clone().unwrap_or_else(untrusting);
+        let control_plane_tls = config.control_plane_tls.clone().unwrap_or_else(untrusting);
+        let client = http_client(&config, &engine_tls);
+        let control_plane_client = http_client(&config, &control_plane_tls);
         let affinity = ilb_core::affinity::AffinityTable::new(
             config.affinity_entries,
             config.affinity_ttl.as_secs().min(u64::from(u32::MAX)) as u32,
@@ -74,6 +81,8 @@ impl Shared {
             config,
             routing: RoutingState::default(),
             client,
+            control_plane_client,
+            engine_tls,
             epoch: Instant::now(),
             requests: AtomicU64::new(0),
             snapshot_installs: AtomicU64::new(0),
@@ -86,6 +95,15 @@ impl Shared {
 
     /// Installs a snapshot, logging the outcome (not on the request path).
     pub fn install(&self, snapshot: &Snapshot) -> Result<(), InstallError> {
+        if self.config.https_only {
+            if let Some(plain) = snapshot.engines.iter().find(|e| !e.url.starts_with("https://")) {
+                self.snapshot_rejections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                return Err(InstallError::PlainEngine {
+                    engine: plain.id.to_string(),
+                    url: plain.url.clone(),
+                });
+            }
+        }
         let expected = self.config.cluster.as_ref().map(|c| c.as_str());
         let installed = match self.routing.install(snapshot, expected, crate::clock::unix_ms()) {
             Ok(installed) => installed,
@@ -139,6 +157,25 @@ impl Shared {
     }
 }
 
+/// A keep-alive client for http and https URLs, trusting what `tls` trusts.
+fn http_client(config: &DataPlaneConfig, tls: &ilb_tls::ClientTls) -> HttpClient {
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(config.timeouts.connect));
+    http.enforce_http(false);
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls.config_without_alpn())
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(std::time::Duration::from_secs(90))
+        .pool_max_idle_per_host(1024)
+        .pool_timer(TokioTimer::new())
+        .timer(TokioTimer::new())
+        .build(connector)
+}
+
 /// Accepts connections until `shutdown` flips, then lets open connections finish.
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
     let connections = Arc::new(Semaphore::new(shared.config.max_connections));
@@ -165,10 +202,29 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: wat
         let _ = stream.set_nodelay(true);
         let shared = Arc::clone(&shared);
         let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            serve_connection(stream, shared, shutdown).await;
-        });
+        match shared.config.listener_tls.as_ref().map(|tls| tls.acceptor().clone()) {
+            None => {
+                tokio::spawn(async move {
+                    let _permit = permit;
+                    serve_connection(stream, shared, shutdown).await;
+                });
+            }
+            Some(acceptor) => {
+                tokio::spawn(async move {
+                    let _permit = permit;
+                    // The handshake gets the time a client has for its request head.
+                    let handshake = acceptor.accept(stream);
+                    match tokio::time::timeout(shared.config.timeouts.header_read, handshake).await {
+                        Ok(Ok(tls)) => serve_connection(tls, shared, shutdown).await,
+                        Ok(Err(error)) => {
+                            let reason = ilb_tls::classify_io(&error).map_or("transport", |f| f.label());
+                            tracing::debug!(%error, reason, "client tls handshake failed");
+                        }
+                        Err(_) => tracing::debug!("client tls handshake timed out"),
+                    }
+                });
+            }
+        }
     }
 }
 
@@ -235,11 +291,10 @@ impl http_body::Body for Tracked {
 /// of the CPU of a small request). As with hyper's, a connection waiting for a request head
 /// (its first, or the next one after a response) is closed `header_read` after it began
 /// waiting; a response in progress is never cut.
-async fn serve_connection(
-    stream: tokio::net::TcpStream,
-    shared: Arc<Shared>,
-    mut shutdown: watch::Receiver<bool>,
-) {
+async fn serve_connection<S>(stream: S, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let header_read = shared.config.timeouts.header_read;
     let activity = Arc::new(Activity {
         opened: Instant::now(),

@@ -45,7 +45,7 @@ pub async fn poll(
         };
         let timeout = if long_poll { wait + Duration::from_secs(10) } else { Duration::from_secs(10) };
         let fetched = tokio::select! {
-            r = tokio::time::timeout(timeout, fetch(&shared, &target, etag.as_deref())) => r,
+            r = tokio::time::timeout(timeout, fetch(&shared.control_plane_client, &target, etag.as_deref())) => r,
             _ = shutdown.changed() => return,
         };
         let mut failed = true;
@@ -74,9 +74,9 @@ pub async fn poll(
     }
 }
 
-/// GET with `If-None-Match`; `Ok(None)` on 304.
+/// GET with `If-None-Match` through `client`; `Ok(None)` on 304.
 pub(crate) async fn fetch(
-    shared: &Shared,
+    client: &crate::server::HttpClient,
     url: &str,
     etag: Option<&str>,
 ) -> Result<Option<(Bytes, Option<String>)>, String> {
@@ -84,7 +84,7 @@ pub(crate) async fn fetch(
     if let Some(tag) = etag.and_then(|t| header::HeaderValue::from_str(t).ok()) {
         request.headers_mut().insert(header::IF_NONE_MATCH, tag);
     }
-    let response = shared.client.request(request).await.map_err(|e| e.to_string())?;
+    let response = client.request(request).await.map_err(|e| error_chain(&e))?;
     let status = response.status();
     if status == StatusCode::NOT_MODIFIED {
         return Ok(None);
@@ -115,7 +115,7 @@ pub async fn discover(
     loop {
         let mut all_answered = true;
         for url in &engines {
-            match fetch(&shared, &format!("{}/v1/models", url.trim_end_matches('/')), None).await {
+            match fetch(&shared.client, &format!("{}/v1/models", url.trim_end_matches('/')), None).await {
                 Ok(Some((body, _))) => match parse_model_list(&body) {
                     Some(models) => {
                         known.insert(url.clone(), models);
@@ -146,6 +146,18 @@ pub async fn discover(
     }
 }
 
+/// An error and its sources on one line (a TLS reason sits several sources deep).
+pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}
+
 fn parse_model_list(body: &[u8]) -> Option<Vec<String>> {
     #[derive(serde::Deserialize)]
     struct List {
@@ -164,7 +176,8 @@ pub fn equal_weight_snapshot(engines: &BTreeMap<String, Vec<String>>, version: u
     let mut by_model: BTreeMap<&str, Vec<EngineWeight>> = BTreeMap::new();
     let mut entries = Vec::new();
     for (url, models) in engines {
-        let id = EngineId::new(url.trim_start_matches("http://").trim_end_matches('/'));
+        let origin = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://")).unwrap_or(url);
+        let id = EngineId::new(origin.trim_end_matches('/'));
         for model in models {
             by_model.entry(model).or_default().push(EngineWeight {
                 engine: id.clone(),
@@ -225,7 +238,7 @@ pub async fn probe_ejected(shared: Arc<Shared>, mut shutdown: watch::Receiver<bo
             tokio::spawn(async move {
                 let url = format!("{}/health", engine.base_url);
                 let healthy = matches!(
-                    tokio::time::timeout(Duration::from_secs(1), fetch(&shared, &url, None)).await,
+                    tokio::time::timeout(Duration::from_secs(1), fetch(&shared.client, &url, None)).await,
                     Ok(Ok(Some(_)))
                 );
                 if healthy {

@@ -43,6 +43,8 @@ pub enum InstallError {
     Stale { offered: SnapshotVersion, installed: SnapshotVersion },
     #[error("snapshot is for cluster '{offered}', this data plane serves '{expected}'")]
     WrongCluster { offered: String, expected: String },
+    #[error("engine '{engine}' has a plain-http url ({url}) and this data plane is https-only")]
+    PlainEngine { engine: String, url: String },
 }
 
 /// Holds the current [`Installed`] and the registries that persist across installs.

@@ -138,7 +138,42 @@ pub fn render(shared: &Shared) -> String {
         "1 while the control plane's fast guard holds the engine out (asleep, no ready replica, unreachable).",
     );
     for e in &installed.engines {
-        w.sample("ilb_dataplane_engine_held", &[("engine", e.id.as_str())], if e.is_held() { 1.0 } else { 0.0 });
+        w.sample(
+            "ilb_dataplane_engine_held",
+            &[("engine", e.id.as_str())],
+            if e.is_held() { 1.0 } else { 0.0 },
+        );
+    }
+    w.family(
+        "ilb_dataplane_engine_tls_failures_total",
+        "counter",
+        "Failed TLS handshakes with each https engine, by reason (unknown_issuer, name_mismatch, expired, ...).",
+    );
+    for e in &installed.engines {
+        for (failure, count) in ilb_tls::Failure::ALL.iter().zip(&e.tls_failures) {
+            let count = count.load(Relaxed);
+            if count > 0 {
+                w.sample(
+                    "ilb_dataplane_engine_tls_failures_total",
+                    &[("engine", e.id.as_str()), ("reason", failure.label())],
+                    count as f64,
+                );
+            }
+        }
+    }
+    w.family(
+        "ilb_dataplane_engine_tls_handshakes_total",
+        "counter",
+        "TLS handshakes with each https engine that succeeded, full or resumed.",
+    );
+    for e in installed.engines.iter().filter(|e| e.tls_name().is_some()) {
+        for (kind, count) in ["full", "resumed"].iter().zip(&e.tls_handshakes) {
+            w.sample(
+                "ilb_dataplane_engine_tls_handshakes_total",
+                &[("engine", e.id.as_str()), ("kind", kind)],
+                count.load(Relaxed) as f64,
+            );
+        }
     }
     w.family("ilb_dataplane_guard_ejections_total", "counter", "Times the local guard ejected the engine.");
     for e in &installed.engines {
@@ -174,7 +209,11 @@ pub fn render(shared: &Shared) -> String {
         "Time between consecutive chunks of an engine's streamed response.",
     );
     for e in &installed.engines {
-        w.histogram("ilb_dataplane_stream_chunk_gap_seconds", &[("engine", e.id.as_str())], &e.counters.chunk_gap);
+        w.histogram(
+            "ilb_dataplane_stream_chunk_gap_seconds",
+            &[("engine", e.id.as_str())],
+            &e.counters.chunk_gap,
+        );
     }
     w.family(
         "ilb_dataplane_request_duration_seconds",

@@ -14,6 +14,12 @@ use std::path::{Path, PathBuf};
 pub struct ConfigFile {
     pub data_plane: Option<DataPlaneSection>,
     pub fleet: Option<ilb_controlplane::FleetConfig>,
+    /// `[control_plane.tls]`: TLS on the control plane's API and dashboard listener (`cert`,
+    /// `key`, both watched; `client_ca` and `client_auth` to verify data planes' certificates).
+    pub control_plane_tls: crate::tls::ListenerTlsSection,
+    /// `[control_plane.engine_tls]`: trust for https engines' `/metrics` (`ca`, `ca_only`) and a
+    /// client certificate if they ask for one (`cert`, `key`).
+    pub control_plane_engine_tls: crate::tls::ClientTlsSection,
 }
 
 /// `[data_plane]`: one front-end cluster's proxy.
@@ -68,6 +74,20 @@ pub struct DataPlaneSection {
     /// Timeouts; see `[data_plane.timeouts]`.
     #[serde(default)]
     pub timeouts: TimeoutsSection,
+    /// Refuse snapshots (and quick-mode engines) with plain `http://` engine URLs; default false.
+    pub https_only: Option<bool>,
+    /// `[data_plane.tls]`: terminate TLS on the client listener (`cert`, `key`; both watched
+    /// and reloaded when they change).
+    #[serde(default)]
+    pub tls: crate::tls::ListenerTlsSection,
+    /// `[data_plane.engine_tls]`: trust for https engines (`ca`, `ca_only`) and a client
+    /// certificate if engines ask for one (`cert`, `key`).
+    #[serde(default)]
+    pub engine_tls: crate::tls::ClientTlsSection,
+    /// `[data_plane.control_plane_tls]`: trust for an https control plane (`ca`, `ca_only`) and
+    /// the client certificate it verifies (`cert`, `key`: mutual TLS).
+    #[serde(default)]
+    pub control_plane_tls: crate::tls::ClientTlsSection,
 }
 
 /// `[data_plane.timeouts]`, all in milliseconds.
@@ -99,6 +119,18 @@ pub fn parse(text: &str) -> anyhow::Result<ConfigFile> {
         Some(v) => Some(v.try_into::<DataPlaneSection>().context("in [data_plane]")?),
         None => None,
     };
+    // The TLS tables name files, which only the binary reads: taken out here, before the
+    // fleet tables go to the control plane crate.
+    let mut control_plane_tls = crate::tls::ListenerTlsSection::default();
+    let mut control_plane_engine_tls = crate::tls::ClientTlsSection::default();
+    if let Some(toml::Value::Table(cp)) = table.get_mut("control_plane") {
+        if let Some(v) = cp.remove("tls") {
+            control_plane_tls = v.try_into().context("in [control_plane.tls]")?;
+        }
+        if let Some(v) = cp.remove("engine_tls") {
+            control_plane_engine_tls = v.try_into().context("in [control_plane.engine_tls]")?;
+        }
+    }
     let fleet = if table.is_empty() {
         None
     } else {
@@ -106,5 +138,5 @@ pub fn parse(text: &str) -> anyhow::Result<ConfigFile> {
         fleet.validate()?;
         Some(fleet)
     };
-    Ok(ConfigFile { data_plane, fleet })
+    Ok(ConfigFile { data_plane, fleet, control_plane_tls, control_plane_engine_tls })
 }

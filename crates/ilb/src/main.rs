@@ -3,6 +3,7 @@
 
 mod cmd;
 mod config;
+mod tls;
 mod traffic;
 
 use clap::{Parser, Subcommand};

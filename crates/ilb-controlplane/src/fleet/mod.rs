@@ -328,11 +328,18 @@ impl Fleet {
         let reported_rps: f64 = self
             .instances
             .values()
-            .filter(|i| now.saturating_sub(i.received) <= Duration::from_millis(self.config.control_plane.report_timeout_ms))
+            .filter(|i| {
+                now.saturating_sub(i.received)
+                    <= Duration::from_millis(self.config.control_plane.report_timeout_ms)
+            })
             .filter(|i| i.report.period_ms > 0)
             .flat_map(|i| {
                 let secs = i.report.period_ms as f64 / 1000.0;
-                i.report.engines.iter().filter(|o| o.engine.as_str() == id).map(move |o| o.requests as f64 / secs)
+                i.report
+                    .engines
+                    .iter()
+                    .filter(|o| o.engine.as_str() == id)
+                    .map(move |o| o.requests as f64 / secs)
             })
             .sum();
         let e = &mut self.engines[idx];
@@ -364,7 +371,8 @@ impl Fleet {
     /// plane's own network, not the engines.
     pub fn holds(&self) -> Vec<(String, HoldReason)> {
         let unreachable = |e: &EngineRuntime| {
-            e.consecutive_scrape_failures >= 2 || (e.consecutive_scrape_failures >= 1 && e.last_failure_connect)
+            e.consecutive_scrape_failures >= 2
+                || (e.consecutive_scrape_failures >= 1 && e.last_failure_connect)
         };
         let down = self.engines.iter().filter(|e| unreachable(e)).count();
         let hold_unreachable = down * 2 <= self.engines.len();

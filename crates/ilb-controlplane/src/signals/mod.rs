@@ -230,9 +230,8 @@ fn note_flavor(acc: &mut ModelAcc<'_>, flavor: EngineFlavor) {
 
 fn accumulate<'a>(models: &mut BTreeMap<String, ModelAcc<'a>>, sample: &Sample<'a>, flavor: EngineFlavor) {
     let name = sample.name;
-    let special = name == names::VLLM_REQUEST_FINISHED
-        || name == names::VLLM_SLEEP_STATE
-        || name == names::TGI_FAILURE;
+    let special =
+        name == names::VLLM_REQUEST_FINISHED || name == names::VLLM_SLEEP_STATE || name == names::TGI_FAILURE;
     if names::is_scalar(name) || special {
         let acc = models.entry(model_of(sample)).or_default();
         note_flavor(acc, flavor);
@@ -276,8 +275,7 @@ fn accumulate<'a>(models: &mut BTreeMap<String, ModelAcc<'a>>, sample: &Sample<'
     let (group, rank) = keys(sample, &[]);
     let acc = models.entry(model_of(sample)).or_default();
     note_flavor(acc, flavor);
-    let parts =
-        acc.histograms.entry(family).or_default().entry(group).or_default().entry(rank).or_default();
+    let parts = acc.histograms.entry(family).or_default().entry(group).or_default().entry(rank).or_default();
     match part {
         Part::Bucket => {
             if let Some(le) = le {

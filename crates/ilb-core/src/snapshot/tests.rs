@@ -38,7 +38,9 @@ fn rejects_bad_snapshots_with_a_reason() {
     check(|v| v["format"] = json!(2), "unsupported snapshot format 2");
     check(|v| v["surprise"] = json!(1), "unknown field `surprise`");
     check(|v| v["engines"][1]["id"] = json!("e1"), "duplicate engine id 'e1'");
-    check(|v| v["engines"][0]["url"] = json!("https://x:1"), "must start with http://");
+    check(|v| v["engines"][0]["url"] = json!("ftp://x:1"), "must start with http:// or https://");
+    check(|v| v["engines"][0]["url"] = json!("https://u:p@x:1"), "credentials");
+    check(|v| v["engines"][0]["url"] = json!("https://"), "no host");
     check(|v| v["engines"][0]["url"] = json!("http://u:p@x:1"), "credentials");
     check(|v| v["engines"][0]["url"] = json!("http://x:0"), "invalid port");
     check(|v| v["engines"][0]["url"] = json!("http://x:1/?q"), "query");
@@ -61,6 +63,13 @@ fn rejects_bad_snapshots_with_a_reason() {
     check(|v| v["models"][0]["classes"] = json!([]), "has no classes");
     check(|v| v["utilisation"] = json!(7), "utilisation");
     check(|v| v["engines"][0]["id"] = json!(""), "must be 1 to");
+}
+
+#[test]
+fn https_engines_are_allowed() {
+    assert_eq!(check_engine_url("https://engine.example:8443/prefix"), Ok(()));
+    assert_eq!(check_engine_url("https://[::1]:8443"), Ok(()));
+    assert_eq!(check_engine_url("HTTPS://x:1"), Err("must start with http:// or https://"));
 }
 
 #[test]

@@ -110,3 +110,28 @@ fn remembered_engines_survive_a_weight_change_and_follow_the_engine_not_its_posi
     assert_eq!(cc.remembered(&affinity, keys[0], 130), None);
     assert_eq!(cb.remembered(&affinity, keys[0], 100 + 601), None);
 }
+
+#[test]
+fn new_keys_take_the_less_loaded_of_two_weighted_choices() {
+    let t = table();
+    let m = t.model("m").unwrap();
+    let class = &m.classes[m.default_class];
+    let n = class.candidates.len();
+    // Nothing in flight: exactly the hash's pick, so shares follow the weights.
+    for key in 0..2000u64 {
+        let key = crate::slots::mix(key);
+        let by_load = class.pick_by_load(key, |_| true, |_| 0.0);
+        assert_eq!(by_load, class.pick(key, |_| true).map(|p| p.candidate));
+    }
+    // The 0.75 candidate loaded far past the other: new keys avoid it, except the few whose
+    // probes reach no other candidate (0.75^23 of keys).
+    let heavy = 0;
+    let mut on_heavy = 0;
+    for key in 0..2000u64 {
+        let key = crate::slots::mix(key);
+        let c = class.pick_by_load(key, |_| true, |c| if c == heavy { 100.0 } else { 0.0 }).unwrap();
+        assert!(c < n);
+        on_heavy += usize::from(c == heavy);
+    }
+    assert!(on_heavy <= 20, "{on_heavy} of 2000 new keys on the loaded engine");
+}

@@ -7,18 +7,23 @@
 //! streamed chunks go out as they arrive. A body that ended cleanly hands its connection back
 //! for reuse ([`EngineBody::take_reusable_conn`]); a body dropped before its end drops (closes)
 //! the connection, which tells the engine to stop generating.
+//!
+//! The connection is plain TCP or TLS ([`Stream`]); the codec sees bytes either way. The plain
+//! path pays one `match` per read and write, nothing else.
 
 use super::codec::{self, BodyDecoder, CodecError, Decoded};
 use super::{UpstreamError, UpstreamRequest};
 use bytes::{Bytes, BytesMut};
 use http::Response;
 use http_body::{Body, Frame, SizeHint};
+use ilb_tls::tokio_rustls::client::TlsStream;
+use ilb_tls::{ClientTls, ServerName};
 use std::future::Future;
 use std::io;
 use std::pin::{pin, Pin};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 /// Request bodies up to this size are copied behind the head and go out in the same write.
@@ -33,7 +38,7 @@ const KEEP_READ_BUF_MAX: usize = 2 * READ_RESERVE;
 /// An open HTTP/1.1 connection to an engine, between responses when idle in its pool.
 #[derive(Debug)]
 pub struct Conn {
-    stream: TcpStream,
+    stream: Stream,
     /// Bytes read and not yet consumed; empty between responses.
     read_buf: BytesMut,
     /// Kept across requests so that encoding a request does not allocate.
@@ -50,14 +55,35 @@ pub(super) struct Failed {
 }
 
 impl Conn {
-    /// Opens a connection (TCP_NODELAY), bounded by `timeout`.
-    pub(super) async fn connect(host: &str, port: u16, timeout: Duration) -> Result<Conn, UpstreamError> {
-        let stream = match tokio::time::timeout(timeout, TcpStream::connect((host, port))).await {
+    /// Opens a connection (TCP_NODELAY) and, for an https engine (`tls_name` set), runs the
+    /// TLS handshake with `tls` (resuming a cached session when it can); both together are
+    /// bounded by `timeout`.
+    pub(super) async fn connect(
+        host: &str,
+        port: u16,
+        tls_name: Option<&ServerName<'static>>,
+        tls: &ClientTls,
+        timeout: Duration,
+    ) -> Result<Conn, UpstreamError> {
+        let timed_out = || UpstreamError::ConnectTimeout(timeout.as_millis() as u64);
+        let deadline = tokio::time::Instant::now() + timeout;
+        let tcp = match tokio::time::timeout_at(deadline, TcpStream::connect((host, port))).await {
             Ok(Ok(stream)) => stream,
             Ok(Err(e)) => return Err(UpstreamError::Connect(e)),
-            Err(_) => return Err(UpstreamError::ConnectTimeout(timeout.as_millis() as u64)),
+            Err(_) => return Err(timed_out()),
         };
-        let _ = stream.set_nodelay(true);
+        let _ = tcp.set_nodelay(true);
+        let stream = match tls_name {
+            None => Stream::Plain(tcp),
+            Some(name) => {
+                let handshake = tls.connector().connect(name.clone(), tcp);
+                match tokio::time::timeout_at(deadline, handshake).await {
+                    Ok(Ok(stream)) => Stream::Tls(Box::new(stream)),
+                    Ok(Err(e)) => return Err(UpstreamError::from_handshake(e)),
+                    Err(_) => return Err(timed_out()),
+                }
+            }
+        };
         Ok(Conn {
             stream,
             read_buf: BytesMut::with_capacity(READ_RESERVE),
@@ -68,12 +94,37 @@ impl Conn {
     /// Whether an idle connection may carry a request: nothing arrived while it was idle (an
     /// engine's close, reset, or stray bytes). Costs a syscall only when the reactor has seen
     /// the socket become readable; otherwise it is a flag check. Hot path.
-    pub(super) fn is_usable_idle(&self) -> bool {
+    pub(super) fn is_usable_idle(&mut self) -> bool {
         if !self.read_buf.is_empty() {
             return false;
         }
-        let mut probe = [0u8; 1];
-        matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+        match &mut self.stream {
+            Stream::Plain(tcp) => {
+                let mut probe = [0u8; 1];
+                matches!(tcp.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+            }
+            // TLS records may arrive while idle without making the connection unusable (TLS 1.3
+            // session tickets): let rustls read and process them, and see whether any
+            // application data, a close or an error came out. Read bytes of the response to
+            // come cannot exist (no request is outstanding), so whatever is read is stray.
+            Stream::Tls(tls) => {
+                let mut probe = [0u8; 1];
+                let mut buf = ReadBuf::new(&mut probe);
+                let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
+                matches!(Pin::new(&mut **tls).poll_read(&mut cx, &mut buf), Poll::Pending)
+            }
+        }
+    }
+
+    /// Whether this connection runs TLS, and if so whether its session was resumed.
+    pub fn tls_resumed(&self) -> Option<bool> {
+        match &self.stream {
+            Stream::Plain(_) => None,
+            Stream::Tls(tls) => Some(matches!(
+                tls.get_ref().1.handshake_kind(),
+                Some(ilb_tls::rustls::HandshakeKind::Resumed)
+            )),
+        }
     }
 
     #[cfg(test)]
@@ -101,6 +152,10 @@ impl Conn {
         }
         if written.is_ok() && !inline {
             written = self.stream.write_all(body).await;
+        }
+        if written.is_ok() {
+            // TLS may hold records that the socket did not take yet; a plain flush is a no-op.
+            written = self.stream.flush().await;
         }
         if let Err(e) = written {
             // The engine cannot have acted on a request it did not receive in full.
@@ -136,6 +191,49 @@ impl Conn {
         *response.version_mut() = head.version;
         *response.headers_mut() = head.headers;
         Ok(response)
+    }
+}
+
+/// An engine connection's byte stream: plain TCP, or TLS over TCP (boxed: a rustls client
+/// connection is large, and a plain connection should not carry its size).
+#[derive(Debug)]
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Stream {
+    #[inline]
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(tcp) => Pin::new(tcp).poll_read(cx, buf),
+            Stream::Tls(tls) => Pin::new(&mut **tls).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    #[inline]
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(tcp) => Pin::new(tcp).poll_write(cx, buf),
+            Stream::Tls(tls) => Pin::new(&mut **tls).poll_write(cx, buf),
+        }
+    }
+
+    #[inline]
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(tcp) => Pin::new(tcp).poll_flush(cx),
+            Stream::Tls(tls) => Pin::new(&mut **tls).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(tcp) => Pin::new(tcp).poll_shutdown(cx),
+            Stream::Tls(tls) => Pin::new(&mut **tls).poll_shutdown(cx),
+        }
     }
 }
 

@@ -63,7 +63,8 @@ impl ScriptedEngine {
             extra: None,
             body: Bytes::from_static(body.as_bytes()),
         };
-        send(&self.engine, 0, &PoolConfig::default(), Duration::from_secs(5), &request).await
+        let tls = ilb_tls::ClientTls::new(&Default::default()).unwrap();
+        send(&self.engine, 0, &PoolConfig::default(), Duration::from_secs(5), &tls, &request).await
     }
 }
 

@@ -15,7 +15,9 @@
 //! snapshot, so it cannot grow without bound. Only engines of the installed snapshot are ever
 //! connected to.
 
-mod codec;
+pub mod codec;
+#[cfg(test)]
+mod codec_diff_tests;
 #[cfg(test)]
 mod codec_tests;
 mod conn;
@@ -81,6 +83,29 @@ pub enum UpstreamError {
     Closed,
     #[error("malformed response")]
     Protocol(#[source] CodecError),
+    /// The TLS handshake failed for a reason a person can act on (certificate, name, ...).
+    #[error("{0}")]
+    Tls(ilb_tls::Failure, #[source] std::io::Error),
+    /// The TLS handshake broke off without a TLS-level reason (reset, closed).
+    #[error("tls handshake failed")]
+    Handshake(#[source] std::io::Error),
+}
+
+impl UpstreamError {
+    pub(crate) fn from_handshake(error: std::io::Error) -> UpstreamError {
+        match ilb_tls::classify_io(&error) {
+            Some(failure) => UpstreamError::Tls(failure, error),
+            None => UpstreamError::Handshake(error),
+        }
+    }
+
+    /// The TLS failure reason, if this is one.
+    pub fn tls_failure(&self) -> Option<ilb_tls::Failure> {
+        match self {
+            UpstreamError::Tls(failure, _) => Some(*failure),
+            _ => None,
+        }
+    }
 }
 
 /// Milliseconds on a coarse clock shared by all pools of one data plane: advanced by a
@@ -119,7 +144,7 @@ impl Pool {
     fn pop(&self, now_ms: u64, config: &PoolConfig) -> Option<Conn> {
         let timeout_ms = config.idle_timeout.as_millis() as u64;
         let mut idle = self.lock();
-        while let Some(entry) = idle.pop() {
+        while let Some(mut entry) = idle.pop() {
             if now_ms.saturating_sub(entry.since_ms) >= timeout_ms {
                 // The stack is ordered by age: everything below is older still.
                 let expired = std::mem::take(&mut *idle);
@@ -146,7 +171,7 @@ impl Pool {
     pub fn sweep(&self, now_ms: u64, config: &PoolConfig) {
         let timeout_ms = config.idle_timeout.as_millis() as u64;
         let mut idle = self.lock();
-        idle.retain(|e| now_ms.saturating_sub(e.since_ms) < timeout_ms && e.conn.is_usable_idle());
+        idle.retain_mut(|e| now_ms.saturating_sub(e.since_ms) < timeout_ms && e.conn.is_usable_idle());
     }
 
     /// Idle connections kept now.
@@ -168,11 +193,16 @@ impl Pool {
 /// close produces, though, which is by far the common cause; hyper retried only requests it had
 /// not written, which a close racing the write defeats. A new connection is never retried
 /// here: the caller's retry rules (budget, another engine) apply.
+///
+/// An https engine is connected to with `tls`; a handshake that fails is recorded on the
+/// engine (its reason shows in `/debug/route` and the metrics) and logged when the reason
+/// changes.
 pub async fn send(
     engine: &EngineState,
     now_ms: u64,
     config: &PoolConfig,
     connect_timeout: Duration,
+    tls: &ilb_tls::ClientTls,
     request: &UpstreamRequest<'_>,
 ) -> Result<Response<EngineBody>, UpstreamError> {
     if let Some(conn) = engine.pool.pop(now_ms, config) {
@@ -186,6 +216,19 @@ pub async fn send(
         }
     }
     let (host, port) = engine.connect_addr();
-    let conn = Conn::connect(host, port, connect_timeout).await?;
+    let conn = match Conn::connect(host, port, engine.tls_name(), tls, connect_timeout).await {
+        Ok(conn) => conn,
+        Err(error) => {
+            if let Some(failure) = error.tls_failure() {
+                if engine.record_tls_failure(failure) {
+                    tracing::warn!(engine = %engine.id, url = %engine.base_url, reason = failure.label(), %failure, "tls handshake with engine failed");
+                }
+            }
+            return Err(error);
+        }
+    };
+    if let Some(resumed) = conn.tls_resumed() {
+        engine.tls_handshakes[usize::from(resumed)].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
     conn.round_trip(request).await.map_err(|failed| failed.error)
 }

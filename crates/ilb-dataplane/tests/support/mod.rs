@@ -391,11 +391,13 @@ pub fn parse_raw_response(bytes: &[u8]) -> Option<(u16, String)> {
 }
 
 /// One chat request on a fresh connection (so it goes through the data plane's accept loop),
-/// returning its status and how long it took.
+/// returning its status and how long it took. Panics if it is not served within 20 s (a
+/// starved or hung data plane, not a slow machine).
 pub async fn fresh_request(url: &str, key: &str) -> (StatusCode, Duration) {
     let started = tokio::time::Instant::now();
     let req = post(url, "/v1/chat/completions", &chat_body(key), &[("x-session-id", key)]);
-    let (status, _, _) = send(&client(), req).await;
+    let sent = tokio::time::timeout(Duration::from_secs(20), send(&client(), req)).await;
+    let (status, _, _) = sent.expect("a fresh request was not served within 20 s");
     (status, started.elapsed())
 }
 

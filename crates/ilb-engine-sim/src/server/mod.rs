@@ -52,6 +52,8 @@ pub struct EngineConfig {
     pub max_tokens_cap: u32,
     /// Dimensions of `/v1/embeddings` vectors. Default 32.
     pub embedding_dims: usize,
+    /// Serve https with this (rotatable) certificate instead of plain http. Default none.
+    pub tls: Option<ilb_tls::ServerTls>,
 }
 
 impl Default for EngineConfig {
@@ -66,6 +68,7 @@ impl Default for EngineConfig {
             default_max_tokens: 128,
             max_tokens_cap: 4096,
             embedding_dims: 32,
+            tls: None,
         }
     }
 }
@@ -178,9 +181,10 @@ impl EngineHandle {
         self.shared.addr
     }
 
-    /// `http://ip:port`, no trailing slash.
+    /// `http://ip:port` (`https://` with TLS), no trailing slash.
     pub fn url(&self) -> String {
-        format!("http://{}", self.shared.addr)
+        let scheme = if self.shared.config.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.shared.addr)
     }
 
     /// Replaces the fault document (same effect as `PUT /admin/faults`).
@@ -363,15 +367,42 @@ fn serve_connection(shared: &Arc<Shared>, stream: TcpStream) {
         let shared = service_shared.clone();
         async move { Ok::<_, std::convert::Infallible>(api::handle(request, shared).await) }
     });
+    let tls = shared.config.tls.as_ref().map(|tls| tls.acceptor().clone());
     tokio::spawn(async move {
-        let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
-        tokio::select! {
-            result = connection => {
-                if let Err(error) = result {
-                    tracing::trace!(%error, "connection ended with an error");
+        match tls {
+            None => {
+                let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+                tokio::select! {
+                    result = connection => {
+                        if let Err(error) = result {
+                            tracing::trace!(%error, "connection ended with an error");
+                        }
+                    }
+                    _ = close.changed() => {}
                 }
             }
-            _ = close.changed() => {}
+            Some(acceptor) => {
+                let stream = tokio::select! {
+                    accepted = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream)) => match accepted {
+                        Ok(Ok(stream)) => stream,
+                        Ok(Err(error)) => {
+                            tracing::debug!(%error, "tls handshake failed");
+                            return;
+                        }
+                        Err(_) => return,
+                    },
+                    _ = close.changed() => return,
+                };
+                let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+                tokio::select! {
+                    result = connection => {
+                        if let Err(error) = result {
+                            tracing::trace!(%error, "connection ended with an error");
+                        }
+                    }
+                    _ = close.changed() => {}
+                }
+            }
         }
     });
 }

@@ -33,6 +33,37 @@ pub struct DataPlaneArgs {
     /// TOML config file; its `[data_plane]` table sets everything the flags set, and more.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Terminate TLS on the client listener with this PEM certificate chain (with --tls-key);
+    /// the files are watched and reloaded when they change.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// PEM CA bundle trusted for https engines, added to the platform's roots.
+    #[arg(long, value_name = "FILE")]
+    engine_ca: Option<PathBuf>,
+    /// Trust only --engine-ca for engines, not the platform's roots.
+    #[arg(long, requires = "engine_ca")]
+    engine_ca_only: bool,
+    /// PEM client certificate presented to https engines that ask for one (with --engine-key).
+    #[arg(long, value_name = "FILE", requires = "engine_key")]
+    engine_cert: Option<PathBuf>,
+    /// PEM private key of --engine-cert.
+    #[arg(long, value_name = "FILE", requires = "engine_cert")]
+    engine_key: Option<PathBuf>,
+    /// PEM CA bundle trusted for an https control plane, added to the platform's roots.
+    #[arg(long, value_name = "FILE")]
+    control_plane_ca: Option<PathBuf>,
+    /// PEM client certificate for mutual TLS with the control plane (with --client-key).
+    #[arg(long, value_name = "FILE", requires = "client_key")]
+    client_cert: Option<PathBuf>,
+    /// PEM private key of --client-cert.
+    #[arg(long, value_name = "FILE", requires = "client_cert")]
+    client_key: Option<PathBuf>,
+    /// Refuse snapshots and engines with plain http:// URLs.
+    #[arg(long)]
+    https_only: bool,
     /// Worker threads (default: one per available core). 1 runs a single-threaded runtime,
     /// the cheapest way to use one pinned core.
     #[arg(long)]
@@ -60,6 +91,34 @@ pub fn run(args: DataPlaneArgs) -> anyhow::Result<()> {
     if let Some(cluster) = &args.cluster {
         section.cluster = Some(cluster.clone());
     }
+    if args.tls_cert.is_some() {
+        section.tls.cert = args.tls_cert.clone();
+        section.tls.key = args.tls_key.clone();
+    }
+    if args.engine_ca.is_some() {
+        section.engine_tls.ca = args.engine_ca.clone();
+    }
+    if args.engine_ca_only {
+        section.engine_tls.ca_only = Some(true);
+    }
+    if args.engine_cert.is_some() {
+        section.engine_tls.cert = args.engine_cert.clone();
+        section.engine_tls.key = args.engine_key.clone();
+    }
+    if args.control_plane_ca.is_some() {
+        section.control_plane_tls.ca = args.control_plane_ca.clone();
+    }
+    if args.client_cert.is_some() {
+        section.control_plane_tls.cert = args.client_cert.clone();
+        section.control_plane_tls.key = args.client_key.clone();
+    }
+    if args.https_only {
+        section.https_only = Some(true);
+    }
+    // TLS files are read here, before any port is bound; a bad file stops the start.
+    let listener = section.tls.build("data_plane.tls", false)?;
+    let engine_tls = section.engine_tls.build("data_plane.engine_tls")?;
+    let control_plane_tls = section.control_plane_tls.build("data_plane.control_plane_tls")?;
     let reports = section.control_plane.as_ref().map(|cp| {
         let instance = format!("{}-{}", section.cluster.as_deref().unwrap_or("local"), std::process::id());
         let mut reports = ReportConfig::new(format!("{}/v1/reports", cp.trim_end_matches('/')), instance);
@@ -69,14 +128,17 @@ pub fn run(args: DataPlaneArgs) -> anyhow::Result<()> {
         }
         reports
     });
-    let (config, source, file) = section.validate()?;
+    let (mut config, source, file) = section.validate()?;
+    config.engine_tls = Some(engine_tls);
+    config.control_plane_tls = Some(control_plane_tls);
+    config.listener_tls = listener.as_ref().map(|l| l.tls.clone());
     let runtime = match args.threads {
         Some(0) => bail!("--threads must be at least 1"),
         Some(1) => tokio::runtime::Builder::new_current_thread().enable_all().build()?,
         Some(n) => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build()?,
         None => tokio::runtime::Builder::new_multi_thread().enable_all().build()?,
     };
-    runtime.block_on(serve(config, source, file, reports))
+    runtime.block_on(serve(config, source, file, reports, listener))
 }
 
 async fn serve(
@@ -84,12 +146,14 @@ async fn serve(
     source: SnapshotSource,
     file: Option<PathBuf>,
     reports: Option<ReportConfig>,
+    listener: Option<crate::tls::Listener>,
 ) -> anyhow::Result<()> {
     let listen = config.listen;
     let data_plane = DataPlane::start_with_reports(config, source, reports)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     println!("data-plane: {}", data_plane.url());
+    let _watcher = listener.map(|l| AbortOnDrop(tokio::spawn(l.watch(Duration::from_secs(1)))));
     // The snapshot file is polled once a second and reinstalled when its mtime changes.
     let mut last_modified = None;
     loop {
@@ -110,6 +174,15 @@ async fn serve(
     }
     data_plane.shutdown().await;
     Ok(())
+}
+
+/// Stops a background task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 fn modified(path: &Path) -> Option<std::time::SystemTime> {
@@ -174,6 +247,7 @@ impl DataPlaneSection {
         if let Some(t) = self.create_traceparent {
             config.create_traceparent = t;
         }
+        config.https_only = self.https_only.unwrap_or(false);
         let budget = &mut config.retry_budget;
         for (name, value, slot) in [
             ("retry_ratio", self.retry_ratio, &mut budget.ratio),
@@ -211,6 +285,9 @@ impl DataPlaneSection {
                 for url in &self.engines {
                     ilb_core::snapshot::check_engine_url(url)
                         .map_err(|why| anyhow::anyhow!("engine url '{url}' {why}"))?;
+                    if config.https_only && !url.starts_with("https://") {
+                        bail!("engine url '{url}' is plain http and data_plane.https_only is set");
+                    }
                 }
                 SnapshotSource::Discover { engines: self.engines, interval: Duration::from_secs(30) }
             }

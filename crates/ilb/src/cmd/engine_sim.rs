@@ -35,6 +35,13 @@ pub struct EngineSimArgs {
     /// Engine id prefix; engine `i` is `<id>-<i>`.
     #[arg(long, default_value = "sim")]
     id: String,
+    /// Serve https with this PEM certificate chain (with --tls-key); every engine uses it, and
+    /// the files are watched and reloaded when they change.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// Tokio worker threads; 1 runs a single-threaded runtime.
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -52,7 +59,14 @@ pub fn run(args: EngineSimArgs) -> anyhow::Result<()> {
         profile = override_profile(profile, path)?;
     }
     profile.validate().context("hardware profile")?;
+    let section = crate::tls::ListenerTlsSection {
+        cert: args.tls_cert.clone(),
+        key: args.tls_key.clone(),
+        ..Default::default()
+    };
+    let listener = section.build("engine-sim --tls-cert", false)?;
     let config = EngineConfig {
+        tls: listener.as_ref().map(|l| l.tls.clone()),
         id: args.id.as_str().into(),
         model: args.model.as_str().into(),
         profile,
@@ -68,6 +82,7 @@ pub fn run(args: EngineSimArgs) -> anyhow::Result<()> {
     .context("starting the tokio runtime")?;
     runtime.block_on(async move {
         let engines = ilb_engine_sim::spawn_many(config, args.listen, args.count).await?;
+        let watcher = listener.map(|l| tokio::spawn(l.watch(std::time::Duration::from_secs(1))));
         let mut stdout = std::io::stdout().lock();
         for engine in &engines {
             writeln!(stdout, "engine {}: {}", engine.id(), engine.url())?;
@@ -76,6 +91,9 @@ pub fn run(args: EngineSimArgs) -> anyhow::Result<()> {
         drop(stdout);
         tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
         tracing::info!("shutting down engines");
+        if let Some(watcher) = watcher {
+            watcher.abort();
+        }
         for engine in engines {
             engine.shutdown().await;
         }

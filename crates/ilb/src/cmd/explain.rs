@@ -24,12 +24,11 @@ pub struct ExplainArgs {
 
 pub fn run(args: ExplainArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let url = format!(
-        "{}/v1/explain/weights?cluster={}&model={}",
-        args.control_plane.trim_end_matches('/'),
-        args.cluster,
-        args.model
-    );
+    let query = form_urlencoded::Serializer::new(String::new())
+        .append_pair("cluster", &args.cluster)
+        .append_pair("model", &args.model)
+        .finish();
+    let url = format!("{}/v1/explain/weights?{query}", args.control_plane.trim_end_matches('/'));
     let (status, body) = runtime.block_on(fetch(&url)).with_context(|| format!("cannot reach {url}"))?;
     let value: Value = serde_json::from_slice(&body).with_context(|| format!("{url} did not answer JSON"))?;
     if !status.is_success() {

@@ -1,12 +1,25 @@
 """Drives an ilb data plane with the official openai SDK: every call must behave as it does
-against OpenAI itself (chat, legacy completions, the Responses API, errors). Usage: check_openai.py BASE_URL MODEL. Exits non-zero on any mismatch."""
+against OpenAI itself (chat, legacy completions, the Responses API, errors). Usage:
+check_openai.py BASE_URL MODEL [CA_FILE]. With CA_FILE (an https BASE_URL), the SDK trusts that
+CA, and a client that does not must fail to connect. Exits non-zero on any mismatch."""
+import ssl
 import sys
 
 import openai
 from openai import OpenAI
 
 base, model = sys.argv[1], sys.argv[2]
-client = OpenAI(base_url=base + "/v1", api_key="not-needed", max_retries=0, timeout=30)
+ca = sys.argv[3] if len(sys.argv) > 3 else None
+http_client = None
+if ca:
+    http_client = openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=ca))
+    untrusting = OpenAI(base_url=base + "/v1", api_key="not-needed", max_retries=0, timeout=30)
+    try:
+        untrusting.models.list()
+        raise AssertionError("a client without the CA connected")
+    except openai.APIConnectionError:
+        pass
+client = OpenAI(base_url=base + "/v1", api_key="not-needed", max_retries=0, timeout=30, http_client=http_client)
 
 ids = [m.id for m in client.models.list().data]
 assert model in ids, f"{model} not in {ids}"

@@ -1,0 +1,165 @@
+//! The fleet with real engines' metrics: a llama.cpp engine (no request counter, no latency
+//! histograms) is planned on the latency the data planes measure and report; vLLM's sleep
+//! state and the engine simulator's ready replicas take engines out of the plan and into the
+//! fast guard's holds; an unreachable engine is held unless most of the fleet is.
+
+use ilb_controlplane::config::FleetConfig;
+use ilb_controlplane::fleet::Fleet;
+use ilb_controlplane::prom::{parse, Limits};
+use ilb_controlplane::signals::{extract, EngineFlavor, EngineSample};
+use ilb_core::holds::HoldReason;
+use ilb_core::report::{EngineObservation, Report};
+use ilb_core::{ClusterId, EngineId, ModelName};
+use std::time::Duration;
+
+fn fleet(engines: usize) -> Fleet {
+    let engines: String = (0..engines)
+        .map(|i| {
+            format!(
+                "[[engines]]\nid = \"e{i}\"\nurl = \"http://127.0.0.1:{}\"\nmodel = \"m\"\nregion = \"r\"\nprofile = \"p\"\n",
+                9000 + i
+            )
+        })
+        .collect();
+    let text = format!(
+        "[control_plane]\nlisten = \"127.0.0.1:0\"\n[[clusters]]\nid = \"a\"\nregion = \"r\"\n\
+         [profiles.p]\ncapacity_rps = 10.0\nttft_t0_ms = 50.0\nttft_b_ms = 15.0\n{engines}"
+    );
+    let config: FleetConfig = toml::from_str(&text).unwrap();
+    config.validate().unwrap();
+    Fleet::new(config)
+}
+
+fn fixture(file: &str) -> Vec<(ModelName, EngineSample)> {
+    let text =
+        std::fs::read_to_string(format!("{}/tests/fixtures/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    extract(&parse(&text, &Limits::default()).unwrap())
+}
+
+fn observation(engine: &str, requests: u64, first_chunk_ms: f64, chunk_gap_ms: f64) -> EngineObservation {
+    EngineObservation {
+        engine: EngineId::new(engine),
+        requests,
+        errors: 0,
+        ttfb_ms: Some(first_chunk_ms),
+        duration_ms: None,
+        first_chunk_ms: Some(first_chunk_ms),
+        streams: requests,
+        chunk_gap_ms: Some(chunk_gap_ms),
+        chunk_gaps: requests * 20,
+        rtt_ms: None,
+        in_flight: 0,
+    }
+}
+
+fn report(sequence: u64, engines: Vec<EngineObservation>) -> Report {
+    Report {
+        cluster: ClusterId::new("a"),
+        instance: "a-1".into(),
+        sequence,
+        period_ms: 1000,
+        snapshot_version: 0,
+        demand: vec![],
+        engines,
+    }
+}
+
+#[test]
+fn llamacpp_is_planned_on_the_latency_the_data_planes_measure() {
+    let mut fleet = fleet(1);
+    let busy = fixture("llamacpp_busy.txt");
+    let ttft_at = |fleet: &Fleet| fleet.latency_profile(0).latency_ms(8.0, 10.0);
+    let before = ttft_at(&fleet);
+    // Scrapes: running and waiting from the engine, nothing else to plan on.
+    for s in 0..60u64 {
+        let now = Duration::from_secs(s);
+        fleet.on_scrape(0, now, Ok(busy.clone()));
+        // 8 req/s, each stream's first chunk after 900 ms, 45 ms between chunks.
+        fleet.on_report(now, report(s + 1, vec![observation("e0", 8, 900.0, 45.0)])).unwrap();
+    }
+    let e = &fleet.engines[0];
+    assert_eq!(e.kind, Some(EngineFlavor::Llamacpp));
+    assert!(!e.ttft_from_engine && !e.tbot_from_engine && !e.requests_from_engine);
+    assert_eq!(e.running, 4.0);
+    assert_eq!(e.waiting, 2.0);
+    let close =
+        |v: Option<f64>, want: f64| assert!((v.unwrap() - want).abs() < 1e-6 * want, "{v:?} != {want}");
+    close(e.request_rate.value(), 8.0);
+    close(e.ttft_ms.value(), 900.0);
+    close(e.tbot_ms.value(), 45.0);
+    let after = ttft_at(&fleet);
+    assert!(after > before * 2.0, "the fit follows the reported latency: {before} ms → {after} ms");
+
+    // A vLLM engine's own histograms win over the reports.
+    let mut vllm = fleet_with_vllm();
+    let e = &vllm.engines[0];
+    assert!(e.ttft_from_engine && e.tbot_from_engine && e.requests_from_engine);
+    let ttft = e.ttft_ms.value();
+    vllm.on_report(Duration::from_secs(3), report(1, vec![observation("e0", 8, 900.0, 45.0)])).unwrap();
+    assert_eq!(vllm.engines[0].ttft_ms.value(), ttft, "reports do not overwrite the engine's own TTFT");
+}
+
+fn fleet_with_vllm() -> Fleet {
+    let mut fleet = fleet(1);
+    fleet.on_scrape(0, Duration::from_secs(0), Ok(fixture("vllm_0.32_idle.txt")));
+    fleet.on_scrape(0, Duration::from_secs(2), Ok(fixture("vllm_0.32_after.txt")));
+    fleet
+}
+
+#[test]
+fn asleep_and_unready_engines_are_held_and_planned_out() {
+    let mut fleet = fleet(4);
+    let now = Duration::from_secs(1);
+    let awake = fixture("vllm_0.32_busy.txt");
+    let mut asleep = awake.clone();
+    asleep[0].1.asleep = Some(true);
+    let unready = vec![(
+        ModelName::new("m"),
+        EngineSample {
+            flavor: EngineFlavor::IlbSim,
+            replicas: Some(2.0),
+            ready_replicas: Some(0.0),
+            ..EngineSample::default()
+        },
+    )];
+    let half_ready =
+        vec![(ModelName::new("m"), EngineSample { ready_replicas: Some(1.0), ..unready[0].1.clone() })];
+    fleet.on_scrape(0, now, Ok(awake));
+    fleet.on_scrape(1, now, Ok(asleep));
+    fleet.on_scrape(2, now, Ok(unready));
+    fleet.on_scrape(3, now, Ok(half_ready));
+    assert_eq!(
+        fleet.holds(),
+        vec![("e1".to_owned(), HoldReason::Asleep), ("e2".to_owned(), HoldReason::NoReadyReplicas)]
+    );
+    assert_eq!(fleet.health(0, now), 1.0);
+    assert_eq!(fleet.health(1, now), 0.0, "asleep: planned out");
+    assert_eq!(fleet.health(2, now), 0.0, "no ready replica: planned out");
+    assert_eq!(fleet.health(3, now), 0.5, "half the replicas ready: half the capacity");
+    assert_eq!(fleet.engines[3].kind, Some(EngineFlavor::IlbSim));
+}
+
+#[test]
+fn unreachable_engines_are_held_unless_most_of_the_fleet_is() {
+    let mut fleet = fleet(4);
+    let now = Duration::from_secs(1);
+    let ok = fixture("vllm_0.32_busy.txt");
+    for i in 0..4 {
+        fleet.on_scrape(i, now, Ok(ok.clone()));
+    }
+    // A refused connect holds at once; another failure needs a second one in a row.
+    fleet.on_scrape(0, now, Err("connect failed: connection refused".into()));
+    fleet.on_scrape(1, now, Err("scrape timed out after 1s".into()));
+    assert_eq!(fleet.holds(), vec![("e0".to_owned(), HoldReason::Unreachable)]);
+    fleet.on_scrape(1, now, Err("scrape timed out after 1s".into()));
+    assert_eq!(
+        fleet.holds(),
+        vec![("e0".to_owned(), HoldReason::Unreachable), ("e1".to_owned(), HoldReason::Unreachable)]
+    );
+    // Three of four unreachable at once looks like the control plane's network: no holds.
+    fleet.on_scrape(2, now, Err("connect failed: connection refused".into()));
+    assert_eq!(fleet.holds(), vec![]);
+    fleet.on_scrape(2, now, Ok(ok.clone()));
+    fleet.on_scrape(0, now, Ok(ok));
+    assert_eq!(fleet.holds(), vec![("e1".to_owned(), HoldReason::Unreachable)]);
+}

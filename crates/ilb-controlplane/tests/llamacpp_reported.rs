@@ -1,0 +1,233 @@
+//! A llama.cpp-like engine end to end on loopback: its `/metrics` is the live llama.cpp capture
+//! (no request counter, no latency histograms), its chat endpoint streams SSE chunks with known
+//! delays. Streamed through a real data plane that reports to a real control plane, the control
+//! plane's `/v1/state` must show the engine as `llamacpp`, with its TTFT, time between tokens and
+//! request rate measured by the data planes (and close to the delays the engine used), while
+//! running and waiting come from the engine.
+
+use bytes::Bytes;
+use http::{Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Body, Frame};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use ilb_controlplane::config::FleetConfig;
+use ilb_controlplane::ControlPlane;
+use ilb_dataplane::report::ReportConfig;
+use ilb_dataplane::{DataPlane, DataPlaneConfig, SnapshotSource};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+const FIRST_CHUNK: Duration = Duration::from_millis(120);
+const GAP: Duration = Duration::from_millis(30);
+const CHUNKS: usize = 6;
+
+/// A streamed body fed by a channel.
+struct Chunks(mpsc::Receiver<Bytes>);
+
+impl Body for Chunks {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|chunk| chunk.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+enum Reply {
+    Full(Full<Bytes>),
+    Stream(Chunks),
+}
+
+impl Body for Reply {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.get_mut() {
+            Reply::Full(b) => Pin::new(b).poll_frame(cx),
+            Reply::Stream(s) => Pin::new(s).poll_frame(cx),
+        }
+    }
+}
+
+async fn fake_llamacpp() -> SocketAddr {
+    let metrics =
+        std::fs::read_to_string(format!("{}/tests/fixtures/llamacpp_busy.txt", env!("CARGO_MANIFEST_DIR")))
+            .unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { return };
+            let metrics = metrics.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+                    let metrics = metrics.clone();
+                    async move {
+                        let full = |s: String| Reply::Full(Full::new(Bytes::from(s)));
+                        let response = match request.uri().path() {
+                            "/metrics" => Response::new(full(metrics)),
+                            "/health" => Response::new(full(r#"{"status":"ok"}"#.into())),
+                            "/v1/chat/completions" => {
+                                let _ = request.into_body().collect().await;
+                                let (tx, rx) = mpsc::channel(8);
+                                tokio::spawn(async move {
+                                    tokio::time::sleep(FIRST_CHUNK).await;
+                                    for i in 0..CHUNKS {
+                                        if i > 0 {
+                                            tokio::time::sleep(GAP).await;
+                                        }
+                                        let event = format!(
+                                            "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{i}\"}}}}],\"object\":\"chat.completion.chunk\"}}\n\n"
+                                        );
+                                        if tx.send(Bytes::from(event)).await.is_err() {
+                                            return;
+                                        }
+                                    }
+                                    let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+                                });
+                                Response::builder()
+                                    .header("content-type", "text/event-stream")
+                                    .body(Reply::Stream(Chunks(rx)))
+                                    .unwrap()
+                            }
+                            _ => {
+                                let mut r = Response::new(full(String::new()));
+                                *r.status_mut() = StatusCode::NOT_FOUND;
+                                r
+                            }
+                        };
+                        Ok::<_, Infallible>(response)
+                    }
+                });
+                let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            });
+        }
+    });
+    address
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llamacpp_latency_comes_from_the_data_planes() {
+    let engine = fake_llamacpp().await;
+    let text = format!(
+        r#"
+[control_plane]
+listen = "127.0.0.1:0"
+scrape_interval_ms = 250
+solve_interval_ms = 250
+smoothing_ms = 1000
+[[clusters]]
+id = "a"
+region = "r"
+[profiles.p]
+capacity_rps = 20.0
+ttft_t0_ms = 50.0
+ttft_b_ms = 15.0
+[[engines]]
+id = "llama"
+url = "http://{engine}"
+model = "gemma-3-270m"
+region = "r"
+profile = "p"
+"#
+    );
+    let config: FleetConfig = toml::from_str(&text).unwrap();
+    config.validate().unwrap();
+    let cp = ControlPlane::start(config, "127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let mut dp_config = DataPlaneConfig::new("127.0.0.1:0".parse().unwrap());
+    dp_config.cluster = Some(ilb_core::ClusterId::new("a"));
+    let source = SnapshotSource::Poll {
+        url: format!("{}/v1/snapshots/a", cp.url()),
+        interval: Duration::from_millis(200),
+        long_poll: true,
+    };
+    let mut reports = ReportConfig::new(format!("{}/v1/reports", cp.url()), "a-1".into());
+    reports.interval = Duration::from_millis(250);
+    let dp = DataPlane::start_with_reports(dp_config, source, Some(reports)).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while dp.snapshot_version().is_none() {
+        assert!(Instant::now() < deadline, "the data plane never received a snapshot");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let started = Instant::now();
+    let mut sent = 0;
+    let state = loop {
+        // A few concurrent streams per round.
+        let rounds: Vec<_> = (0..4)
+            .map(|i| {
+                let body = format!(
+                    r#"{{"model":"gemma-3-270m","stream":true,"messages":[{{"role":"user","content":"hi {sent} {i}"}}]}}"#
+                );
+                let request = http::Request::post(format!("{}/v1/chat/completions", dp.url()))
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from(body)))
+                    .unwrap();
+                let client = client.clone();
+                tokio::spawn(async move {
+                    let response = client.request(request).await.unwrap();
+                    assert_eq!(response.status(), 200);
+                    let body = response.into_body().collect().await.unwrap().to_bytes();
+                    assert!(body.ends_with(b"data: [DONE]\n\n"));
+                })
+            })
+            .collect();
+        for r in rounds {
+            r.await.unwrap();
+        }
+        sent += 4;
+        let body = client
+            .get(format!("{}/v1/state", cp.url()).parse().unwrap())
+            .await
+            .unwrap()
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes();
+        let state: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let signals = &state["models"][0]["engines"][0]["signals"];
+        let ready = signals["sources"]["ttft"] == "data_planes"
+            && signals["sources"]["tbot"] == "data_planes"
+            && signals["sources"]["request_rate"] == "data_planes"
+            && signals["request_rate"].as_f64().is_some_and(|r| r > 0.0);
+        if ready && sent >= 40 {
+            break state;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "signals never came from the data planes: {signals}"
+        );
+    };
+    let signals = &state["models"][0]["engines"][0]["signals"];
+    eprintln!("{signals}");
+    assert_eq!(signals["kind"], "llamacpp");
+    assert_eq!(signals["sources"]["running"], "engine");
+    assert_eq!(signals["running"], 4.0);
+    assert_eq!(signals["waiting"], 2.0);
+    let ttft = signals["ttft_ms"].as_f64().unwrap();
+    let tbot = signals["tbot_ms"].as_f64().unwrap();
+    let first = FIRST_CHUNK.as_secs_f64() * 1000.0;
+    let gap = GAP.as_secs_f64() * 1000.0;
+    // At least the engine's own delays; the bound above only guards against nonsense.
+    assert!(ttft >= first && ttft < first * 10.0, "ttft {ttft} ms for a first chunk after {first} ms");
+    assert!(tbot >= gap && tbot < gap * 10.0, "tbot {tbot} ms for chunks {gap} ms apart");
+    dp.shutdown().await;
+    cp.shutdown().await;
+}
