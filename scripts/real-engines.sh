@@ -150,7 +150,9 @@ wait_healthy() {
   deadline=$((SECONDS + limit))
   until curl -sf -o /dev/null --max-time 5 "http://127.0.0.1:$port/health" &&
         curl -sf -o /dev/null --max-time 5 "http://127.0.0.1:$port/v1/models"; do
-    if ! pid_alive "$name"; then
+    # Just started by us: a plain liveness check (its environ shows the marker only once
+    # `env` has exec'd the engine, a moment after the PID is known).
+    if ! kill -0 "$(cat "$RUN/$name.pid")" 2>/dev/null; then
       tail -40 "$LOGS/$name.log" >&2
       die "$name exited before it was healthy (log: $LOGS/$name.log)"
     fi
