@@ -20,15 +20,18 @@ pub mod signals;
 pub mod smoothing;
 
 pub mod api;
+mod api_engines;
 pub mod config;
 pub mod dashboard;
+pub mod discovery;
 pub mod fleet;
 pub mod guard;
 pub mod plan;
 pub mod publish;
+pub mod registrar;
 pub mod run;
 pub mod telemetry;
 pub mod view;
 
 pub use config::FleetConfig;
-pub use run::ControlPlane;
+pub use run::{ControlPlane, Reloader};

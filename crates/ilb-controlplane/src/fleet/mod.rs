@@ -9,9 +9,12 @@
 //! `outliers` judges engines against their model's fleet and their offline profiles and sets
 //! their penalties ([`Fleet::update_penalties`]).
 
+mod changes;
 mod history;
+pub mod members;
 mod outliers;
 
+pub use changes::FleetDiff;
 pub use outliers::OutlierWindow;
 
 use crate::config::FleetConfig;

@@ -29,7 +29,7 @@ const OUTPUT_TOKENS: u32 = 24;
 /// Planned capacity is this share of an engine's saturation throughput.
 const TARGET_UTILISATION: f64 = 0.8;
 
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct DemoArgs {
     /// Do not generate traffic (engines, control plane and data planes only).
     #[arg(long)]
@@ -153,7 +153,20 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
             .collect()
     };
     let clusters: Vec<String> = regions.iter().map(|r| r.name.to_owned()).collect();
-    serve_stack(&args, fleet, engines, labels, clusters, MODEL, targets).await
+    // Two engines that register themselves: one leaves at 80 s, one joins at 30 s.
+    let profiles = [
+        (format!("{}-c", regions[2].profile.name), regions[2].profile.clone()),
+        (format!("{}-b", regions[1].profile.name), regions[1].profile.clone()),
+    ];
+    let changes = tokio::spawn(crate::cmd::demo_fleet::run(
+        args.clone(),
+        MODEL,
+        format!("http://{}", addr(args.port_base)),
+        profiles,
+    ));
+    let result = serve_stack(&args, fleet, engines, labels, clusters, MODEL, targets).await;
+    changes.abort();
+    result
 }
 
 /// Starts the control plane and one data plane per cluster in front of `engines`, prints
@@ -168,6 +181,7 @@ pub(crate) async fn serve_stack(
     model: &str,
     targets: impl FnOnce(&[DataPlane]) -> Vec<Target>,
 ) -> anyhow::Result<()> {
+    let token = fleet.control_plane.token.clone();
     let cp = ControlPlane::start(fleet, addr(args.port_base)).await.context("control plane")?;
     let mut data_planes = Vec::new();
     for (i, cluster) in clusters.iter().enumerate() {
@@ -180,6 +194,7 @@ pub(crate) async fn serve_stack(
         };
         let mut reports = ReportConfig::new(format!("{}/v1/reports", cp.url()), format!("demo-{cluster}"));
         reports.interval = Duration::from_millis(500);
+        reports.token = Some(token.clone()).filter(|t| !t.is_empty());
         let dp = DataPlane::start_with_reports(config, source, Some(reports)).await.context("data plane")?;
         data_planes.push(dp);
     }
@@ -285,6 +300,7 @@ fn fleet_config(
             scrape_interval_ms: 1000,
             solve_interval_ms: 2000,
             smoothing_ms: 4000,
+            token: crate::cmd::demo_fleet::TOKEN.into(),
             ..ControlPlaneSettings::default()
         },
         regions: Vec::new(),
@@ -315,6 +331,7 @@ fn fleet_config(
                 max_in_flight: None,
             })
             .collect(),
+        engine_groups: Vec::new(),
     }
 }
 

@@ -201,6 +201,7 @@ fn fleet_config(args: &DemoArgs, found: &[Found]) -> FleetConfig {
                 max_in_flight: None,
             })
             .collect(),
+        engine_groups: Vec::new(),
     }
 }
 
