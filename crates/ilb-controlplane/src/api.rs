@@ -161,7 +161,7 @@ pub async fn serve_tls(
                     Ok(Ok(stream)) => stream,
                     Ok(Err(error)) => {
                         let reason = ilb_tls::classify_io(&error).map_or("transport", |f| f.label());
-                        tracing::info!(%error, reason, "tls handshake with a client failed");
+                        tracing::debug!(%error, reason, "tls handshake with a client failed");
                         return;
                     }
                     Err(_) => return,

@@ -295,9 +295,12 @@ impl Control {
                     tracing::debug!(%engine, error = %e, "scrape failed");
                 }
                 let now = self.now();
+                let held_before = self.fleet.hold_reason(idx);
                 self.fleet.on_scrape(idx, now, result);
                 // The fast guard: held engines reach the data planes without waiting for a plan.
-                self.state.holds.update(self.fleet.holds());
+                if self.fleet.hold_reason(idx) != held_before {
+                    self.state.holds.update(self.fleet.holds());
+                }
             }
             Event::Report(report) => {
                 if let Err(e) = self.fleet.on_report(self.now(), *report) {
@@ -315,6 +318,8 @@ impl Control {
                 }
                 self.fleet.expire(now);
                 self.fleet.update_penalties(now);
+                // Also on every tick, for what changes without a scrape.
+                self.state.holds.update(self.fleet.holds());
                 // At most one solve at a time: a tick during a solve is skipped.
                 self.solve();
             }
@@ -513,6 +518,7 @@ async fn ticker(
         }
     }
 }
+
 
 
 /// Solves every model, warm-starting each from its previous solution. Runs on a blocking thread.

@@ -14,6 +14,12 @@ fn root() -> PathBuf {
 const SECTIONS: &[(&str, &str, &str)] = &[
     ("crates/ilb/src/config.rs", "DataPlaneSection", "[data_plane]"),
     ("crates/ilb/src/config.rs", "TimeoutsSection", "[data_plane.timeouts]"),
+    ("crates/ilb/src/tls.rs", "ListenerTlsSection", "[data_plane.tls] and [control_plane.tls]"),
+    (
+        "crates/ilb/src/tls.rs",
+        "ClientTlsSection",
+        "[data_plane.engine_tls], [data_plane.control_plane_tls] and [control_plane.engine_tls]",
+    ),
     ("crates/ilb-controlplane/src/config.rs", "ControlPlaneSettings", "[control_plane]"),
     ("crates/ilb-controlplane/src/config.rs", "OutlierSettings", "[control_plane.outliers]"),
     ("crates/ilb-controlplane/src/config.rs", "Region", "[[regions]]"),

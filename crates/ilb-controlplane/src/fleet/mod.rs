@@ -373,28 +373,35 @@ impl Fleet {
     /// are held only while at most half of the fleet is: more at once looks like the control
     /// plane's own network, not the engines.
     pub fn holds(&self) -> Vec<(String, HoldReason)> {
-        let unreachable = |e: &EngineRuntime| {
-            e.consecutive_scrape_failures >= 2
-                || (e.consecutive_scrape_failures >= 1 && e.last_failure_connect)
-        };
-        let down = self.engines.iter().filter(|e| unreachable(e)).count();
+        let down = (0..self.engines.len())
+            .filter(|&idx| self.hold_reason(idx) == Some(HoldReason::Unreachable))
+            .count();
         let hold_unreachable = down * 2 <= self.engines.len();
-        self.engines
-            .iter()
-            .zip(&self.config.engines)
-            .filter_map(|(e, cfg)| {
-                let reason = if e.asleep {
-                    HoldReason::Asleep
-                } else if cfg.replicas == 0 || e.ready_fraction == Some(0.0) {
-                    HoldReason::NoReadyReplicas
-                } else if hold_unreachable && unreachable(e) {
-                    HoldReason::Unreachable
-                } else {
-                    return None;
-                };
-                Some((cfg.id.clone(), reason))
+        (0..self.engines.len())
+            .filter_map(|idx| {
+                let reason = self.hold_reason(idx)?;
+                (reason != HoldReason::Unreachable || hold_unreachable)
+                    .then(|| (self.config.engines[idx].id.clone(), reason))
             })
             .collect()
+    }
+
+    /// Why engine `idx` alone should be held, before the fleet-wide cap on unreachable ones
+    /// ([`Fleet::holds`]). Cheap: the control loop compares it around each scrape and
+    /// recomputes the holds only when it changed.
+    pub fn hold_reason(&self, idx: usize) -> Option<HoldReason> {
+        let (e, cfg) = (&self.engines[idx], &self.config.engines[idx]);
+        if e.asleep {
+            Some(HoldReason::Asleep)
+        } else if cfg.replicas == 0 || e.ready_fraction == Some(0.0) {
+            Some(HoldReason::NoReadyReplicas)
+        } else if e.consecutive_scrape_failures >= 2
+            || (e.consecutive_scrape_failures >= 1 && e.last_failure_connect)
+        {
+            Some(HoldReason::Unreachable)
+        } else {
+            None
+        }
     }
 
     /// Forgets data-plane instances that stopped reporting.
