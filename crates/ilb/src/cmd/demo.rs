@@ -3,6 +3,10 @@
 //! of it should spill to engine C), the control plane, three data planes, and a traffic
 //! generator of multi-turn conversations. Prints every URL, a `curl` and an `openai` snippet,
 //! then a console summary every few seconds until Ctrl-C.
+//!
+//! `ilb demo --engine URL ...` runs the control plane and a data plane in front of engines the
+//! user already has (vLLM, SGLang, llama.cpp, anything OpenAI-compatible): no simulated engines
+//! and no generated traffic, models discovered from each engine's `/v1/models`.
 
 use crate::traffic::{self, Target, TrafficConfig};
 use anyhow::Context;
@@ -51,6 +55,15 @@ pub struct DemoArgs {
     /// scenario's initial demand to about 40 req/s). Latencies stretch by 1/scale.
     #[arg(long)]
     pub(crate) scale: Option<f64>,
+    /// Run in front of an engine you already have (repeatable), instead of simulated ones: a
+    /// control plane on `--port-base` and one data plane on `--port-base` + 1080, models
+    /// discovered from each engine's `/v1/models`, no generated traffic.
+    #[arg(long = "engine", value_name = "URL", conflicts_with = "scenario")]
+    pub(crate) engines: Vec<String>,
+    /// With `--engine`: the capacity planned for each engine, req/s (demand beyond the planned
+    /// capacity of all engines is shed).
+    #[arg(long, default_value_t = 50.0, value_name = "RPS")]
+    pub(crate) engine_capacity_rps: f64,
 }
 
 struct Region {
@@ -77,6 +90,9 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.load.is_finite() && args.load >= 0.0, "--load must be a non-negative number");
     anyhow::ensure!(args.port_base <= 60_000, "--port-base must leave room for +2002");
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    if !args.engines.is_empty() {
+        return runtime.block_on(crate::cmd::demo_engines::run(args));
+    }
     match args.scenario.clone() {
         Some(path) => runtime.block_on(crate::cmd::demo_scenario::run(args, &path)),
         None => runtime.block_on(demo(args)),
