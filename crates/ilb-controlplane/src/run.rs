@@ -520,8 +520,6 @@ async fn ticker(
     }
 }
 
-
-
 /// Solves every model, warm-starting each from its previous solution. Runs on a blocking thread.
 fn solve_all(
     plans: Vec<ModelPlan>,

@@ -68,9 +68,9 @@ pub fn run(args: ControlPlaneArgs) -> anyhow::Result<()> {
     let path = args.config.clone().context("--config is required")?;
     let file = config::load(&path)?;
     let (mut listener_tls, mut engine_tls) = (file.control_plane_tls, file.control_plane_engine_tls);
-    let fleet = file.fleet.with_context(|| {
-        format!("{} describes no fleet (no [[clusters]] or [[engines]])", path.display())
-    })?;
+    let fleet = file
+        .fleet
+        .with_context(|| format!("{} describes no fleet (no [[clusters]] or [[engines]])", path.display()))?;
     if args.tls_cert.is_some() {
         listener_tls.cert = args.tls_cert.clone();
         listener_tls.key = args.tls_key.clone();
