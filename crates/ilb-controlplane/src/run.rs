@@ -58,6 +58,8 @@ pub struct Solved {
     solvers: BTreeMap<String, Solver>,
     /// The engine-set generation the plans were built from.
     generation: u64,
+    /// Models whose solve panicked (caught, reported as the model's error).
+    panics: u64,
 }
 
 /// A running control plane.
@@ -137,6 +139,7 @@ impl ControlPlane {
             shutdown: shutdown_rx.clone(),
             solve_every,
             listen: local_addr,
+            solver_panics: 0,
         };
         tasks.spawn(control.run(rx, solved_rx));
         Ok(ControlPlane { local_addr, shutdown, tasks, state })
@@ -254,6 +257,8 @@ struct Control {
     shutdown: watch::Receiver<bool>,
     solve_every: watch::Sender<Duration>,
     listen: SocketAddr,
+    /// Solves that panicked since start (`ilb_controlplane_solver_panics_total`).
+    solver_panics: u64,
 }
 
 impl Control {
@@ -435,7 +440,8 @@ impl Control {
     }
 
     fn on_solved(&mut self, solved: Solved) {
-        let Solved { plans, results, solvers, generation } = solved;
+        let Solved { plans, results, solvers, generation, panics } = solved;
+        self.solver_panics += panics;
         let stale = std::mem::take(&mut self.solvers_stale);
         self.solvers = Some(if stale { BTreeMap::new() } else { solvers });
         if generation != self.generation {
@@ -452,6 +458,7 @@ impl Control {
         self.state.publisher.publish(&snapshots);
         let mut view = view::build(&self.fleet, now, &plans, &results, version, unix_ms);
         view.membership = self.members.view(now);
+        view.solver_panics = self.solver_panics;
         self.state.set_view(view);
         self.state.set_problems(plans.iter().map(|p| (p.model.clone(), p.problem.clone())).collect());
         if self.solve_pending {
@@ -527,17 +534,44 @@ fn solve_all(
     options: &SolverOptions,
     generation: u64,
 ) -> Solved {
+    let mut panics = 0;
     let results = plans
         .iter()
         .map(|plan| {
             let solver = solvers.entry(plan.model.clone()).or_insert_with(|| Solver::new(options.clone()));
             let started = Instant::now();
-            let result = solver.solve(&plan.problem).map_err(|e| {
-                tracing::error!(model = %plan.model, error = %e, "optimizer rejected the problem");
-                e.to_string()
-            });
+            // A panicking solve must not stop planning: it is caught here, so the solvers
+            // still come back to the control loop, and the next tick solves again.
+            let solved = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| solver.solve(&plan.problem)));
+            let result = match solved {
+                Ok(result) => result.map_err(|e| {
+                    tracing::error!(model = %plan.model, error = %e, "optimizer rejected the problem");
+                    e.to_string()
+                }),
+                Err(payload) => {
+                    let message = panic_message(payload.as_ref());
+                    tracing::error!(model = %plan.model, panic = %message, "optimizer panicked; the next tick solves again from a fresh solver");
+                    panics += 1;
+                    Err(format!("optimizer panicked: {message}"))
+                }
+            };
             (result, started.elapsed().as_secs_f64() * 1000.0)
         })
-        .collect();
-    Solved { plans, results, solvers, generation }
+        .collect::<Vec<_>>();
+    // A solver that panicked may hold half-updated state: the model starts afresh.
+    for (plan, (result, _)) in plans.iter().zip(&results) {
+        if result.as_ref().is_err_and(|e| e.starts_with("optimizer panicked")) {
+            solvers.remove(&plan.model);
+        }
+    }
+    Solved { plans, results, solvers, generation, panics }
+}
+
+/// The text of a caught panic's payload.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
+        (Some(s), _) => (*s).to_owned(),
+        (_, Some(s)) => s.clone(),
+        _ => "a non-string panic payload".to_owned(),
+    }
 }

@@ -8,6 +8,12 @@ pub fn render(view: &View) -> String {
     let mut w = TextWriter::new();
     w.family("ilb_controlplane_snapshot_version", "gauge", "Version of the latest published snapshots.");
     w.sample("ilb_controlplane_snapshot_version", &[], view.version as f64);
+    w.family(
+        "ilb_controlplane_solver_panics_total",
+        "counter",
+        "Solves that panicked (caught; the model's error in /v1/state says so and the next tick solves again).",
+    );
+    w.sample("ilb_controlplane_solver_panics_total", &[], view.solver_panics as f64);
 
     type EngineField = fn(&crate::view::EngineView) -> Option<f64>;
     let engine_gauges: [(&str, &str, EngineField); 17] = [

@@ -17,6 +17,9 @@ pub struct View {
     /// Where each engine came from (config, registration, discovery) and the config file's
     /// state (a refused reload and why).
     pub membership: crate::fleet::members::MembershipView,
+    /// Solves that panicked since the control plane started (each is caught, the model's
+    /// `error` says so, and the next tick solves again).
+    pub solver_panics: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -291,5 +294,5 @@ pub fn build(
             identity: None,
         })
         .collect();
-    View { version, solved_unix_ms, models, data_planes, membership: Default::default() }
+    View { version, solved_unix_ms, models, data_planes, membership: Default::default(), solver_panics: 0 }
 }
