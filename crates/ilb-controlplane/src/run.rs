@@ -509,14 +509,19 @@ async fn ticker(
     events: mpsc::Sender<Event>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut interval = tokio::time::interval(*every.borrow_and_update());
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick comes one period in: the start (and a reload that changes the period)
+    // solves at once by itself, and an immediate tick would publish a second plan right after.
+    let periodic = |period: Duration| {
+        let mut interval = tokio::time::interval_at(crate::clock::now() + period, period);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        interval
+    };
+    let mut interval = periodic(*every.borrow_and_update());
     loop {
         tokio::select! {
             _ = interval.tick() => {}
             Ok(()) = every.changed() => {
-                interval = tokio::time::interval(*every.borrow_and_update());
-                interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                interval = periodic(*every.borrow_and_update());
                 continue;
             }
             _ = shutdown.changed() => return,
