@@ -12,6 +12,7 @@ process start time, each in its own process group). Standard library only.
     python3 scripts/bench-conversations.py --router sglang:cache_aware --runs 2
     python3 scripts/bench-conversations.py --router vllm:consistent_hash
     python3 scripts/bench-conversations.py --router-cmd 'my-router --port {port} {engine_flags}'
+    python3 scripts/bench-conversations.py table target/bench-conversations/*/results.jsonl
 
 Routers (`--router`): `ilb` (quick mode: `ilb data-plane --listen ... --engine A --engine B`,
 binary from --ilb-bin), `sglang:POLICY` (`smg launch`, sglang-router) and `vllm:POLICY`
@@ -43,6 +44,7 @@ import http.client
 import json
 import os
 import random
+import re
 import shlex
 import signal
 import socket
@@ -254,7 +256,7 @@ def document(conv, words):
     return " ".join(out)
 
 
-def stream_turn(conn, model, messages, session, max_tokens, timeout_s):
+def stream_turn(conn, model, messages, session, max_tokens):
     body = json.dumps({
         "model": model, "messages": messages, "stream": True, "max_tokens": max_tokens,
         "temperature": 0, "seed": 0, "ignore_eos": True,
@@ -291,63 +293,123 @@ def stream_turn(conn, model, messages, session, max_tokens, timeout_s):
             "text": "".join(text), "usage": usage, "timings": timings}
 
 
-def run_workload(target_for, model, args, placement_probe):
+def run_workload(target_for, model, args, router_view):
     """Runs every conversation (`target_for(conv)` is the base URL it is sent to); returns the
-    per-turn records and, with a `placement_probe`, where each conversation was placed."""
+    per-turn records. `router_view(session)`, if given, is asked after each first turn which
+    engine the router remembers for the conversation (ilb: /debug/route)."""
     records = []
     lock = threading.Lock()
-    active = {}  # conversation -> engine (for ilb: where each active conversation was placed)
-    placements = []
 
     def conversation(conv):
         session = f"bench-conv-{conv:02d}"
         u = urllib.parse.urlsplit(target_for(conv))
         messages = [{"role": "user", "content": document(conv, args.words) + "\n\n" + QUESTIONS[0]}]
         prev_prompt = None
-        try:
-            for turn in range(args.turns):
-                if turn > 0:
-                    messages.append({"role": "user", "content": QUESTIONS[turn % len(QUESTIONS)]})
-                # A connection per turn, as a client that reconnects: reusing one, llama.cpp's
-                # server closed it after a 20 s streamed first turn (seen when sent direct).
-                conn = http.client.HTTPConnection(u.hostname, u.port, timeout=args.request_timeout)
-                try:
-                    rec = stream_turn(conn, model, messages, session, args.max_tokens, args.request_timeout)
-                finally:
-                    conn.close()
-                messages.append({"role": "assistant", "content": rec["text"]})
-                t = rec["timings"] or {}
-                cache_n, prompt_n = t.get("cache_n"), t.get("prompt_n")
-                row = {"conv": conv, "turn": turn + 1, "session": session,
-                       "ttft_s": round(rec["ttft_s"], 4), "total_s": round(rec["total_s"], 4),
-                       "t_start": rec["t_start"], "t_end": rec["t_end"],
-                       "prompt_tokens": (rec["usage"] or {}).get("prompt_tokens"),
-                       "completion_tokens": (rec["usage"] or {}).get("completion_tokens"),
-                       "cache_n": cache_n, "prompt_n": prompt_n}
-                # A follow-up that found less than 90 % of the previous turn's prompt cached lost
-                # its prefix (another engine, or its slot was reused).
-                if turn > 0 and prev_prompt and cache_n is not None:
-                    row["prefix_missed"] = cache_n < 0.9 * prev_prompt
-                prev_prompt = row["prompt_tokens"]
-                if turn == 0 and placement_probe:
-                    engine = placement_probe(session)
-                    with lock:
-                        counts = {}
-                        for e in active.values():
-                            counts[e] = counts.get(e, 0) + 1
-                        placements.append({"conv": conv, "engine": engine, "active_elsewhere": counts})
-                        active[conv] = engine
-                row["engine"] = active.get(conv)
-                with lock:
-                    records.append(row)
-        finally:
+        for turn in range(args.turns):
+            if turn > 0:
+                messages.append({"role": "user", "content": QUESTIONS[turn % len(QUESTIONS)]})
+            # A connection per turn, as a client that reconnects: reusing one, llama.cpp's
+            # server closed it after a 20 s streamed first turn (seen when sent direct).
+            conn = http.client.HTTPConnection(u.hostname, u.port, timeout=args.request_timeout)
+            try:
+                rec = stream_turn(conn, model, messages, session, args.max_tokens)
+            finally:
+                conn.close()
+            messages.append({"role": "assistant", "content": rec["text"]})
+            t = rec["timings"] or {}
+            cache_n, prompt_n = t.get("cache_n"), t.get("prompt_n")
+            row = {"conv": conv, "turn": turn + 1, "session": session,
+                   "ttft_s": round(rec["ttft_s"], 4), "total_s": round(rec["total_s"], 4),
+                   "t_start": rec["t_start"], "t_end": rec["t_end"],
+                   "prompt_tokens": (rec["usage"] or {}).get("prompt_tokens"),
+                   "completion_tokens": (rec["usage"] or {}).get("completion_tokens"),
+                   "cache_n": cache_n, "prompt_n": prompt_n}
+            # A follow-up that found less than 90 % of the previous turn's prompt cached lost
+            # its prefix (another engine, or its slot was reused).
+            if turn > 0 and prev_prompt and cache_n is not None:
+                row["prefix_missed"] = cache_n < 0.9 * prev_prompt
+            prev_prompt = row["prompt_tokens"]
+            if turn == 0 and router_view:
+                row["router_remembers"] = router_view(session)
             with lock:
-                active.pop(conv, None)
+                records.append(row)
 
     with ThreadPoolExecutor(max_workers=args.concurrency) as pool:
         for f in [pool.submit(conversation, c) for c in range(args.conversations)]:
             f.result()
-    return records, placements
+    return records
+
+
+def engine_log_tasks(path):
+    """Finished tasks in a llama.cpp log: ((prompt tokens evaluated, tokens in the slot at
+    release), seconds since the process started, as the log's M.SS.mmm.uuu stamp says)."""
+    evals, out = {}, []
+    for line in open(path, errors="replace"):
+        m = re.search(r"\| task (\d+) \| prompt eval time = +[\d.]+ ms / +(\d+) tokens", line)
+        if m:
+            evals[m.group(1)] = int(m.group(2))
+            continue
+        m = re.match(r"(\d+)\.(\d+)\.(\d+)\.(\d+) .*\| task (\d+) \| stop processing: n_tokens = (\d+)", line)
+        if m and m.group(5) in evals:
+            mins, secs, ms, us = (int(g) for g in m.groups()[:4])
+            out.append(((evals.pop(m.group(5)), int(m.group(6))), mins * 60 + secs + ms / 1e3 + us / 1e6))
+    return out
+
+
+def attribute_engines(records, logs):
+    """Which engine served each request, for any router: llama.cpp logs every task's evaluated
+    prompt tokens and the tokens its slot held at release (prompt + completion - 1). A pair
+    found once in all the logs names the engine; those matches also give each log's clock
+    offset, and a pair found more than once goes to the entry whose release time is nearest
+    the request's end. Requests left unmatched get `engine` None."""
+    tasks = [(e, key, t) for e, path in zip("ab", logs) for key, t in engine_log_tasks(path)]
+    key_of = lambda r: (None if None in (r["prompt_n"], r["prompt_tokens"], r["completion_tokens"])
+                        else (r["prompt_n"], r["prompt_tokens"] + r["completion_tokens"] - 1))
+    count = {}
+    for r in records:
+        count[key_of(r)] = count.get(key_of(r), 0) + 1
+    used, offsets = set(), {}
+    for r in records:
+        r["engine"] = None
+        hits = [i for i, (_, key, _) in enumerate(tasks) if key == key_of(r)]
+        if len(hits) == 1 and count[key_of(r)] == 1:
+            e, _, t = tasks[hits[0]]
+            r["engine"] = e
+            used.add(hits[0])
+            offsets.setdefault(e, []).append(r["t_end"] - t)
+    offset = {e: statistics.median(v) for e, v in offsets.items()}
+    for r in sorted((r for r in records if r["engine"] is None), key=lambda r: r["t_end"]):
+        hits = [i for i, (e, key, _) in enumerate(tasks) if key == key_of(r) and i not in used and e in offset]
+        if hits:
+            best = min(hits, key=lambda i: abs(r["t_end"] - tasks[i][2] - offset[tasks[i][0]]))
+            r["engine"] = tasks[best][0]
+            used.add(best)
+
+
+def placement(records, n_engines):
+    """Per conversation its engines; how many conversations were active on each engine when it
+    started (a conversation is active from its first request to the end of its last)."""
+    convs = {}
+    for r in sorted(records, key=lambda r: r["t_start"]):
+        c = convs.setdefault(r["conv"], {"start": r["t_start"], "end": r["t_end"], "engines": []})
+        c["end"] = max(c["end"], r["t_end"])
+        c["engines"].append(r["engine"])
+    placed, busier, moves = [], 0, 0
+    for conv, c in sorted(convs.items()):
+        home = c["engines"][0]
+        active = {e: 0 for e in "ab"[:n_engines]}
+        for other, o in convs.items():
+            if other != conv and o["start"] < c["start"] < o["end"] and o["engines"][0] in active:
+                active[o["engines"][0]] += 1
+        if home in active and active[home] > min(v for e, v in active.items() if e != home):
+            busier += 1
+        moves += sum(1 for a, b in zip(c["engines"], c["engines"][1:]) if a and b and a != b)
+        placed.append({"conv": conv, "engines": "".join(e or "?" for e in c["engines"]),
+                       "active_at_start": "".join(f"{e}{v}" for e, v in active.items())})
+    per_engine = {e: sum(1 for p in placed if p["engines"][0] == e) for e in "ab"[:n_engines]}
+    return {"conversations": placed, "conversations_per_engine": per_engine,
+            "placed_on_busier_engine": busier, "followups_moved": moves,
+            "requests_unattributed": sum(1 for r in records if r["engine"] is None)}
 
 
 def summarize(records):
@@ -448,12 +510,12 @@ def one_run(args, run_no, out_dir):
         for e in engines:
             u = urllib.parse.urlsplit(e)
             c = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
-            stream_turn(c, MODEL_ALIAS, [{"role": "user", "content": "Say hello."}], "warmup", 4, 120)
+            stream_turn(c, MODEL_ALIAS, [{"role": "user", "content": "Say hello."}], "warmup", 4)
             c.close()
         before = [llama_metrics(e) for e in engines]
 
         router = None
-        placement_probe = None
+        router_view = None
         if args.router == "direct" and not args.router_cmd:
             base = None
             target_for = lambda conv: engines[conv % len(engines)]
@@ -467,14 +529,16 @@ def one_run(args, run_no, out_dir):
             target_for = lambda conv: base
             wait_until(f"router {args.router}", router_ready(kind, base, engines, MODEL_ALIAS), 60, router)
             if kind == "ilb":
-                def placement_probe(session):
+                names = {e.split("//", 1)[1]: "ab"[i] for i, e in enumerate(engines)}
+
+                def router_view(session):
                     status, body = try_get(f"{base}/debug/route?model={MODEL_ALIAS}&key={session}")
-                    return json.loads(body).get("remembered") if status == 200 else None
+                    return names.get(json.loads(body).get("remembered")) if status == 200 else None
 
         load_start = os.getloadavg()
         started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         t0 = time.perf_counter()
-        records, placements = run_workload(target_for, MODEL_ALIAS, args, placement_probe)
+        records = run_workload(target_for, MODEL_ALIAS, args, router_view)
         wall = time.perf_counter() - t0
         load_end = os.getloadavg()
 
@@ -490,17 +554,19 @@ def one_run(args, run_no, out_dir):
                                "tokens_predicted": int(a["tokens_predicted_total"] - b["tokens_predicted_total"])})
             with open(os.path.join(out_dir, f"{tag}-engine-{letter}-metrics.txt"), "w") as f:
                 f.write(braw + "\n# ---- after ----\n" + araw)
-        if router is not None:
-            for path in ("/metrics",):
-                status, body = try_get(f"{base}{path}")
-                if status == 200:
-                    with open(os.path.join(out_dir, f"{tag}-router-metrics.txt"), "wb") as f:
-                        f.write(body)
-            if args.router.startswith(("sglang", "vllm")):
-                status, body = try_get(f"http://127.0.0.1:{args.router_metrics_port}/metrics")
-                if status == 200:
-                    with open(os.path.join(out_dir, f"{tag}-router-metrics.txt"), "wb") as f:
-                        f.write(body)
+        if router is not None:  # the router's own metrics, for the record
+            peer = args.router.startswith(("sglang", "vllm")) and not args.router_cmd
+            status, body = try_get(f"http://127.0.0.1:{args.router_metrics_port}/metrics" if peer else f"{base}/metrics")
+            if status == 200:
+                with open(os.path.join(out_dir, f"{tag}-router-metrics.txt"), "wb") as f:
+                    f.write(body)
+        logs = [os.path.join(out_dir, f"{tag}-engine-{'ab'[i]}.log") for i in range(len(engines))]
+        deadline = time.monotonic() + 10  # the engines log a task's release as its stream ends
+        while True:
+            attribute_engines(records, logs)
+            if all(r["engine"] for r in records) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         t_base = min(r["t_start"] for r in records)
         with open(os.path.join(out_dir, f"{tag}-requests.jsonl"), "w") as f:
             for r in sorted(records, key=lambda r: r["t_start"]):
@@ -517,27 +583,41 @@ def one_run(args, run_no, out_dir):
                          "words": args.words, "max_tokens": args.max_tokens, "slots": args.slots,
                          "threads": args.threads, "ctx": args.ctx},
         }
-        if placements:
-            placements.sort(key=lambda p: p["conv"])
-            result["placements"] = [
-                {"conv": p["conv"], "engine": p["engine"], "active": p["active_elsewhere"]} for p in placements]
-            # A conversation placed on an engine that already had more active conversations than
-            # the other engine (the balance the power-of-two choice aims for).
-            def crowded(p):
-                mine = p["active_elsewhere"].get(p["engine"], 0)
-                others = [v for k, v in p["active_elsewhere"].items() if k != p["engine"]]
-                other = min(others) if len(others) == len(engines) - 1 else 0
-                return mine > other
-            result["placed_on_busier_engine"] = sum(1 for p in placements if crowded(p))
+        result["placement"] = placement(records, len(engines))
+        views = [r for r in records if "router_remembers" in r]
+        if views:  # the router's own view (ilb's /debug/route) against the engines' logs
+            result["placement"]["router_view_disagrees"] = sum(
+                1 for r in views if r["engine"] and r["router_remembers"] != r["engine"])
         return result
     finally:
         for p in reversed(procs):
             p.stop()
 
 
+def table(paths):
+    """A markdown table of the JSON lines in `paths` (results.jsonl files or saved stdout)."""
+    print("| router | run | started (UTC) | follow-up TTFT p50 / mean / p90 s | first-turn TTFT p50 s "
+          "| cache share (timings / metrics) | prefix misses | wall s | load 1m start / end |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                if not line.startswith("{"):
+                    continue
+                r = json.loads(line)
+                ft = r["followup_ttft_s"]
+                print(f"| {r['router']} | {r['run']} | {r['started_utc'][11:16]} | {ft['p50']:.2f} / {ft['mean']:.2f} / "
+                      f"{ft['p90']:.2f} | {r['first_turn_ttft_s']['p50']:.2f} | {100 * r['cache_share_timings']:.1f} % / "
+                      f"{100 * r['cache_share_metrics']:.1f} % | {r['followups_prefix_missed']} / {ft['n']} | "
+                      f"{r['wall_s']:.0f} | {r['load_1m_start']:.1f} / {r['load_1m_end']:.1f} |")
+    return 0
+
+
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "_serve":
         return serve_engine(sys.argv[2:])
+    if len(sys.argv) > 1 and sys.argv[1] == "table":
+        return table(sys.argv[2:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--router", default="ilb", help="ilb | sglang:POLICY | vllm:POLICY | direct")
