@@ -5,6 +5,8 @@
 //! | `GET /v1/snapshots/{cluster}` | the cluster's snapshot; `ETag`, `If-None-Match` → 304, `?wait=30s` long-polls for a newer one |
 //! | `POST /v1/reports` | a data plane's report (bearer token if configured) |
 //! | `GET /v1/engine-holds` | engines data planes must not send new requests to (asleep, no ready replica, unreachable); `?version=V&wait=5s` long-polls for a different set |
+//! | `POST /v1/engines` | register an engine or renew its lease (bearer token, or a verified client certificate) |
+//! | `DELETE /v1/engines/{id}` | remove a registered engine now (bearer token, or a verified client certificate) |
 //! | `GET /v1/explain/weights?cluster=C&model=M` | every weight of the cluster and model, with the numbers behind it |
 //! | `GET /v1/state` | the whole latest plan and fleet view |
 //! | `GET /v1/problems/{model}` | the optimizer input of the latest solve, as `ilb optimize` reads it |
@@ -45,7 +47,9 @@ pub struct ApiState {
     pub view: Mutex<Arc<View>>,
     /// The optimizer input of the latest solve per model, as `ilb optimize` reads it.
     pub problems: Mutex<Arc<BTreeMap<String, Problem>>>,
-    pub token: String,
+    /// Bearer token of the mutating endpoints; empty: reports need none, registration is off
+    /// (unless the client presents a verified certificate).
+    pub token: Mutex<String>,
     /// The data planes' fast guard (see [`crate::guard`]).
     pub holds: crate::guard::HoldsPublisher,
     /// The verified client certificate name each data plane's last report came with, by
@@ -157,7 +161,7 @@ pub async fn serve_tls(
                     Ok(Ok(stream)) => stream,
                     Ok(Err(error)) => {
                         let reason = ilb_tls::classify_io(&error).map_or("transport", |f| f.label());
-                        tracing::info!(%error, reason, "tls handshake with a client failed");
+                        tracing::debug!(%error, reason, "tls handshake with a client failed");
                         return;
                     }
                     Err(_) => return,
@@ -210,6 +214,13 @@ async fn dispatch(state: Arc<ApiState>, peer: &Peer, req: Request<Incoming>) -> 
         ),
         (&Method::GET, "/v1/engine-holds") => holds(&state, &query).await,
         (&Method::POST, "/v1/reports") => report(&state, peer, req).await,
+        (&Method::POST, "/v1/engines") => {
+            crate::api_engines::register(&state, peer.identity.is_some(), req).await
+        }
+        (&Method::DELETE, p) if p.starts_with("/v1/engines/") => {
+            let id = p.trim_start_matches("/v1/engines/").to_owned();
+            crate::api_engines::deregister(&state, peer.identity.is_some(), &req, &id).await
+        }
         (&Method::GET, p) if p.starts_with("/v1/problems/") => {
             let model = p.trim_start_matches("/v1/problems/");
             match state.problems().get(model) {
@@ -246,7 +257,7 @@ pub fn json(status: StatusCode, value: &impl serde::Serialize) -> Response<Body>
     r
 }
 
-fn error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
+pub(crate) fn error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
     json(
         status,
         &serde_json::json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": code}}),
@@ -360,22 +371,34 @@ async fn holds(state: &ApiState, query: &str) -> Response<Body> {
     }
 }
 
+impl ApiState {
+    /// Whether `req` carries the configured bearer token (always true without one).
+    pub(crate) fn authorized<B>(&self, req: &Request<B>) -> bool {
+        let token = self.token.lock().unwrap_or_else(|p| p.into_inner());
+        if token.is_empty() {
+            return true;
+        }
+        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        given.and_then(|g| g.strip_prefix("Bearer ")) == Some(token.as_str())
+    }
+
+    pub(crate) fn has_token(&self) -> bool {
+        !self.token.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+    }
+}
+
 async fn report(state: &ApiState, peer: &Peer, req: Request<Incoming>) -> Response<Body> {
     // A verified client certificate authenticates on its own; without one the bearer token
     // (if set) is required, and with client verification on, one of the two is.
-    if peer.identity.is_none() && peer.verifies_clients && state.token.is_empty() {
+    if peer.identity.is_none() && peer.verifies_clients && !state.has_token() {
         return error(
             StatusCode::UNAUTHORIZED,
             "client_certificate_required",
             "reports need a client certificate issued by the control plane's client CA",
         );
     }
-    if peer.identity.is_none() && !state.token.is_empty() {
-        let expected = format!("Bearer {}", state.token);
-        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-        if given != Some(expected.as_str()) {
-            return error(StatusCode::UNAUTHORIZED, "unauthorized", "a valid bearer token is required");
-        }
+    if peer.identity.is_none() && !state.authorized(&req) {
+        return error(StatusCode::UNAUTHORIZED, "unauthorized", "a valid bearer token is required");
     }
     let body = match Limited::new(req.into_body(), MAX_REPORT_BYTES).collect().await {
         Ok(b) => b.to_bytes(),

@@ -28,7 +28,13 @@ pub struct FleetConfig {
     /// Hardware profiles by name.
     #[serde(default)]
     pub profiles: BTreeMap<String, Profile>,
+    /// Engines known from the file. May be empty: engines can also register
+    /// (`POST /v1/engines`) or be discovered (`[[engine_groups]]`).
+    #[serde(default)]
     pub engines: Vec<Engine>,
+    /// Engines found by DNS: each address a group's name resolves to becomes an engine.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub engine_groups: Vec<EngineGroup>,
 }
 
 /// `[control_plane]`.
@@ -62,7 +68,8 @@ pub struct ControlPlaneSettings {
     /// Demand (req/s) assumed for a class before any data plane reports it, so weights exist
     /// from the start. Default 0.1.
     pub demand_floor_rps: f64,
-    /// Bearer token required by mutating endpoints (`POST /v1/reports`); none if empty.
+    /// Bearer token required by mutating endpoints (`POST /v1/reports`, `POST /v1/engines`,
+    /// `DELETE /v1/engines/{id}`). Empty: reports need none and registration is off.
     pub token: String,
     /// `[control_plane.outliers]`: detection of outlier engines and their penalties.
     pub outliers: OutlierSettings,
@@ -303,7 +310,7 @@ fn default_tbot_b() -> f64 {
     2.0
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Engine {
     pub id: String,
@@ -332,6 +339,70 @@ pub struct Engine {
 
 fn one() -> u32 {
     1
+}
+
+/// `[[engine_groups]]`: a group of engines declared by a DNS name (a Kubernetes headless
+/// Service, a Consul service, any DNS name with one record per engine). The name is resolved
+/// every `resolve_interval_ms`; every address becomes an engine with id `GROUP-ADDRESS-PORT`
+/// (`:` and `.` as `-`) and the fields below. An address that appears is added to the next
+/// plan; one missing from two resolutions in a row is removed.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EngineGroup {
+    /// Names the group; engine ids start with it.
+    pub id: String,
+    /// The name to resolve, e.g. `"vllm.inference.svc.cluster.local"` (A and AAAA records), or
+    /// with `srv = true` an SRV name such as `"_http._tcp.vllm.inference.svc.cluster.local"`.
+    pub dns: String,
+    /// Port of every address found by A/AAAA records. Required unless `srv = true`.
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// Resolve `dns` as SRV records: each target's A/AAAA addresses with the record's port.
+    #[serde(default)]
+    pub srv: bool,
+    /// How often the name is resolved, ms. Default 5000.
+    #[serde(default = "default_resolve_interval_ms")]
+    pub resolve_interval_ms: u64,
+    /// DNS servers to ask (UDP and TCP), `"ip:port"`. Default: the system's (`/etc/resolv.conf`).
+    #[serde(default)]
+    pub nameservers: Vec<String>,
+    /// The fields every engine of the group shares, as in `[[engines]]`.
+    pub model: String,
+    pub region: String,
+    pub profile: String,
+    #[serde(default = "one")]
+    pub replicas: u32,
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+    #[serde(default)]
+    pub residency: Vec<String>,
+    #[serde(default)]
+    pub capacity_rps: Option<f64>,
+    #[serde(default)]
+    pub max_in_flight: Option<u32>,
+}
+
+fn default_resolve_interval_ms() -> u64 {
+    5000
+}
+
+impl EngineGroup {
+    /// The engine at one resolved address.
+    pub fn engine(&self, addr: std::net::SocketAddr) -> Engine {
+        let host = addr.ip().to_string().replace([':', '.'], "-");
+        Engine {
+            id: format!("{}-{host}-{}", self.id, addr.port()),
+            url: format!("http://{addr}"),
+            model: self.model.clone(),
+            region: self.region.clone(),
+            profile: self.profile.clone(),
+            replicas: self.replicas,
+            capabilities: self.capabilities.clone(),
+            residency: self.residency.clone(),
+            capacity_rps: self.capacity_rps,
+            max_in_flight: self.max_in_flight,
+        }
+    }
 }
 
 /// A config that failed validation; the message names the field.
@@ -508,30 +579,59 @@ impl FleetConfig {
             }
             curves.validate(&field)?;
         }
-        if self.engines.is_empty() {
-            return err("engines: at least one engine is needed");
-        }
         let mut engines = HashSet::new();
         for e in &self.engines {
             if !engines.insert(e.id.as_str()) {
                 return err(format!("engines: duplicate id '{}'", e.id));
             }
-            if let Err(why) = ilb_core::snapshot::check_engine_url(&e.url) {
-                return err(format!("engines.{}.url: '{}' {why}", e.id, e.url));
+            self.validate_engine(e, &format!("engines.{}", e.id))?;
+        }
+        let mut groups = HashSet::new();
+        for g in &self.engine_groups {
+            let field = format!("engine_groups.{}", g.id);
+            if !groups.insert(g.id.as_str()) {
+                return err(format!("engine_groups: duplicate id '{}'", g.id));
             }
-            if !known_region(&e.region) {
-                return err(format!("engines.{}.region: unknown region '{}'", e.id, e.region));
+            if g.dns.is_empty() || g.dns.len() > 253 || !g.dns.bytes().all(|b| b.is_ascii_graphic()) {
+                return err(format!("{field}.dns: '{}' is not a DNS name", g.dns));
             }
-            if !self.profiles.contains_key(&e.profile) {
-                return err(format!("engines.{}.profile: unknown profile '{}'", e.id, e.profile));
+            if !g.srv && g.port.is_none() {
+                return err(format!("{field}.port: needed unless srv = true"));
             }
-            if e.model.is_empty() {
-                return err(format!("engines.{}.model: must not be empty", e.id));
+            if g.resolve_interval_ms == 0 {
+                return err(format!("{field}.resolve_interval_ms: must be positive"));
             }
-            if let Some(c) = e.capacity_rps {
-                if !(c.is_finite() && c > 0.0) {
-                    return err(format!("engines.{}.capacity_rps: must be positive", e.id));
+            for ns in &g.nameservers {
+                if ns.parse::<std::net::SocketAddr>().is_err() {
+                    return err(format!("{field}.nameservers: '{ns}' is not ip:port"));
                 }
+            }
+            let sample = g.engine(std::net::SocketAddr::from(([127, 0, 0, 1], g.port.unwrap_or(80))));
+            self.validate_engine(&sample, &field)?;
+        }
+        Ok(())
+    }
+
+    /// Checks one engine against this fleet (its URL, and that its region and profile exist);
+    /// `field` names it in errors (`engines.ID`, `registration`).
+    pub fn validate_engine(&self, e: &Engine, field: &str) -> Result<(), ConfigError> {
+        ilb_core::snapshot::check_name(&format!("{field}.id"), &e.id)
+            .map_err(|x| ConfigError(x.to_string()))?;
+        if let Err(why) = ilb_core::snapshot::check_engine_url(&e.url) {
+            return err(format!("{field}.url: '{}' {why}", e.url));
+        }
+        if !self.regions.is_empty() && !self.regions.iter().any(|r| r.id == e.region) {
+            return err(format!("{field}.region: unknown region '{}'", e.region));
+        }
+        if !self.profiles.contains_key(&e.profile) {
+            return err(format!("{field}.profile: unknown profile '{}'", e.profile));
+        }
+        if e.model.is_empty() {
+            return err(format!("{field}.model: must not be empty"));
+        }
+        if let Some(c) = e.capacity_rps {
+            if !(c.is_finite() && c > 0.0) {
+                return err(format!("{field}.capacity_rps: must be positive"));
             }
         }
         Ok(())

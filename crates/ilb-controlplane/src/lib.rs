@@ -9,6 +9,9 @@
 //! - [`profile`]: latency profiles L(y), their fit from observations, and the projection
 //!   onto convex non-decreasing curves the optimizer requires.
 //! - [`clock`]: the only place that reads the clock.
+//! - [`fleet::members`], [`discovery`], [`registrar`]: where engines come from (config file,
+//!   registrations with leases, DNS discovery) and how the set changes while running;
+//!   [`run::Reloader`] applies a new config file.
 //!
 //! **Invariant:** the control plane never depends on the data plane crate.
 
@@ -20,15 +23,18 @@ pub mod signals;
 pub mod smoothing;
 
 pub mod api;
+mod api_engines;
 pub mod config;
 pub mod dashboard;
+pub mod discovery;
 pub mod fleet;
 pub mod guard;
 pub mod plan;
 pub mod publish;
+pub mod registrar;
 pub mod run;
 pub mod telemetry;
 pub mod view;
 
 pub use config::FleetConfig;
-pub use run::ControlPlane;
+pub use run::{ControlPlane, Reloader};

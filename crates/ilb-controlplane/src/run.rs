@@ -1,10 +1,17 @@
 //! The control loop. One task owns the [`Fleet`] and reacts to a closed set of events: a scrape
-//! finished, a data-plane report arrived, the solve timer ticked, a solve finished. Scrapers
-//! and the HTTP API are separate tasks talking to it over a bounded channel; the solver runs on
-//! a blocking thread so a long solve never holds up signal intake.
+//! finished, a data-plane report arrived, the solve timer ticked, a solve finished, the config
+//! file was reloaded, an engine registered or left, a discovery group resolved. Scrapers, the
+//! HTTP API and discovery are separate tasks talking to it over a bounded channel; the solver
+//! runs on a blocking thread so a long solve never holds up signal intake.
+//!
+//! A change of the engine set is applied to the fleet as a diff ([`Fleet::apply_config`]) and starts a
+//! solve at once (or right after the one running), so the next published plan reflects it. A
+//! solve that was started before a change is discarded: its plans index the old engine set.
 
 use crate::api::{self, ApiState};
-use crate::config::FleetConfig;
+use crate::config::{Engine, FleetConfig};
+use crate::discovery::Discovery;
+use crate::fleet::members::{Members, RegisterError, RegisterOutcome, Registration};
 use crate::fleet::{Fleet, Now};
 use crate::plan::{self, ModelPlan};
 use crate::publish::Publisher;
@@ -14,25 +21,43 @@ use crate::view::{self, View};
 use ilb_core::report::Report;
 use ilb_core::ModelName;
 use ilb_optimizer::{Solution, Solver, SolverOptions};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 pub enum Event {
-    Scraped { engine: usize, result: Result<Vec<(ModelName, EngineSample)>, String> },
+    /// A scrape of engine `engine` at `url` finished.
+    Scraped {
+        engine: String,
+        url: String,
+        result: Result<Vec<(ModelName, EngineSample)>, String>,
+    },
     Report(Box<Report>),
     Tick,
     Solved(Box<Solved>),
+    /// A new configuration file, or why the file that changed was refused.
+    Reload(Box<Result<FleetConfig, String>>),
+    /// `POST /v1/engines`.
+    Register(Box<Registration>, oneshot::Sender<Result<RegisterOutcome, RegisterError>>),
+    /// `DELETE /v1/engines/{id}`; answers whether it was registered.
+    Deregister(String, oneshot::Sender<bool>),
+    /// A discovery group's engines after a resolution.
+    Discovered {
+        group: String,
+        engines: Vec<Engine>,
+    },
 }
 
 pub struct Solved {
     plans: Vec<ModelPlan>,
     results: Vec<(Result<Solution, String>, f64)>,
     solvers: BTreeMap<String, Solver>,
+    /// The engine-set generation the plans were built from.
+    generation: u64,
 }
 
 /// A running control plane.
@@ -41,6 +66,21 @@ pub struct ControlPlane {
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<()>,
     state: Arc<ApiState>,
+}
+
+/// Sends new configurations to a running control plane; cheap to clone.
+#[derive(Clone)]
+pub struct Reloader {
+    events: mpsc::Sender<Event>,
+}
+
+impl Reloader {
+    /// Applies `config` (validated again first) as a diff, or records why a file was refused
+    /// (`Err`): the running configuration then stays, and `/v1/state` shows the reason. False
+    /// if the control plane has stopped.
+    pub async fn reload(&self, config: Result<FleetConfig, String>) -> bool {
+        self.events.send(Event::Reload(Box::new(config))).await.is_ok()
+    }
 }
 
 impl ControlPlane {
@@ -64,7 +104,7 @@ impl ControlPlane {
             events: events.clone(),
             view: Mutex::new(Arc::new(View::default())),
             problems: Mutex::default(),
-            token: config.control_plane.token.clone(),
+            token: Mutex::new(config.control_plane.token.clone()),
             holds: crate::guard::HoldsPublisher::new(crate::clock::unix_ms()),
             identities: Mutex::default(),
             https: tls.listener.is_some(),
@@ -75,14 +115,30 @@ impl ControlPlane {
             None => scrape::http_client(),
         };
         tasks.spawn(api::serve_tls(listener, Arc::clone(&state), tls.listener, shutdown_rx.clone()));
-        let scrape_every = Duration::from_millis(config.control_plane.scrape_interval_ms);
-        for (idx, engine) in config.engines.iter().enumerate() {
-            let url = format!("{}/metrics", engine.url.trim_end_matches('/'));
-            tasks.spawn(scraper(idx, url, scrape_every, client.clone(), events.clone(), shutdown_rx.clone()));
-        }
-        let solve_every = Duration::from_millis(config.control_plane.solve_interval_ms);
-        tasks.spawn(ticker(solve_every, events, shutdown_rx.clone()));
-        tasks.spawn(control_loop(Fleet::new(config), rx, Arc::clone(&state), shutdown_rx));
+        let (solve_every, solve_every_rx) =
+            watch::channel(Duration::from_millis(config.control_plane.solve_interval_ms));
+        tasks.spawn(ticker(solve_every_rx, events.clone(), shutdown_rx.clone()));
+        let (solved_tx, solved_rx) = mpsc::channel::<Event>(1);
+        let control = Control {
+            fleet: Fleet::new(FleetConfig { engines: Vec::new(), ..config.clone() }),
+            members: Members::new(config.clone(), crate::clock::unix_ms()),
+            state: Arc::clone(&state),
+            epoch: crate::clock::now(),
+            solvers: Some(BTreeMap::new()),
+            solver_options: plan::solver_options(&config),
+            generation: 0,
+            solve_pending: false,
+            solvers_stale: false,
+            solved_tx,
+            scrapers: Scrapers::default(),
+            discovery: Discovery::default(),
+            client,
+            events,
+            shutdown: shutdown_rx.clone(),
+            solve_every,
+            listen: local_addr,
+        };
+        tasks.spawn(control.run(rx, solved_rx));
         Ok(ControlPlane { local_addr, shutdown, tasks, state })
     }
 
@@ -101,14 +157,319 @@ impl ControlPlane {
         self.state.view()
     }
 
+    /// A handle that applies new configurations.
+    pub fn reloader(&self) -> Reloader {
+        Reloader { events: self.state.events.clone() }
+    }
+
     pub async fn shutdown(mut self) {
         let _ = self.shutdown.send(true);
         while self.tasks.join_next().await.is_some() {}
     }
 }
 
+/// One scrape task per engine, keyed by id; aborted when the engine leaves or moves.
+#[derive(Default)]
+struct Scrapers {
+    running: HashMap<String, (String, tokio::task::AbortHandle)>,
+    every: Duration,
+}
+
+impl Scrapers {
+    /// Starts scrapers for new engines (or new URLs, or a new period) and stops those of
+    /// engines that left.
+    fn sync(&mut self, control: &ControlHandles, engines: &[Engine], every: Duration) {
+        if every != self.every {
+            self.stop_all();
+            self.every = every;
+        }
+        let mut keep = HashMap::with_capacity(engines.len());
+        for e in engines {
+            match self.running.remove(&e.id) {
+                Some((url, handle)) if url == e.url => {
+                    keep.insert(e.id.clone(), (url, handle));
+                }
+                previous => {
+                    if let Some((_, handle)) = previous {
+                        handle.abort();
+                    }
+                    let metrics = format!("{}/metrics", e.url.trim_end_matches('/'));
+                    let task = tokio::spawn(scraper(
+                        e.id.clone(),
+                        e.url.clone(),
+                        metrics,
+                        every,
+                        control.client.clone(),
+                        control.events.clone(),
+                        control.shutdown.clone(),
+                    ));
+                    keep.insert(e.id.clone(), (e.url.clone(), task.abort_handle()));
+                }
+            }
+        }
+        self.stop_all();
+        self.running = keep;
+    }
+
+    fn stop_all(&mut self) {
+        for (_, (_, handle)) in self.running.drain() {
+            handle.abort();
+        }
+    }
+}
+
+impl Drop for Scrapers {
+    fn drop(&mut self) {
+        self.stop_all();
+    }
+}
+
+/// What tasks the loop starts need from it.
+pub(crate) struct ControlHandles {
+    pub(crate) client: HttpClient,
+    pub(crate) events: mpsc::Sender<Event>,
+    pub(crate) shutdown: watch::Receiver<bool>,
+}
+
+/// The control loop's state.
+struct Control {
+    fleet: Fleet,
+    members: Members,
+    state: Arc<ApiState>,
+    epoch: Instant,
+    /// The solvers, while no solve runs.
+    solvers: Option<BTreeMap<String, Solver>>,
+    solver_options: SolverOptions,
+    /// Bumped by every change of the engine set or the settings.
+    generation: u64,
+    /// A change arrived while a solve ran: solve again when it returns.
+    solve_pending: bool,
+    /// The solver options changed while a solve ran: its solvers are not kept.
+    solvers_stale: bool,
+    solved_tx: mpsc::Sender<Event>,
+    scrapers: Scrapers,
+    discovery: Discovery,
+    client: HttpClient,
+    events: mpsc::Sender<Event>,
+    shutdown: watch::Receiver<bool>,
+    solve_every: watch::Sender<Duration>,
+    listen: SocketAddr,
+}
+
+impl Control {
+    fn now(&self) -> Now {
+        self.epoch.elapsed()
+    }
+
+    fn handles(&self) -> ControlHandles {
+        ControlHandles {
+            client: self.client.clone(),
+            events: self.events.clone(),
+            shutdown: self.shutdown.clone(),
+        }
+    }
+
+    async fn run(mut self, mut events: mpsc::Receiver<Event>, mut solved_rx: mpsc::Receiver<Event>) {
+        self.apply("start");
+        let mut shutdown = self.shutdown.clone();
+        loop {
+            let event = tokio::select! {
+                Some(e) = events.recv() => e,
+                Some(e) = solved_rx.recv() => e,
+                _ = shutdown.changed() => return,
+                else => return,
+            };
+            self.on_event(event);
+        }
+    }
+
+    fn on_event(&mut self, event: Event) {
+        match event {
+            Event::Scraped { engine, url, result } => {
+                let Some(idx) = self.fleet.engine_idx(&engine) else { return };
+                // A scrape that started before the engine moved to another URL is not its own.
+                if self.fleet.config.engines[idx].url != url {
+                    return;
+                }
+                if let Err(e) = &result {
+                    tracing::debug!(%engine, error = %e, "scrape failed");
+                }
+                let now = self.now();
+                let held_before = self.fleet.hold_reason(idx);
+                self.fleet.on_scrape(idx, now, result);
+                // The fast guard: held engines reach the data planes without waiting for a plan.
+                if self.fleet.hold_reason(idx) != held_before {
+                    self.state.holds.update(self.fleet.holds());
+                }
+            }
+            Event::Report(report) => {
+                if let Err(e) = self.fleet.on_report(self.now(), *report) {
+                    tracing::warn!(error = %e, "report ignored");
+                }
+            }
+            Event::Tick => {
+                let now = self.now();
+                let expired = self.members.expire(now);
+                if !expired.is_empty() {
+                    for id in &expired {
+                        tracing::info!(engine = %id, "registration lease expired");
+                    }
+                    self.apply("lease expiry");
+                }
+                self.fleet.expire(now);
+                self.fleet.update_penalties(now);
+                // Also on every tick, for what changes without a scrape.
+                self.state.holds.update(self.fleet.holds());
+                // At most one solve at a time: a tick during a solve is skipped.
+                self.solve();
+            }
+            Event::Solved(solved) => self.on_solved(*solved),
+            Event::Reload(config) => self.on_reload(*config),
+            Event::Register(registration, reply) => {
+                let id = registration.id.clone();
+                let outcome = self.members.register(self.now(), *registration);
+                match &outcome {
+                    Ok(RegisterOutcome::Renewed) => {}
+                    Ok(outcome) => {
+                        tracing::info!(engine = %id, ?outcome, "engine registered");
+                        self.apply("registration");
+                    }
+                    Err(e) => tracing::warn!(engine = %id, error = %e, "registration refused"),
+                }
+                let _ = reply.send(outcome);
+            }
+            Event::Deregister(id, reply) => {
+                let removed = self.members.deregister(&id);
+                if removed {
+                    tracing::info!(engine = %id, "engine deregistered");
+                    self.apply("deregistration");
+                }
+                let _ = reply.send(removed);
+            }
+            Event::Discovered { group, engines } => {
+                if self.members.set_discovered(&group, engines) {
+                    self.apply("discovery");
+                }
+            }
+        }
+    }
+
+    fn on_reload(&mut self, config: Result<FleetConfig, String>) {
+        let config = config.and_then(|c| c.validate().map(|()| c).map_err(|e| e.to_string()));
+        let config = match config {
+            Ok(config) => config,
+            Err(reason) => {
+                tracing::warn!(%reason, "config reload refused; the running configuration stays");
+                self.members.reject(reason, crate::clock::unix_ms());
+                self.publish_membership();
+                return;
+            }
+        };
+        let mut needs_restart = Vec::new();
+        if config.control_plane.listen != self.members.file().control_plane.listen {
+            needs_restart
+                .push(format!("control_plane.listen: still listening on {} until a restart", self.listen));
+        }
+        for dropped in self.members.set_file(config, crate::clock::unix_ms()) {
+            tracing::warn!("{dropped}");
+        }
+        self.members.status.needs_restart = needs_restart;
+        self.apply("reload");
+    }
+
+    /// Makes the fleet the members' effective configuration, restarts what depends on
+    /// settings, and solves at once.
+    fn apply(&mut self, why: &str) {
+        let config = self.members.effective();
+        let cp = &config.control_plane;
+        let handles = self.handles();
+        self.scrapers.sync(&handles, &config.engines, Duration::from_millis(cp.scrape_interval_ms));
+        self.discovery.sync(&handles, &config.engine_groups);
+        self.solve_every.send_if_modified(|every| {
+            let new = Duration::from_millis(cp.solve_interval_ms);
+            std::mem::replace(every, new) != new
+        });
+        *self.state.token.lock().unwrap_or_else(|p| p.into_inner()) = cp.token.clone();
+        let options = plan::solver_options(&config);
+        if options.stability_ms != self.solver_options.stability_ms {
+            // Solvers carry their options: start them afresh (the warm start is lost).
+            self.solver_options = options;
+            match self.solvers.is_some() {
+                true => self.solvers = Some(BTreeMap::new()),
+                false => self.solvers_stale = true,
+            }
+        }
+        let now = self.now();
+        let diff = self.fleet.apply_config_at(config, Some(now));
+        self.state.holds.update(self.fleet.holds());
+        if !diff.is_empty() {
+            tracing::info!(
+                why,
+                added = ?diff.added,
+                removed = ?diff.removed,
+                changed = ?diff.changed,
+                engines = self.fleet.engines.len(),
+                "engine set changed"
+            );
+        }
+        self.generation += 1;
+        self.publish_membership();
+        self.solve();
+    }
+
+    /// Starts a solve if none runs, else one right after it.
+    fn solve(&mut self) {
+        let Some(solvers) = self.solvers.take() else {
+            self.solve_pending = true;
+            return;
+        };
+        self.solve_pending = false;
+        let plans = plan::build(&self.fleet, self.now());
+        let tx = self.solved_tx.clone();
+        let options = self.solver_options.clone();
+        let generation = self.generation;
+        tokio::task::spawn_blocking(move || {
+            let solved = solve_all(plans, solvers, &options, generation);
+            let _ = tx.blocking_send(Event::Solved(Box::new(solved)));
+        });
+    }
+
+    fn on_solved(&mut self, solved: Solved) {
+        let Solved { plans, results, solvers, generation } = solved;
+        let stale = std::mem::take(&mut self.solvers_stale);
+        self.solvers = Some(if stale { BTreeMap::new() } else { solvers });
+        if generation != self.generation {
+            // Built from an engine set that has changed since: its indices are not ours.
+            self.solve();
+            return;
+        }
+        let now = self.now();
+        let unix_ms = crate::clock::unix_ms();
+        let version = self.state.publisher.next_version(unix_ms);
+        let solutions: Vec<Option<Solution>> =
+            results.iter().map(|(r, _)| r.as_ref().ok().cloned()).collect();
+        let snapshots = plan::snapshots(&self.fleet, &plans, &solutions, version, unix_ms);
+        self.state.publisher.publish(&snapshots);
+        let mut view = view::build(&self.fleet, now, &plans, &results, version, unix_ms);
+        view.membership = self.members.view(now);
+        self.state.set_view(view);
+        self.state.set_problems(plans.iter().map(|p| (p.model.clone(), p.problem.clone())).collect());
+        if self.solve_pending {
+            self.solve();
+        }
+    }
+
+    /// Shows the membership now, without waiting for the next solve.
+    fn publish_membership(&self) {
+        let mut view = (*self.state.view()).clone();
+        view.membership = self.members.view(self.now());
+        self.state.set_view(view);
+    }
+}
+
 async fn scraper(
-    engine: usize,
+    engine: String,
+    base_url: String,
     url: String,
     every: Duration,
     client: HttpClient,
@@ -129,83 +490,32 @@ async fn scraper(
         let result = scrape::scrape(&client, &uri, every.max(Duration::from_millis(500)))
             .await
             .map_err(|e| e.to_string());
-        if events.send(Event::Scraped { engine, result }).await.is_err() {
+        let event = Event::Scraped { engine: engine.clone(), url: base_url.clone(), result };
+        if events.send(event).await.is_err() {
             return;
         }
     }
 }
 
-async fn ticker(every: Duration, events: mpsc::Sender<Event>, mut shutdown: watch::Receiver<bool>) {
-    let mut interval = tokio::time::interval(every);
+async fn ticker(
+    mut every: watch::Receiver<Duration>,
+    events: mpsc::Sender<Event>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut interval = tokio::time::interval(*every.borrow_and_update());
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = interval.tick() => {}
+            Ok(()) = every.changed() => {
+                interval = tokio::time::interval(*every.borrow_and_update());
+                interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                continue;
+            }
             _ = shutdown.changed() => return,
         }
         if events.send(Event::Tick).await.is_err() {
             return;
-        }
-    }
-}
-
-async fn control_loop(
-    mut fleet: Fleet,
-    mut events: mpsc::Receiver<Event>,
-    state: Arc<ApiState>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let epoch = Instant::now();
-    let now = || -> Now { epoch.elapsed() };
-    let mut solvers: Option<BTreeMap<String, Solver>> = Some(BTreeMap::new());
-    let (solved_tx, mut solved_rx) = mpsc::channel::<Event>(1);
-    loop {
-        let event = tokio::select! {
-            Some(e) = events.recv() => e,
-            Some(e) = solved_rx.recv() => e,
-            _ = shutdown.changed() => return,
-            else => return,
-        };
-        match event {
-            Event::Scraped { engine, result } => {
-                if let Err(e) = &result {
-                    tracing::debug!(engine = %fleet.config.engines[engine].id, error = %e, "scrape failed");
-                }
-                fleet.on_scrape(engine, now(), result);
-                // The fast guard: held engines reach the data planes without waiting for a plan.
-                state.holds.update(fleet.holds());
-            }
-            Event::Report(report) => {
-                if let Err(e) = fleet.on_report(now(), *report) {
-                    tracing::warn!(error = %e, "report ignored");
-                }
-            }
-            Event::Tick => {
-                fleet.expire(now());
-                fleet.update_penalties(now());
-                // At most one solve at a time: a tick during a solve is skipped.
-                let Some(taken) = solvers.take() else { continue };
-                let plans = plan::build(&fleet, now());
-                let tx = solved_tx.clone();
-                let options = plan::solver_options(&fleet.config);
-                tokio::task::spawn_blocking(move || {
-                    let solved = solve_all(plans, taken, &options);
-                    let _ = tx.blocking_send(Event::Solved(Box::new(solved)));
-                });
-            }
-            Event::Solved(solved) => {
-                let Solved { plans, results, solvers: returned } = *solved;
-                solvers = Some(returned);
-                let unix_ms = crate::clock::unix_ms();
-                let version = state.publisher.next_version(unix_ms);
-                let solutions: Vec<Option<Solution>> =
-                    results.iter().map(|(r, _)| r.as_ref().ok().cloned()).collect();
-                let snapshots = plan::snapshots(&fleet, &plans, &solutions, version, unix_ms);
-                state.publisher.publish(&snapshots);
-                let view = view::build(&fleet, now(), &plans, &results, version, unix_ms);
-                state.set_view(view);
-                state.set_problems(plans.iter().map(|p| (p.model.clone(), p.problem.clone())).collect());
-            }
         }
     }
 }
@@ -215,6 +525,7 @@ fn solve_all(
     plans: Vec<ModelPlan>,
     mut solvers: BTreeMap<String, Solver>,
     options: &SolverOptions,
+    generation: u64,
 ) -> Solved {
     let results = plans
         .iter()
@@ -228,5 +539,5 @@ fn solve_all(
             (result, started.elapsed().as_secs_f64() * 1000.0)
         })
         .collect();
-    Solved { plans, results, solvers }
+    Solved { plans, results, solvers, generation }
 }

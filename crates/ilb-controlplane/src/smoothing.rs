@@ -60,6 +60,11 @@ impl<T: TimePoint> Ewma<T> {
         Self { tau_s: tau.as_secs_f64(), value: None, last_update: None }
     }
 
+    /// Changes the time constant from the next update on (the value is kept).
+    pub fn set_tau(&mut self, tau: Duration) {
+        self.tau_s = tau.as_secs_f64();
+    }
+
     /// Folds in observation `x` taken at `now` and returns the new estimate. The first
     /// observation is taken as is. Non-finite observations and observations older than the
     /// last one are ignored (the current estimate is returned).

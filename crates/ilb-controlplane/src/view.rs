@@ -14,6 +14,9 @@ pub struct View {
     pub solved_unix_ms: u64,
     pub models: Vec<ModelView>,
     pub data_planes: Vec<DataPlaneView>,
+    /// Where each engine came from (config, registration, discovery) and the config file's
+    /// state (a refused reload and why).
+    pub membership: crate::fleet::members::MembershipView,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -288,5 +291,5 @@ pub fn build(
             identity: None,
         })
         .collect();
-    View { version, solved_unix_ms, models, data_planes }
+    View { version, solved_unix_ms, models, data_planes, membership: Default::default() }
 }

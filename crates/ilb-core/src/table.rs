@@ -269,11 +269,12 @@ impl ClassTable {
     }
 
     /// The data plane's selection (the proxy and the fleet simulator both call it): the
-    /// candidate `affinity` remembers for the key if `bounded` admits it; else, for a key with
-    /// no engine of its own yet, the less loaded relative to its weight (`load` is the class's
-    /// requests in flight on a candidate) of the first two candidates weighted consistent
-    /// hashing admits within the load bound ([`ClassTable::pick_by_load`]); else hashing
-    /// admitting `usable` (without the bound). Hot path.
+    /// candidate `affinity` remembers for the key if `bounded` admits it; else, for a key the
+    /// table has never seen (a new conversation), the less loaded relative to its weight
+    /// (`load` is the class's requests in flight on a candidate) of the first two candidates
+    /// weighted consistent hashing admits within the load bound ([`ClassTable::pick_by_load`]),
+    /// and for a known key that must move, hashing within the bound; else hashing admitting
+    /// `usable` (without the bound). Hot path.
     #[inline]
     pub fn select(
         &self,
@@ -284,11 +285,19 @@ impl ClassTable {
         usable: impl FnMut(usize) -> bool,
         load: impl Fn(usize) -> f64,
     ) -> Option<usize> {
+        let seen = affinity.get(key_hash, now_s).is_some();
         if let Some(c) = self.remembered(affinity, key_hash, now_s).filter(|&c| bounded(c)) {
             return Some(c);
         }
-        self.pick_by_load(key_hash, &bounded, load)
-            .or_else(|| self.pick(key_hash, usable).map(|p| p.candidate))
+        let within = if seen {
+            // A conversation that must move goes to its hash home, as before it had one: so a
+            // plan that gives an engine its weight back gets its keys back too. (Placed by
+            // load, moved keys would stay wherever load put them while within their bound.)
+            self.pick(key_hash, &bounded).map(|p| p.candidate)
+        } else {
+            self.pick_by_load(key_hash, &bounded, load)
+        };
+        within.or_else(|| self.pick(key_hash, usable).map(|p| p.candidate))
     }
 
     /// Weighted power of two choices on the hash: the first two distinct candidates the key's

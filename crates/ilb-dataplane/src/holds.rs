@@ -28,13 +28,21 @@ pub fn url_for_snapshot_url(snapshot_url: &str) -> Option<String> {
     snapshot_url.find("/v1/snapshots/").map(|at| format!("{}/v1/engine-holds", &snapshot_url[..at]))
 }
 
-/// Follows `url` until shutdown.
-pub async fn follow(shared: Arc<Shared>, url: String, mut shutdown: watch::Receiver<bool>) {
+/// Follows the holds of the control-plane replicas at `urls` until shutdown: one at a time,
+/// moving to the next after a failed poll (replicas number their holds independently, so the
+/// first poll of a new one asks without a version).
+pub async fn follow(shared: Arc<Shared>, urls: Vec<String>, mut shutdown: watch::Receiver<bool>) {
+    if urls.is_empty() {
+        return;
+    }
+    let mut at = 0;
     let mut latest: Option<EngineHolds> = None;
+    let mut known_version: Option<u64> = None;
     let mut last_contact = Instant::now();
     loop {
-        let target = match &latest {
-            Some(h) => format!("{url}?version={}&wait={}s", h.version, LONG_POLL.as_secs()),
+        let url = &urls[at];
+        let target = match known_version {
+            Some(version) => format!("{url}?version={version}&wait={}s", LONG_POLL.as_secs()),
             None => url.clone(),
         };
         let fetched = tokio::select! {
@@ -47,6 +55,7 @@ pub async fn follow(shared: Arc<Shared>, url: String, mut shutdown: watch::Recei
                 match serde_json::from_slice::<EngineHolds>(&body) {
                     Ok(holds) => {
                         last_contact = Instant::now();
+                        known_version = Some(holds.version);
                         latest = Some(holds);
                     }
                     Err(e) => {
@@ -72,6 +81,8 @@ pub async fn follow(shared: Arc<Shared>, url: String, mut shutdown: watch::Recei
         }
         apply(&shared, latest.as_ref());
         if failed {
+            at = (at + 1) % urls.len();
+            known_version = None;
             tokio::select! {
                 _ = tokio::time::sleep(RETRY) => {}
                 _ = shutdown.changed() => return,

@@ -73,11 +73,15 @@ impl DataPlane {
         match source {
             SnapshotSource::Manual => {}
             SnapshotSource::Poll { url, interval, long_poll } => {
-                // The fast guard rides beside the snapshots, from the same control plane.
-                if let Some(holds_url) = holds::url_for_snapshot_url(&url) {
-                    tasks.spawn(holds::follow(Arc::clone(&shared), holds_url, shutdown_rx.clone()));
-                }
-                tasks.spawn(sources::poll(Arc::clone(&shared), url, interval, long_poll, shutdown_rx));
+                let holds = holds::url_for_snapshot_url(&url).into_iter().collect();
+                tasks.spawn(holds::follow(Arc::clone(&shared), holds, shutdown_rx.clone()));
+                tasks.spawn(sources::poll(Arc::clone(&shared), vec![url], interval, long_poll, shutdown_rx));
+            }
+            SnapshotSource::Replicas { urls, interval, long_poll } => {
+                // The fast guard rides beside the snapshots, from the same replicas.
+                let holds = urls.iter().filter_map(|u| holds::url_for_snapshot_url(u)).collect();
+                tasks.spawn(holds::follow(Arc::clone(&shared), holds, shutdown_rx.clone()));
+                tasks.spawn(sources::poll(Arc::clone(&shared), urls, interval, long_poll, shutdown_rx));
             }
             SnapshotSource::Discover { engines, interval } => {
                 tasks.spawn(sources::discover(Arc::clone(&shared), engines, interval, shutdown_rx));

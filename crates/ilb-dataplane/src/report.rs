@@ -25,6 +25,9 @@ use tokio::time::Instant;
 pub struct ReportConfig {
     /// `POST` target, e.g. `http://cp:7000/v1/reports`.
     pub url: String,
+    /// More targets, one per further control-plane replica: every report goes to each, so
+    /// every replica plans from the same demand.
+    pub also: Vec<String>,
     pub interval: Duration,
     /// Names this data-plane instance among the cluster's replicas.
     pub instance: String,
@@ -40,6 +43,7 @@ impl ReportConfig {
     pub fn new(url: String, instance: String) -> ReportConfig {
         ReportConfig {
             url,
+            also: Vec::new(),
             interval: Duration::from_secs(1),
             instance,
             token: None,
@@ -147,6 +151,16 @@ pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch:
                     chunk_gap_n: c.chunk_gap.count(),
                 };
                 let before = engines.insert(engine.id.clone(), current).unwrap_or(current);
+                // An engine that left the snapshot and came back has fresh counters: count
+                // from zero rather than subtract past it.
+                let before = if current.attempts < before.attempts
+                    || current.ttfb_n < before.ttfb_n
+                    || current.duration_n < before.duration_n
+                {
+                    EngineMark::default()
+                } else {
+                    before
+                };
                 let mean_ms = |sum: u64, n: u64| (n > 0).then(|| sum as f64 / n as f64 / 1000.0);
                 EngineObservation {
                     engine: engine.id.clone(),
@@ -172,6 +186,8 @@ pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch:
                 }
             })
             .collect();
+        // Forget the marks of engines that left, so they do not pile up as the fleet changes.
+        engines.retain(|id, _| installed.engines.iter().any(|e| e.id == *id));
         sequence += 1;
         let report = Report {
             cluster: installed.table.cluster.clone(),
@@ -182,15 +198,22 @@ pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch:
             demand,
             engines: observations,
         };
-        if let Err(e) = send(&shared, &config, &report).await {
-            tracing::debug!(url = %config.url, error = %e, "report not delivered");
-        }
+        // To every replica at once: one that hangs must not delay the others.
+        let sends = std::iter::once(&config.url).chain(&config.also).map(|url| {
+            let (shared, config, report) = (&shared, &config, &report);
+            async move {
+                if let Err(e) = send(shared, url, config, report).await {
+                    tracing::debug!(%url, error = %e, "report not delivered");
+                }
+            }
+        });
+        futures_util::future::join_all(sends).await;
     }
 }
 
-async fn send(shared: &Shared, config: &ReportConfig, report: &Report) -> Result<(), String> {
+async fn send(shared: &Shared, url: &str, config: &ReportConfig, report: &Report) -> Result<(), String> {
     let body = serde_json::to_vec(report).map_err(|e| e.to_string())?;
-    let mut request = Request::post(&config.url)
+    let mut request = Request::post(url)
         .header(header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(body)))
         .map_err(|e| e.to_string())?;

@@ -23,21 +23,36 @@ pub enum SnapshotSource {
     /// Poll a control plane's `GET /v1/snapshots/{cluster}`; `long_poll` waits server-side for a
     /// newer version instead of polling on a fixed period.
     Poll { url: String, interval: Duration, long_poll: bool },
+    /// As `Poll`, over several control-plane replicas: pull from one, move to the next when it
+    /// stops answering (see [`poll`]).
+    Replicas { urls: Vec<String>, interval: Duration, long_poll: bool },
     /// Quick mode: route to these engines with equal weights, models from their `/v1/models`.
     Discover { engines: Vec<String>, interval: Duration },
 }
 
-/// Polls `url` until shutdown, installing every new snapshot.
+/// Polls the first of `urls` (one per control-plane replica, each a snapshot URL) until
+/// shutdown, installing every new snapshot, and moves to the next replica as soon as the one
+/// it pulls from fails to answer (refused, reset, an error status, or no answer within the
+/// long-poll's bound). A replica's snapshot older than the installed one is refused (see
+/// `state.rs`) and its tag remembered, so the long poll waits for that replica's next, newer
+/// version rather than fetching the old one again. After a whole round of failures it pauses
+/// `interval`.
 pub async fn poll(
     shared: Arc<Shared>,
-    url: String,
+    urls: Vec<String>,
     interval: Duration,
     long_poll: bool,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    if urls.is_empty() {
+        return;
+    }
+    let mut active = 0usize;
+    let mut failures_in_a_row = 0usize;
     let mut etag: Option<String> = None;
     let wait = Duration::from_secs(25);
     loop {
+        let url = &urls[active];
         let target = if long_poll {
             format!("{url}{}wait={}s", if url.contains('?') { '&' } else { '?' }, wait.as_secs())
         } else {
@@ -58,14 +73,30 @@ pub async fn poll(
                 match Snapshot::from_json(&bytes) {
                     Ok(snapshot) => match shared.install(&snapshot) {
                         Ok(()) => etag = new_etag,
+                        Err(e @ crate::state::InstallError::Stale { .. }) => {
+                            tracing::debug!(%url, error = %e, "snapshot older than the installed one; waiting for a newer one");
+                            etag = new_etag;
+                        }
                         Err(e) => tracing::warn!(%url, error = %e, "snapshot rejected"),
                     },
                     Err(e) => tracing::warn!(%url, error = %e, "snapshot rejected"),
                 }
             }
         }
-        // A long poll returns as soon as there is news; otherwise (or after an error) pace.
-        if failed || !long_poll {
+        if failed {
+            failures_in_a_row += 1;
+            if urls.len() > 1 {
+                active = (active + 1) % urls.len();
+                etag = None;
+                tracing::warn!(url = %urls[active], "pulling snapshots from another control-plane replica");
+            }
+        } else {
+            failures_in_a_row = 0;
+        }
+        // A long poll returns as soon as there is news; otherwise (or after a round of
+        // errors) pace.
+        if (failed && failures_in_a_row >= urls.len()) || (!failed && !long_poll) {
+            failures_in_a_row = 0;
             tokio::select! {
                 _ = tokio::time::sleep(interval) => {}
                 _ = shutdown.changed() => return,

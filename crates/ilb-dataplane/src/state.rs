@@ -146,7 +146,8 @@ impl RoutingState {
                 .entry(entry.id.clone())
                 .and_modify(|s| {
                     if s.base_url != entry.url.trim_end_matches('/') {
-                        // Same id, new address: fresh state (the old one drains on its own).
+                        // Same id, new address: fresh state; the old one drains.
+                        s.pool.set_draining(true);
                         *s = Arc::new(EngineState::new(entry.id.clone(), &entry.url));
                     }
                 })
@@ -185,8 +186,19 @@ impl RoutingState {
         // Every seq below n_classes belongs to exactly one class, so none is left empty.
         let classes: Vec<Arc<ClassState>> = classes.into_iter().flatten().collect();
         debug_assert_eq!(classes.len(), n);
-        // Forget engines, classes and counters that left and have nothing in flight.
+        // Engines that left drain: no new requests pick them from this table on, their idle
+        // connections close now and the others as their responses end. Forget engines,
+        // classes and counters that left and have nothing in flight.
         let live: std::collections::HashSet<&EngineId> = table.engines.iter().map(|e| &e.id).collect();
+        for (id, state) in &registry.engines {
+            let leaving = !live.contains(id);
+            if leaving != state.pool.is_draining() {
+                if leaving {
+                    tracing::info!(engine = %id, in_flight = state.in_flight.load(std::sync::atomic::Ordering::Relaxed), "engine left the snapshot; draining");
+                }
+                state.pool.set_draining(leaving);
+            }
+        }
         registry.engines.retain(|id, s| live.contains(id) || Arc::strong_count(s) > 1);
         registry.classes.retain(|_, c| Arc::strong_count(c) > 1);
         registry.class_engines.retain(|_, c| Arc::strong_count(c) > 1);

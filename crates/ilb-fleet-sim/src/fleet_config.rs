@@ -80,6 +80,7 @@ pub fn build(scenario: &Scenario, calibrations: &[Calibration]) -> Result<FleetC
                 max_in_flight: None,
             })
             .collect(),
+        engine_groups: Vec::new(),
     };
     config.validate().map_err(|e| SimError::Config(e.to_string()))?;
     Ok(config)

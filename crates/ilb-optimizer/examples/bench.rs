@@ -2,6 +2,8 @@
 //! change), printing one table row per instance. "1st warm" re-solves from a cold solve; "warm" is
 //! the steady state, re-solving from a solve that was itself warm (every later control cycle). Run with
 //! `cargo run --release -p ilb-optimizer --example bench` (add `-- quick` for the small sizes).
+//! Arguments filter the rows: `clustered` or `noisy` (the generator's two network models; both
+//! by default), and sizes such as `100x5000`.
 //! Timing uses the wall clock, read only in this example's `clock` function.
 
 use ilb_optimizer::gen::{generate, perturb_demand, GenConfig};
@@ -41,7 +43,7 @@ fn run(name: &str, problem: &Problem, repeats: usize) {
     let cold_moved = moved_between(&cold, &cold_after, problem.total_demand_rps());
     let shed: f64 = cold.shed_rps.iter().sum::<f64>() / problem.total_demand_rps();
     println!(
-        "| {name:<20} | {:>7.2} / {:>7.2} | {:>7.1e} | {:>3}/{:<3} | {:>6.2} | {:>6.2} / {:>6.2} | {:>7.1e} | {:>2}/{:<2} | {:>5.2} % | {:>5.2} % | {:>4.1} % | {:>7.2} |",
+        "| {name:<22} | {:>7.2} / {:>7.2} | {:>7.1e} | {:>3}/{:<3} | {:>6.2} | {:>6.2} / {:>6.2} | {:>7.1e} | {:>2}/{:<2} | {:>5.2} % | {:>5.2} % | {:>4.1} % | {:>7.2} |",
         cold_ms.0,
         cold_ms.1,
         cold.gap,
@@ -73,20 +75,38 @@ fn moved_between(a: &Solution, b: &Solution, total: f64) -> f64 {
 }
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "quick");
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let has = |a: &str| args.iter().any(|x| x == a);
+    let quick = has("quick");
+    let (clustered, noisy) = match (has("clustered"), has("noisy")) {
+        (false, false) => (true, true),
+        other => other,
+    };
+    let wanted: Vec<&String> = args.iter().filter(|a| a.contains('x')).collect();
     println!(
         "| instance | cold ms best / median | cold gap | steps/passes | 1st warm ms | warm ms best / median | warm gap | steps/passes | moved warm | moved cold | shed | mean ms |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let sizes: &[(usize, usize, usize)] = if quick {
         &[(3, 3, 50), (20, 500, 20)]
     } else {
         &[(3, 3, 200), (20, 500, 21), (100, 5_000, 7), (200, 20_000, 5)]
     };
     for &(n, m, repeats) in sizes {
-        let normal = generate(&GenConfig::new(n, m, 1));
-        run(&format!("{n}x{m}"), &normal, repeats);
-        let overloaded = generate(&GenConfig::new(n, m, 2).overloaded());
-        run(&format!("{n}x{m} overloaded"), &overloaded, repeats);
+        if !wanted.is_empty() && !wanted.iter().any(|w| **w == format!("{n}x{m}")) {
+            continue;
+        }
+        if clustered {
+            let normal = generate(&GenConfig::new(n, m, 1));
+            run(&format!("{n}x{m}"), &normal, repeats);
+            let overloaded = generate(&GenConfig::new(n, m, 2).overloaded());
+            run(&format!("{n}x{m} overloaded"), &overloaded, repeats);
+        }
+        if noisy {
+            let normal = generate(&GenConfig::noisy(n, m, 1));
+            run(&format!("{n}x{m} noisy"), &normal, repeats);
+            let overloaded = generate(&GenConfig::noisy(n, m, 2).with_load(1.08));
+            run(&format!("{n}x{m} noisy 108%"), &overloaded, repeats);
+        }
     }
 }

@@ -1,5 +1,5 @@
 //! Solves one generated instance cold, then warm many times (for profilers):
-//! `profile_one N M [REPEATS] [overloaded]`.
+//! `profile_one N M [REPEATS] [overloaded] [noisy] [cold]` (`cold`: only the cold solve, REPEATS times).
 use ilb_optimizer::gen::{generate, perturb_demand, GenConfig};
 use ilb_optimizer::{solve, SolverOptions};
 
@@ -11,12 +11,33 @@ fn clock() -> std::time::Instant {
 fn main() {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let (n, m) = (args.first().copied().unwrap_or(100), args.get(1).copied().unwrap_or(5000));
-    let overloaded = std::env::args().any(|a| a == "overloaded");
-    let p = if overloaded {
-        generate(&GenConfig::new(n, m, 2).overloaded())
-    } else {
-        generate(&GenConfig::new(n, m, 1))
+    let flag = |f: &str| std::env::args().any(|a| a == f);
+    let (overloaded, noisy) = (flag("overloaded"), flag("noisy"));
+    let p = match (noisy, overloaded) {
+        (false, false) => generate(&GenConfig::new(n, m, 1)),
+        (false, true) => generate(&GenConfig::new(n, m, 2).overloaded()),
+        (true, false) => generate(&GenConfig::noisy(n, m, 1)),
+        (true, true) => generate(&GenConfig::noisy(n, m, 2).with_load(1.08)),
     };
+    if flag("cold") {
+        let repeats = args.get(2).copied().unwrap_or(1);
+        let start = clock();
+        let mut s = None;
+        for _ in 0..repeats {
+            s = Some(solve(&p, None, &SolverOptions::default()).expect("valid").0);
+        }
+        let s = s.expect("ran");
+        println!(
+            "cold {:.1} ms gap {:.1e} steps {} passes {} rebuilds {} coarse {:?}",
+            start.elapsed().as_secs_f64() * 1e3 / repeats as f64,
+            s.gap,
+            s.newton_steps,
+            s.passes,
+            s.rebuilds,
+            s.coarse_engines
+        );
+        return;
+    }
     let start = clock();
     let (s, w) = solve(&p, None, &SolverOptions::default()).expect("valid");
     let cold_ms = start.elapsed().as_secs_f64() * 1e3;

@@ -35,8 +35,8 @@ impl<'a> Aggregation<'a> {
     ///
     /// `hint` is the previous solve's group of each class (same classes, same order). When it
     /// merges something, one pass checks it bit for bit and builds its group matrix; if it holds
-    /// it is used (the steady state of warm re-solves: one pass instead of two). Only a failed
-    /// or empty hint falls through to hashing.
+    /// it is used (the steady state of warm re-solves: one pass instead of two). A hint that
+    /// merges nothing is used as is (no pass at all). Only a failed hint falls through to hashing.
     pub fn new(problem: &'a Problem, hint: Option<&[u32]>) -> Self {
         let n = problem.classes.len();
         let network = &problem.network_ms;
@@ -51,6 +51,12 @@ impl<'a> Aggregation<'a> {
             hinted.as_ref().map_or(Vec::new(), |r| (0..n).filter(|&k| r[k] == k).collect());
         let hinted_followers: Vec<usize> =
             hinted.as_ref().map_or(Vec::new(), |r| (0..n).filter(|&k| r[k] != k).collect());
+        if hinted.is_some() && hinted_followers.is_empty() {
+            // The previous solve merged nothing (noisy measured rows): not merging is always
+            // exact, so the hashing pass is skipped; a merge that became possible is found by
+            // the next solve without a hint.
+            return Self::identity(problem);
+        }
         if let Some(rep) = hinted.as_deref().filter(|_| !hinted_followers.is_empty()) {
             // Check the hinted grouping alone: when it holds, it is used as is (exact, though a
             // merge that became possible since is only found by the next solve without a hint).
@@ -222,12 +228,16 @@ mod tests {
         let p = problem(&rows, &[1.0, 2.0, 3.0, 4.0]);
         let plain = Aggregation::new(&p, None);
         assert_eq!(plain.class_group, vec![0, 1, 0, 1]);
-        // The right hint, a wrong one (merges different rows), one that merges nothing, a short one.
-        for hint in [vec![0, 1, 0, 1], vec![0, 0, 0, 0], vec![0, 1, 2, 3], vec![0]] {
+        // The right hint, a wrong one (merges different rows), a short one.
+        for hint in [vec![0, 1, 0, 1], vec![0, 0, 0, 0], vec![0]] {
             let a = Aggregation::new(&p, Some(&hint));
             assert_eq!(a.class_group, plain.class_group, "hint {hint:?}");
             assert_eq!(a.network.to_rows(), plain.network.to_rows(), "hint {hint:?}");
         }
+        // A hint that merges nothing is exact and kept (no pass over the matrix).
+        let a = Aggregation::new(&p, Some(&[0, 1, 2, 3]));
+        assert_eq!(a.class_group, vec![0, 1, 2, 3]);
+        assert!(matches!(a.network, Cow::Borrowed(_)));
         // A hint that merges less than possible, but only identical rows, is exact and kept.
         let rows = vec![vec![Some(5.0)], vec![Some(5.0)], vec![Some(5.0)]];
         let p = problem(&rows, &[1.0, 2.0, 3.0]);

@@ -30,6 +30,9 @@ const SAMPLES: usize = 48;
 /// Re-solves of the coarse problem centred on its own routes (see `start`).
 const PROXIMAL_ROUNDS: usize = 1;
 
+/// Gap to which a coarse problem of fitted (not exact) clusters is solved.
+const APPROXIMATE_GAP: f64 = 5e-4;
+
 /// Smallest spacing of the samples, relative to the cluster's price range.
 const FIRST_SAMPLE: f64 = 1e-4;
 
@@ -50,11 +53,15 @@ pub(crate) struct CoarseStart {
     pub clusters: usize,
 }
 
-/// Engines grouped by normalised column (CSR), with each engine's offset b_j.
+/// Engines grouped by normalised column (CSR), with each engine's offset b_j and each
+/// cluster's column a_kS (engine-major, groups × clusters): n_kj ≈ a_kS + b_j.
 struct Clusters {
     start: Vec<usize>,
     engine: Vec<u32>,
     offset: Vec<f64>,
+    values: Vec<f64>,
+    /// The columns agree within `TOLERANCE_MS` (else they were fitted, see `nearest_clusters`).
+    exact: bool,
 }
 
 impl Clusters {
@@ -69,20 +76,16 @@ impl Clusters {
 
 /// Solves the coarse problem; None when the engines do not cluster well enough to pay off.
 pub(crate) fn start(model: &Model, options: &SolverOptions, scale: f64) -> Option<CoarseStart> {
-    let clusters = cluster(model)?;
+    let mut clusters = exact_clusters(model).or_else(|| nearest_clusters(model))?;
     let n = model.n_classes();
-    let mut values = Vec::with_capacity(n * clusters.len());
     let mut curves = Vec::with_capacity(clusters.len());
     let mut capacity = Vec::with_capacity(clusters.len());
     for s in 0..clusters.len() {
         let members = clusters.members(s);
-        let first = members[0] as usize;
-        let b = clusters.offset[first];
-        values.extend(model.network.engine_column(first).iter().map(|&v| (v - b).max(0.0)));
         curves.push(cluster_curve(model, members, &clusters.offset)?);
         capacity.push(members.iter().map(|&j| model.capacity[j as usize]).sum());
     }
-    let network = NetworkMatrix::from_engine_major(n, clusters.len(), values);
+    let network = NetworkMatrix::from_engine_major(n, clusters.len(), std::mem::take(&mut clusters.values));
     let coarse = Model {
         network: &network,
         curves,
@@ -95,13 +98,24 @@ pub(crate) fn start(model: &Model, options: &SolverOptions, scale: f64) -> Optio
         capacity,
         rho: model.rho,
     };
-    let mut run = Run::new(&coarse, options, scale, PrevRoutes::default());
-    let (mut repaired, mut epsilon) = run.solve(cold_prices(&coarse), 0.2 * scale);
+    // Fitted clusters are only a starting point: the full solve corrects far more than the
+    // re-centring would, so the coarse problem is not re-centred.
+    let loose;
+    // Their coarse problem has about one engine per group; starting it at a smaller ε saves
+    // continuation stages.
+    let (coarse_options, rounds, eps_start) = if clusters.exact {
+        (options, PROXIMAL_ROUNDS, 0.2 * scale)
+    } else {
+        loose = SolverOptions { gap_target: APPROXIMATE_GAP.max(options.gap_target), ..options.clone() };
+        (&loose, 0, 0.05 * scale)
+    };
+    let mut run = Run::new(&coarse, coarse_options, scale, PrevRoutes::default());
+    let (mut repaired, mut epsilon) = run.solve(cold_prices(&coarse), eps_start);
     // The cold coarse solution's prices carry the smoothing's spread between the classes an
     // engine serves (u_k − n_k − q = ε·x_k/c, centre zero). Re-solved once with its own routes as
     // the proximal centre, the spread vanishes where routes stay put, so the split below is
     // (nearly) a fixed point of the full problem centred on it.
-    for _ in 0..PROXIMAL_ROUNDS {
+    for _ in 0..rounds {
         let prev = centre(run.cand.start.len() - 1, &run.cand, &repaired.x, |s| Some((s, 1.0)));
         let u = std::mem::take(&mut run.u);
         run = Run::new(&coarse, options, scale, prev);
@@ -176,7 +190,7 @@ fn centre(
 /// with demand): an engine joins the first cluster whose first member's normalised column is
 /// within `TOLERANCE_MS` everywhere (and forbidden at the same groups), else starts a new one.
 /// None when that leaves too many clusters.
-fn cluster(model: &Model) -> Option<Clusters> {
+fn exact_clusters(model: &Model) -> Option<Clusters> {
     let m = model.n_engines();
     let active: Vec<usize> = (0..model.n_classes()).filter(|&k| model.class_on[k]).collect();
     let mut offset = vec![0.0; m];
@@ -223,7 +237,89 @@ fn cluster(model: &Model) -> Option<Clusters> {
     for s in 0..heads.len() {
         start[s + 1] += start[s];
     }
-    Some(Clusters { start, engine: of_engine.into_iter().map(|(_, j)| j).collect(), offset })
+    let engine: Vec<u32> = of_engine.into_iter().map(|(_, j)| j).collect();
+    let n = model.n_classes();
+    let mut values = Vec::with_capacity(n * heads.len());
+    for s in 0..heads.len() {
+        let first = engine[start[s]] as usize;
+        let b = offset[first];
+        values.extend(model.network.engine_column(first).iter().map(|&v| (v - b).max(0.0)));
+    }
+    Some(Clusters { start, engine, offset, values, exact: true })
+}
+
+/// Approximate clusters for matrices that do not cluster exactly (measured round-trip times:
+/// sites spread around a region's centre, jitter on every pair): engines grouped by their
+/// nearest group (the front end with the smallest n_kj) and the set of groups that may use them,
+/// so at most about one cluster per group. Within a cluster the columns are fitted as
+/// n_kj ≈ a_kS + b_j (b_j the engine's mean over its allowed groups, less the cluster's smallest;
+/// a_kS the members' mean of n_kj − b_j, +∞ where any member is forbidden). The coarse solution
+/// is then only a starting point: the full solve corrects what the fit leaves out.
+fn nearest_clusters(model: &Model) -> Option<Clusters> {
+    let (n, m) = (model.n_classes(), model.n_engines());
+    let active: Vec<usize> = (0..n).filter(|&k| model.class_on[k]).collect();
+    let mut offset = vec![0.0; m];
+    // (nearest group, hash of the allowed set, engine)
+    let mut keyed: Vec<(u32, u64, u32)> = Vec::with_capacity(m);
+    for j in 0..m {
+        if !model.engine_on[j] {
+            continue;
+        }
+        let column = model.network.engine_column(j);
+        let (mut nearest, mut best) = (u32::MAX, f64::INFINITY);
+        let (mut hash, mut sum, mut count) = (0x243F_6A88_85A3_08D3u64, 0.0, 0.0);
+        for &k in &active {
+            let v = column[k];
+            if v.is_finite() {
+                if v < best {
+                    best = v;
+                    nearest = k as u32;
+                }
+                sum += v;
+                count += 1.0;
+            } else {
+                hash = (hash.rotate_left(23) ^ k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            }
+        }
+        if nearest == u32::MAX {
+            continue; // no class may use it
+        }
+        offset[j] = sum / count;
+        keyed.push((nearest, hash, j as u32));
+    }
+    keyed.sort_unstable();
+    let mut start = vec![0usize];
+    for w in 1..keyed.len() {
+        if (keyed[w].0, keyed[w].1) != (keyed[w - 1].0, keyed[w - 1].1) {
+            start.push(w);
+        }
+    }
+    start.push(keyed.len());
+    let clusters = start.len() - 1;
+    if keyed.len() < MIN_ENGINES || clusters * MIN_REDUCTION > keyed.len() || clusters > MAX_CLUSTERS {
+        return None;
+    }
+    let engine: Vec<u32> = keyed.into_iter().map(|(_, _, j)| j).collect();
+    let mut values = vec![0.0; n * clusters];
+    for s in 0..clusters {
+        let members = &engine[start[s]..start[s + 1]];
+        let low = members.iter().map(|&j| offset[j as usize]).fold(f64::INFINITY, f64::min);
+        for &j in members {
+            offset[j as usize] -= low;
+        }
+        let column = &mut values[s * n..(s + 1) * n];
+        for &j in members {
+            let b = offset[j as usize];
+            for (a, &v) in column.iter_mut().zip(model.network.engine_column(j as usize)) {
+                *a += v - b; // +∞ stays +∞
+            }
+        }
+        let count = members.len() as f64;
+        for a in column.iter_mut() {
+            *a = (*a / count).max(0.0);
+        }
+    }
+    Some(Clusters { start, engine, offset, values, exact: false })
 }
 
 /// The cluster as one engine: its marginal cost tabulated at prices from the cheapest member's

@@ -3,6 +3,11 @@
 //! engines of a few hardware classes, demand placed differently from capacity, data-residency
 //! zones that forbid 10–15 % of the pairs, and an overload knob that forces shedding.
 //!
+//! Two network models: the clustered one (every engine of a region at the region's centre, one
+//! per-engine constant on top, so the columns of a region differ only by a constant) and the
+//! noisy one ([`Noise`]: sites jittered around their region's centre and independent noise on
+//! every pair, as measured round-trip times look).
+//!
 //! Pure: the same config gives the same problem, bit for bit, on every platform.
 
 use crate::problem::{Class, Engine, Latency, NetworkMatrix, Problem};
@@ -20,6 +25,25 @@ pub struct GenConfig {
     /// Fraction of engines with a fitted piecewise-linear curve instead of the queueing shape.
     pub piecewise_fraction: f64,
     pub rho: f64,
+    /// `None`: the clustered network model; `Some`: sites and pairs jittered (see [`Noise`]).
+    pub noise: Option<Noise>,
+}
+
+/// The noisy network model: each cluster's site is its region's centre moved by up to
+/// `cluster_jitter_deg` in latitude and longitude, each engine's by up to `engine_jitter_deg`,
+/// and RTT = 5 ms + great-circle km / 130 + uniform [0, `pair_ms`) per pair, clipped to [5, 150].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Noise {
+    pub cluster_jitter_deg: f64,
+    pub engine_jitter_deg: f64,
+    pub pair_ms: f64,
+}
+
+impl Default for Noise {
+    /// Metros and zones around a region's centre: clusters ±2°, engines ±1°, 0–3 ms per pair.
+    fn default() -> Self {
+        Noise { cluster_jitter_deg: 2.0, engine_jitter_deg: 1.0, pair_ms: 3.0 }
+    }
 }
 
 impl GenConfig {
@@ -33,7 +57,23 @@ impl GenConfig {
             resident_fraction: 0.18,
             piecewise_fraction: 0.2,
             rho: 0.95,
+            noise: None,
         }
+    }
+
+    /// A noisy instance ([`Noise::default`]) at 72 % load.
+    pub fn noisy(n_classes: usize, n_engines: usize, seed: u64) -> Self {
+        GenConfig {
+            load_factor: 0.72,
+            noise: Some(Noise::default()),
+            ..Self::new(n_classes, n_engines, seed)
+        }
+    }
+
+    /// The same with demand at `load_factor` × the usable capacity.
+    pub fn with_load(mut self, load_factor: f64) -> Self {
+        self.load_factor = load_factor;
+        self
     }
 
     /// The same with demand at 120 % of the usable capacity.
@@ -82,10 +122,22 @@ impl Rng {
     }
 }
 
+#[derive(Clone)]
 struct Region {
     lat: f64,
     lon: f64,
     zone: usize,
+}
+
+impl Region {
+    /// The same region's site moved by up to `deg` degrees in latitude and longitude.
+    fn jittered(&self, rng: &mut Rng, deg: f64) -> Region {
+        Region {
+            lat: (self.lat + rng.range(-deg, deg)).clamp(-89.0, 89.0),
+            lon: self.lon + rng.range(-deg, deg),
+            zone: self.zone,
+        }
+    }
 }
 
 /// Hardware classes: (capacity req/s, t0 ms, b ms).
@@ -116,6 +168,7 @@ pub fn generate(config: &GenConfig) -> Problem {
     let mut engines = Vec::with_capacity(config.n_engines);
     let mut engine_region = Vec::with_capacity(config.n_engines);
     let mut engine_jitter = Vec::with_capacity(config.n_engines);
+    let mut engine_site = Vec::with_capacity(config.n_engines);
     for j in 0..config.n_engines {
         let region = if j < n_regions { j } else { rng.weighted(&capacity_weight) };
         let (cap, t0, b) = HARDWARE[rng.index(HARDWARE.len())];
@@ -135,6 +188,9 @@ pub fn generate(config: &GenConfig) -> Problem {
         engines.push(Engine { id: format!("engine-{j}"), capacity_rps: capacity, latency });
         engine_region.push(region);
         engine_jitter.push(rng.range(0.0, 2.0));
+        if let Some(noise) = &config.noise {
+            engine_site.push(regions[region].jittered(&mut rng, noise.engine_jitter_deg));
+        }
     }
     let usable: f64 = engines.iter().map(|e| e.capacity_rps * config.rho).sum();
 
@@ -142,9 +198,13 @@ pub fn generate(config: &GenConfig) -> Problem {
     let mut class_region = Vec::with_capacity(config.n_classes);
     let mut resident = Vec::with_capacity(config.n_classes);
     let mut raw_demand = Vec::with_capacity(config.n_classes);
+    let mut class_site = Vec::with_capacity(config.n_classes);
     for k in 0..config.n_classes {
         let region = if k < n_regions { k } else { rng.weighted(&demand_weight) };
         class_region.push(region);
+        if let Some(noise) = &config.noise {
+            class_site.push(regions[region].jittered(&mut rng, noise.cluster_jitter_deg));
+        }
         resident.push(rng.unit() < config.resident_fraction);
         raw_demand.push(demand_weight[region] * rng.range(0.3, 1.7));
     }
@@ -158,13 +218,26 @@ pub fn generate(config: &GenConfig) -> Problem {
         });
     }
     // Values are finite and non-negative by construction.
-    let network = NetworkMatrix::from_fn_unchecked(config.n_classes, config.n_engines, |k, j| {
-        let (a, b) = (&regions[class_region[k]], &regions[engine_region[j]]);
-        if resident[k] && a.zone != b.zone {
-            return None;
+    let network = match &config.noise {
+        None => NetworkMatrix::from_fn_unchecked(config.n_classes, config.n_engines, |k, j| {
+            let (a, b) = (&regions[class_region[k]], &regions[engine_region[j]]);
+            if resident[k] && a.zone != b.zone {
+                return None;
+            }
+            Some(network_ms(a, b) + engine_jitter[j])
+        }),
+        Some(noise) => {
+            // Called engine-major, pair by pair: one draw per pair, allowed or not.
+            NetworkMatrix::from_fn_unchecked(config.n_classes, config.n_engines, |k, j| {
+                let pair = rng.range(0.0, noise.pair_ms);
+                if resident[k] && regions[class_region[k]].zone != regions[engine_region[j]].zone {
+                    return None;
+                }
+                let km = great_circle_km(&class_site[k], &engine_site[j]);
+                Some((5.0 + km / 130.0 + pair).clamp(5.0, 150.0))
+            })
         }
-        Some(network_ms(a, b) + engine_jitter[j])
-    });
+    };
     Problem { rho: config.rho, classes, engines, network_ms: network }
 }
 
@@ -176,6 +249,15 @@ fn network_ms(a: &Region, b: &Region) -> f64 {
     let h = (dlat / 2.0).sin().powi(2) + la.cos() * lb.cos() * (dlon / 2.0).sin().powi(2);
     let angle = 2.0 * h.sqrt().min(1.0).asin(); // 0..π
     5.0 + 145.0 * angle / std::f64::consts::PI
+}
+
+/// Great-circle distance in km (haversine, mean Earth radius).
+fn great_circle_km(a: &Region, b: &Region) -> f64 {
+    let (la, lb) = (a.lat.to_radians(), b.lat.to_radians());
+    let dlat = lb - la;
+    let dlon = (b.lon - a.lon).to_radians();
+    let h = (dlat / 2.0).sin().powi(2) + la.cos() * lb.cos() * (dlon / 2.0).sin().powi(2);
+    2.0 * 6371.0 * h.sqrt().min(1.0).asin()
 }
 
 /// The same problem with every class demand scaled by a factor drawn in [1 − amplitude, 1 + amplitude].

@@ -186,26 +186,50 @@ impl Candidates {
         for j in 0..model.n_engines() {
             if model.engine_on[j] && n > 0 {
                 let column = model.network.engine_column(j);
-                let mut best = f64::NEG_INFINITY;
-                for k in 0..n {
-                    // Forbidden pairs are +∞ and classes without demand have u = −∞.
-                    best = best.max(u[k] - column[k]);
-                }
-                let threshold = best - width;
-                let (mut p, p_end) = if have_prev { (prev.start[j], prev.start[j + 1]) } else { (0, 0) };
-                for k in 0..n {
-                    let mut x_prev = 0.0;
-                    while p < p_end && (prev.class[p] as usize) < k {
-                        p += 1;
+                // Forbidden pairs are +∞ and classes without demand have u = −∞.
+                let threshold = best_reduced_cost(u, column) - width;
+                let (p_lo, p_hi) = if have_prev { (prev.start[j], prev.start[j + 1]) } else { (0, 0) };
+                let allowed = |k: usize| column[k].is_finite() && model.class_on[k];
+                if p_lo == p_hi {
+                    // Hot: one compare per pair, the few that pass are checked.
+                    for k in 0..n {
+                        if u[k] - column[k] >= threshold && allowed(k) {
+                            self.class.push(k as u32);
+                            self.net.push(column[k]);
+                            self.prev.push(0.0);
+                        }
                     }
-                    if p < p_end && prev.class[p] as usize == k {
-                        x_prev = prev.rps[p];
+                } else {
+                    // Merge the pairs within the window with the previous routes (both by class).
+                    let mut p = p_lo;
+                    let emit = |cand: &mut Self, k: usize, x_prev: f64| {
+                        if allowed(k) {
+                            cand.class.push(k as u32);
+                            cand.net.push(column[k]);
+                            cand.prev.push(x_prev);
+                        }
+                    };
+                    for k in 0..n {
+                        if u[k] - column[k] < threshold {
+                            continue;
+                        }
+                        while p < p_hi && (prev.class[p] as usize) < k {
+                            if prev.rps[p] > 0.0 {
+                                emit(self, prev.class[p] as usize, prev.rps[p]);
+                            }
+                            p += 1;
+                        }
+                        let mut x_prev = 0.0;
+                        if p < p_hi && prev.class[p] as usize == k {
+                            x_prev = prev.rps[p];
+                            p += 1;
+                        }
+                        emit(self, k, x_prev);
                     }
-                    let allowed = column[k].is_finite() && model.class_on[k];
-                    if allowed && (u[k] - column[k] >= threshold || x_prev > 0.0) {
-                        self.class.push(k as u32);
-                        self.net.push(column[k]);
-                        self.prev.push(x_prev);
+                    for p in p..p_hi {
+                        if prev.rps[p] > 0.0 {
+                            emit(self, prev.class[p] as usize, prev.rps[p]);
+                        }
                     }
                 }
             }
@@ -221,6 +245,25 @@ impl Candidates {
             .map(|(a, b)| (a - b).abs())
             .fold(0.0, f64::max)
     }
+}
+
+/// max_k (u_k − n_kj) over one engine's column (exact: a maximum does not round, so the
+/// four-lane order gives the same value as a sequential scan).
+fn best_reduced_cost(u: &[f64], column: &[f64]) -> f64 {
+    let mut lanes = [f64::NEG_INFINITY; 4];
+    let (cu, cc) = (u.chunks_exact(4), column.chunks_exact(4));
+    let (ru, rc) = (cu.remainder(), cc.remainder());
+    for (a, b) in cu.zip(cc) {
+        for i in 0..4 {
+            let r = a[i] - b[i];
+            lanes[i] = if r > lanes[i] { r } else { lanes[i] };
+        }
+    }
+    let mut best = lanes[0].max(lanes[1]).max(lanes[2].max(lanes[3]));
+    for (a, b) in ru.iter().zip(rc) {
+        best = best.max(a - b);
+    }
+    best
 }
 
 /// Everything one pass computes.

@@ -56,6 +56,20 @@ fn clustered_instances_agree() {
     assert!(solution.coarse_engines.is_some_and(|c| c <= 30), "{:?}", solution.coarse_engines);
 }
 
+/// The noisy network model (jittered sites, noise on every pair): the fitted coarse start.
+#[test]
+fn noisy_instances_agree() {
+    for seed in 0..2 {
+        let config = GenConfig::noisy(10, 120, 300 + seed);
+        check(config.clone());
+        check(config.clone().with_load(1.08));
+        check(GenConfig { piecewise_fraction: 1.0, ..config });
+    }
+    let problem = generate(&GenConfig::noisy(10, 120, 300));
+    let (solution, _) = solve(&problem, None, &SolverOptions::default()).unwrap();
+    assert!(solution.coarse_engines.is_some_and(|c| c <= 20), "{:?}", solution.coarse_engines);
+}
+
 #[test]
 fn all_piecewise_curves_agree() {
     for seed in 0..3 {

@@ -83,28 +83,27 @@ impl std::fmt::Display for Failure {
 pub fn classify(error: &rustls::Error) -> Failure {
     use rustls::Error as E;
     match error {
-        E::InvalidCertificate(cert) => match cert {
-            CertificateError::UnknownIssuer => Failure::UnknownIssuer,
-            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. } => {
-                Failure::NameMismatch
-            }
-            CertificateError::Expired | CertificateError::ExpiredContext { .. } => Failure::Expired,
-            CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
-                Failure::NotYetValid
-            }
-            CertificateError::Revoked => Failure::Revoked,
-            _ => Failure::BadCertificate,
-        },
-        E::AlertReceived(alert) => match alert {
+        E::InvalidCertificate(CertificateError::UnknownIssuer) => Failure::UnknownIssuer,
+        E::InvalidCertificate(
+            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+        ) => Failure::NameMismatch,
+        E::InvalidCertificate(CertificateError::Expired | CertificateError::ExpiredContext { .. }) => {
+            Failure::Expired
+        }
+        E::InvalidCertificate(
+            CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. },
+        ) => Failure::NotYetValid,
+        E::InvalidCertificate(CertificateError::Revoked) => Failure::Revoked,
+        E::InvalidCertificate(_) => Failure::BadCertificate,
+        E::AlertReceived(
             AlertDescription::BadCertificate
             | AlertDescription::CertificateRequired
             | AlertDescription::UnknownCA
             | AlertDescription::CertificateUnknown
             | AlertDescription::CertificateExpired
-            | AlertDescription::AccessDenied => Failure::PeerRejected,
-            _ => Failure::Alert,
-        },
-        E::NoCertificatesPresented => Failure::PeerRejected,
+            | AlertDescription::AccessDenied,
+        )
+        | E::NoCertificatesPresented => Failure::PeerRejected,
         E::InvalidMessage(_) | E::InappropriateMessage { .. } | E::InappropriateHandshakeMessage { .. } => {
             Failure::Protocol
         }

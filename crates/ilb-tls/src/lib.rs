@@ -142,6 +142,7 @@ pub enum ClientAuth {
 #[derive(Clone)]
 pub struct ServerTls {
     resolver: Arc<Rotating>,
+    config: Arc<ServerConfig>,
     acceptor: TlsAcceptor,
     client_auth: bool,
 }
@@ -193,7 +194,13 @@ impl ServerTls {
         let mut config = builder.with_cert_resolver(Arc::clone(&resolver) as Arc<dyn ResolvesServerCert>);
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         config.ticketer = rustls::crypto::ring::Ticketer::new()?;
-        Ok(ServerTls { acceptor: TlsAcceptor::from(Arc::new(config)), resolver, client_auth: asks })
+        let config = Arc::new(config);
+        Ok(ServerTls {
+            acceptor: TlsAcceptor::from(Arc::clone(&config)),
+            config,
+            resolver,
+            client_auth: asks,
+        })
     }
 
     /// Serves `identity` to every handshake from now on; connections already established keep
@@ -215,6 +222,11 @@ impl ServerTls {
 
     pub fn acceptor(&self) -> &TlsAcceptor {
         &self.acceptor
+    }
+
+    /// The rustls config (for in-memory connections, as in the handshake benchmark).
+    pub fn config(&self) -> Arc<ServerConfig> {
+        Arc::clone(&self.config)
     }
 }
 

@@ -30,9 +30,11 @@ pub struct DataPlaneSection {
     pub listen: Option<String>,
     /// The front-end cluster served, e.g. `"eu-west"`; snapshots for other clusters are refused.
     pub cluster: Option<String>,
-    /// Control plane base URL, e.g. `"http://cp:7000"`; snapshots come from
-    /// `GET {control_plane}/v1/snapshots/{cluster}` (long-polled).
-    pub control_plane: Option<String>,
+    /// Control plane base URL, e.g. `"http://cp:7000"`, or a list of replicas'
+    /// (`["http://cp-0:7000", "http://cp-1:7000"]`): snapshots come from
+    /// `GET {control_plane}/v1/snapshots/{cluster}` (long-polled) of one replica, the next one
+    /// when it stops answering; reports go to every replica.
+    pub control_plane: Option<UrlList>,
     /// A snapshot JSON file to route on, reloaded when it changes.
     pub snapshot_file: Option<PathBuf>,
     /// Quick mode: engine base URLs routed with equal weights.
@@ -88,6 +90,23 @@ pub struct DataPlaneSection {
     /// the client certificate it verifies (`cert`, `key`: mutual TLS).
     #[serde(default)]
     pub control_plane_tls: crate::tls::ClientTlsSection,
+}
+
+/// One URL or a list of them.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum UrlList {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl UrlList {
+    pub fn urls(&self) -> Vec<String> {
+        match self {
+            UrlList::One(url) => vec![url.clone()],
+            UrlList::Many(urls) => urls.clone(),
+        }
+    }
 }
 
 /// `[data_plane.timeouts]`, all in milliseconds.

@@ -14,8 +14,12 @@ use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-/// `[...tls]` of a listener: its certificate, and optionally the CA its clients' certificates
-/// must come from.
+/// TLS on a listener: the data plane's client listener, the control plane's API and dashboard
+/// (and `ilb engine-sim`, by flags only). Flags: `--tls-cert FILE --tls-key FILE` (all three);
+/// the control plane's `--tls-client-ca FILE` and `--tls-client-auth required|optional`. The
+/// certificate and key files are polled every second and reloaded when either changes; live
+/// connections keep their session, new handshakes get the new certificate, and a pair that
+/// does not load (a key that is not the certificate's, say) is logged and the old one stays.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListenerTlsSection {
@@ -33,8 +37,13 @@ pub struct ListenerTlsSection {
     pub client_auth: Option<String>,
 }
 
-/// `[...engine_tls]` / `[...control_plane_tls]`: how a client trusts https servers, and the
-/// certificate it presents if they ask for one.
+/// How a client trusts https servers (engines, or the control plane), and the certificate it
+/// presents if they ask for one. Without `ca` the platform's roots are trusted. Engine URLs
+/// may be `https://host:port`: the certificate must name the URL's host (DNS name or IP
+/// address), ALPN is `http/1.1`, connections are kept alive and sessions resumed. Flags:
+/// `--engine-ca FILE`, `--engine-ca-only`, `--engine-cert FILE --engine-key FILE` (data plane
+/// and control plane, for engines); the data plane's `--control-plane-ca FILE` and
+/// `--client-cert FILE --client-key FILE` (for the control plane), and `--https-only`.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClientTlsSection {

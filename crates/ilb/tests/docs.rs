@@ -14,6 +14,12 @@ fn root() -> PathBuf {
 const SECTIONS: &[(&str, &str, &str)] = &[
     ("crates/ilb/src/config.rs", "DataPlaneSection", "[data_plane]"),
     ("crates/ilb/src/config.rs", "TimeoutsSection", "[data_plane.timeouts]"),
+    ("crates/ilb/src/tls.rs", "ListenerTlsSection", "[data_plane.tls] and [control_plane.tls]"),
+    (
+        "crates/ilb/src/tls.rs",
+        "ClientTlsSection",
+        "[data_plane.engine_tls], [data_plane.control_plane_tls] and [control_plane.engine_tls]",
+    ),
     ("crates/ilb-controlplane/src/config.rs", "ControlPlaneSettings", "[control_plane]"),
     ("crates/ilb-controlplane/src/config.rs", "OutlierSettings", "[control_plane.outliers]"),
     ("crates/ilb-controlplane/src/config.rs", "Region", "[[regions]]"),
@@ -23,7 +29,40 @@ const SECTIONS: &[(&str, &str, &str)] = &[
     ("crates/ilb-controlplane/src/config.rs", "ClassRule", "[[classes]]"),
     ("crates/ilb-controlplane/src/config.rs", "Profile", "[profiles.NAME]"),
     ("crates/ilb-controlplane/src/config.rs", "Engine", "[[engines]]"),
+    ("crates/ilb-controlplane/src/config.rs", "EngineGroup", "[[engine_groups]]"),
+    ("crates/ilb-controlplane/src/fleet/members.rs", "Registration", "POST /v1/engines (JSON body)"),
 ];
+
+/// Appended to the generated reference: how the fleet changes while the control plane runs.
+const FLEET_CHANGES: &str = "
+## Changing the fleet while it runs
+
+- **Reload.** `ilb control-plane --config FILE` checks the file's modification time every
+  `--watch-ms` (default 1000; 0 = only on SIGHUP) and re-reads it on SIGHUP. A valid file is
+  applied as a diff: engines added, removed or changed; regions, clusters, classes, profiles,
+  groups and settings replaced. Engines whose `url`, `model` and `profile` stayed keep their
+  signals, fitted history and penalties. An invalid file is refused with the field-named reason
+  (logged, and in `/v1/state` under `membership.config.rejected`); the running configuration
+  stays. A changed `control_plane.listen` needs a restart (`membership.config.needs_restart`).
+  `ilb control-plane --check-config FILE` validates a file and exits (0 and `ok`, or 1 and the
+  reason).
+- **Registration.** With `control_plane.token` set, `POST /v1/engines` (header
+  `Authorization: Bearer TOKEN`, body above) registers an engine or renews its lease; the same
+  call is the heartbeat. `DELETE /v1/engines/{id}` removes it at once; a lease not renewed
+  within `ttl_s` removes it at the next solve tick. Without a token registration is off (403).
+  Errors: 400 names the invalid field, 409 an id the file or a discovery group already uses.
+  `ilb engine-sim --register URL [--token T] [--region R] [--register-profile P] [--ttl-s S]`
+  registers its engines, renews every `ttl_s / 3`, and deregisters and drains on Ctrl-C.
+- **Discovery.** `[[engine_groups]]` are resolved by DNS; see the table above.
+- **Control-plane replicas.** Run several `ilb control-plane` from the same file. Give each
+  data plane all of them (`--control-plane URL` repeated, or `control_plane = [..]`): it pulls
+  snapshots from one, moves to the next when it stops answering, and reports to all. Give
+  `ilb engine-sim --register` each of them too. Versions are Unix-millisecond publication
+  times; a data plane never installs one lower than it holds, whichever replica offers it.
+- **Drain.** An engine that leaves by any route is absent from the next snapshot: data planes
+  send it no new request, let its running responses finish, close its idle connections at once
+  and each busy one when its response ends.
+";
 
 /// (field, type, doc comment)
 type Field = (String, String, String);
@@ -79,6 +118,7 @@ fn generate() -> String {
             out.push_str(&format!("| `{field}` | `{ty}` | {} |\n", doc.replace('|', "\\|")));
         }
     }
+    out.push_str(FLEET_CHANGES);
     out
 }
 

@@ -9,9 +9,12 @@
 //! `outliers` judges engines against their model's fleet and their offline profiles and sets
 //! their penalties ([`Fleet::update_penalties`]).
 
+mod changes;
 mod history;
+pub mod members;
 mod outliers;
 
+pub use changes::FleetDiff;
 pub use outliers::OutlierWindow;
 
 use crate::config::FleetConfig;
@@ -102,6 +105,9 @@ pub struct EngineRuntime {
     pub outlier_waiting: Option<String>,
     /// What the engine did since it was last judged.
     pub outlier_window: OutlierWindow,
+    /// When the engine joined a running fleet (None: it was there from the start); until its
+    /// first scrape it counts as up for the staleness bound from then.
+    pub added: Option<Now>,
 }
 
 impl EngineRuntime {
@@ -135,6 +141,7 @@ impl EngineRuntime {
             penalty_reason: None,
             outlier_waiting: None,
             outlier_window: OutlierWindow::default(),
+            added: None,
         }
     }
 }
@@ -370,28 +377,35 @@ impl Fleet {
     /// are held only while at most half of the fleet is: more at once looks like the control
     /// plane's own network, not the engines.
     pub fn holds(&self) -> Vec<(String, HoldReason)> {
-        let unreachable = |e: &EngineRuntime| {
-            e.consecutive_scrape_failures >= 2
-                || (e.consecutive_scrape_failures >= 1 && e.last_failure_connect)
-        };
-        let down = self.engines.iter().filter(|e| unreachable(e)).count();
+        let down = (0..self.engines.len())
+            .filter(|&idx| self.hold_reason(idx) == Some(HoldReason::Unreachable))
+            .count();
         let hold_unreachable = down * 2 <= self.engines.len();
-        self.engines
-            .iter()
-            .zip(&self.config.engines)
-            .filter_map(|(e, cfg)| {
-                let reason = if e.asleep {
-                    HoldReason::Asleep
-                } else if cfg.replicas == 0 || e.ready_fraction == Some(0.0) {
-                    HoldReason::NoReadyReplicas
-                } else if hold_unreachable && unreachable(e) {
-                    HoldReason::Unreachable
-                } else {
-                    return None;
-                };
-                Some((cfg.id.clone(), reason))
+        (0..self.engines.len())
+            .filter_map(|idx| {
+                let reason = self.hold_reason(idx)?;
+                (reason != HoldReason::Unreachable || hold_unreachable)
+                    .then(|| (self.config.engines[idx].id.clone(), reason))
             })
             .collect()
+    }
+
+    /// Why engine `idx` alone should be held, before the fleet-wide cap on unreachable ones
+    /// ([`Fleet::holds`]). Cheap: the control loop compares it around each scrape and
+    /// recomputes the holds only when it changed.
+    pub fn hold_reason(&self, idx: usize) -> Option<HoldReason> {
+        let (e, cfg) = (&self.engines[idx], &self.config.engines[idx]);
+        if e.asleep {
+            Some(HoldReason::Asleep)
+        } else if cfg.replicas == 0 || e.ready_fraction == Some(0.0) {
+            Some(HoldReason::NoReadyReplicas)
+        } else if e.consecutive_scrape_failures >= 2
+            || (e.consecutive_scrape_failures >= 1 && e.last_failure_connect)
+        {
+            Some(HoldReason::Unreachable)
+        } else {
+            None
+        }
     }
 
     /// Forgets data-plane instances that stopped reporting.
@@ -422,13 +436,15 @@ impl Fleet {
     /// Whether engine `idx` counts as up (1) or not (0): its last scrape succeeded, or failed
     /// only once (a blip), and the last success is fresh; an engine that is asleep counts as
     /// down, and one with only some replicas ready as that fraction up. Engines never scraped
-    /// yet get the benefit of the doubt until the staleness bound has passed since start.
+    /// yet get the benefit of the doubt until the staleness bound has passed since start (or
+    /// since they joined), so a new engine is in the next plan without waiting for its first
+    /// scrape.
     pub fn health(&self, idx: usize, now: Now) -> f64 {
         let stale = Duration::from_millis(self.config.control_plane.signal_stale_ms);
         let e = &self.engines[idx];
         let fresh = match e.last_scrape_ok {
             Some(t) => now.saturating_sub(t) <= stale,
-            None => now <= stale,
+            None => now.saturating_sub(e.added.unwrap_or_default()) <= stale,
         };
         // Two failed scrapes in a row (connection refused, 5xx, timeout) take the engine out of
         // the next plan without waiting for the staleness bound.

@@ -111,7 +111,7 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::UPGRADE,
 ];
 
-/// Whether `name` is in [`HOP_BY_HOP`] (a string match: no hashing). Hot path.
+/// Whether `name` is in the fixed hop-by-hop list (a string match: no hashing). Hot path.
 pub fn is_hop_by_hop(name: &HeaderName) -> bool {
     matches!(
         name.as_str(),

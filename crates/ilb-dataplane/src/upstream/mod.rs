@@ -11,9 +11,11 @@
 //! A connection goes back to its pool only when its response body ended cleanly and the engine
 //! allows reuse, so a half-read connection is never reused; a body dropped early closes its
 //! connection. Idle time is read from a coarse clock that the background prober advances; the
-//! stack is capped, and it is dropped with its engine's state when the engine leaves the
-//! snapshot, so it cannot grow without bound. Only engines of the installed snapshot are ever
-//! connected to.
+//! stack is capped. When its engine leaves the snapshot the stack drains: idle connections
+//! close at once, and each response still running closes its connection when it ends, so the
+//! last one closes with the last in-flight response. Only engines of the installed snapshot
+//! are ever connected to (a request that picked an engine on the previous snapshot may still
+//! connect to it).
 
 pub mod codec;
 #[cfg(test)]
@@ -127,6 +129,9 @@ impl CoarseClock {
 #[derive(Debug, Default)]
 pub struct Pool {
     idle: Mutex<Vec<Idle>>,
+    /// The engine left the installed snapshot: its idle connections are closed, and those of
+    /// responses still running are closed as they end instead of being kept.
+    draining: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug)]
@@ -159,12 +164,35 @@ impl Pool {
         None
     }
 
-    /// Returns a connection whose last response ended cleanly. Hot path.
+    /// Returns a connection whose last response ended cleanly; closes it instead while the
+    /// engine drains. Hot path.
     pub fn push(&self, conn: Conn, now_ms: u64, config: &PoolConfig) {
         let mut idle = self.lock();
-        if idle.len() < config.max_idle_per_engine {
+        // Read under the lock that `set_draining` takes too, so no connection slips in after
+        // a drain emptied the stack.
+        if idle.len() < config.max_idle_per_engine && !self.draining.load(Relaxed) {
             idle.push(Idle { conn, since_ms: now_ms });
         }
+    }
+
+    /// Starts (true) or ends (false, the engine is back) draining. Starting closes every idle
+    /// connection now.
+    pub fn set_draining(&self, draining: bool) {
+        let closed = {
+            let mut idle = self.lock();
+            self.draining.store(draining, Relaxed);
+            if draining {
+                std::mem::take(&mut *idle)
+            } else {
+                Vec::new()
+            }
+        };
+        drop(closed);
+    }
+
+    /// Whether the engine is draining.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Relaxed)
     }
 
     /// Closes connections idle past the timeout or closed by the engine.

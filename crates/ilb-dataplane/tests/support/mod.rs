@@ -34,6 +34,8 @@ pub struct MockEngine {
     pub requests: Arc<AtomicU64>,
     /// TCP connections accepted.
     pub connections: Arc<AtomicU64>,
+    /// TCP connections that ended (closed by the data plane, or broken).
+    pub closed: Arc<AtomicU64>,
     /// Streams whose client went away before the stream finished.
     pub cancelled: Arc<AtomicU64>,
     pub gate: Arc<Notify>,
@@ -49,6 +51,8 @@ impl MockEngine {
         let requests = Arc::new(AtomicU64::new(0));
         let connections = Arc::new(AtomicU64::new(0));
         let accepted = connections.clone();
+        let closed = Arc::new(AtomicU64::new(0));
+        let ended = closed.clone();
         let cancelled = Arc::new(AtomicU64::new(0));
         let gate = Arc::new(Notify::new());
         let hang = Arc::new(AtomicBool::new(false));
@@ -60,6 +64,7 @@ impl MockEngine {
                 accepted.fetch_add(1, SeqCst);
                 stream.set_nodelay(true).unwrap();
                 let (n, r, c, g, h) = (n.clone(), r.clone(), c.clone(), g.clone(), h.clone());
+                let ended = ended.clone();
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |req| {
                         let (n, r, c, g, h) = (n.clone(), r.clone(), c.clone(), g.clone(), h.clone());
@@ -68,10 +73,11 @@ impl MockEngine {
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
                         .await;
+                    ended.fetch_add(1, SeqCst);
                 });
             }
         });
-        MockEngine { name: name.to_owned(), addr, requests, connections, cancelled, gate, hang, task }
+        MockEngine { name: name.to_owned(), addr, requests, connections, closed, cancelled, gate, hang, task }
     }
 
     pub fn url(&self) -> String {

@@ -220,6 +220,7 @@ impl Scenario {
             classes: Vec::new(),
             profiles: Default::default(),
             engines: Vec::new(),
+            engine_groups: Vec::new(),
         };
         let mut net_ms = Vec::with_capacity(regions.len() * regions.len());
         for from in &regions {

@@ -24,9 +24,10 @@ pub struct DataPlaneArgs {
     /// Install routing snapshots from this JSON file, reloading it when it changes.
     #[arg(long, value_name = "FILE")]
     snapshot: Option<PathBuf>,
-    /// Pull snapshots from this control plane (needs --cluster).
+    /// Pull snapshots from this control plane (needs --cluster); repeat for replicas: pull from
+    /// one, fail over to the next, report to all.
     #[arg(long, value_name = "URL")]
-    control_plane: Option<String>,
+    control_plane: Vec<String>,
     /// The front-end cluster this data plane serves.
     #[arg(long)]
     cluster: Option<String>,
@@ -85,8 +86,8 @@ pub fn run(args: DataPlaneArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.snapshot {
         section.snapshot_file = Some(path.clone());
     }
-    if let Some(url) = &args.control_plane {
-        section.control_plane = Some(url.clone());
+    if !args.control_plane.is_empty() {
+        section.control_plane = Some(config::UrlList::Many(args.control_plane.clone()));
     }
     if let Some(cluster) = &args.cluster {
         section.cluster = Some(cluster.clone());
@@ -119,9 +120,12 @@ pub fn run(args: DataPlaneArgs) -> anyhow::Result<()> {
     let listener = section.tls.build("data_plane.tls", false)?;
     let engine_tls = section.engine_tls.build("data_plane.engine_tls")?;
     let control_plane_tls = section.control_plane_tls.build("data_plane.control_plane_tls")?;
-    let reports = section.control_plane.as_ref().map(|cp| {
+    let control_planes = section.control_plane.as_ref().map(|c| c.urls()).unwrap_or_default();
+    let reports = control_planes.first().map(|cp| {
         let instance = format!("{}-{}", section.cluster.as_deref().unwrap_or("local"), std::process::id());
         let mut reports = ReportConfig::new(format!("{}/v1/reports", cp.trim_end_matches('/')), instance);
+        reports.also =
+            control_planes[1..].iter().map(|cp| format!("{}/v1/reports", cp.trim_end_matches('/'))).collect();
         reports.token = section.token.clone();
         if let Some(ms) = section.report_interval_ms {
             reports.interval = Duration::from_millis(ms.max(100));
@@ -297,12 +301,17 @@ impl DataPlaneSection {
                     .cluster
                     .as_deref()
                     .context("--control-plane needs --cluster (data_plane.cluster)")?;
-                let base = self.control_plane.unwrap_or_default();
-                SnapshotSource::Poll {
-                    url: format!("{}/v1/snapshots/{cluster}", base.trim_end_matches('/')),
-                    interval: Duration::from_secs(1),
-                    long_poll: true,
+                let urls: Vec<String> = self
+                    .control_plane
+                    .map(|c| c.urls())
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|base| format!("{}/v1/snapshots/{cluster}", base.trim_end_matches('/')))
+                    .collect();
+                if urls.is_empty() {
+                    bail!("data_plane.control_plane: needs at least one URL");
                 }
+                SnapshotSource::Replicas { urls, interval: Duration::from_secs(1), long_poll: true }
             }
             [false, false, false] => {
                 bail!("no snapshot source: give --engine URL, --snapshot FILE or --control-plane URL")

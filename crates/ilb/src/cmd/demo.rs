@@ -3,6 +3,10 @@
 //! of it should spill to engine C), the control plane, three data planes, and a traffic
 //! generator of multi-turn conversations. Prints every URL, a `curl` and an `openai` snippet,
 //! then a console summary every few seconds until Ctrl-C.
+//!
+//! `ilb demo --engine URL ...` runs the control plane and a data plane in front of engines the
+//! user already has (vLLM, SGLang, llama.cpp, anything OpenAI-compatible): no simulated engines
+//! and no generated traffic, models discovered from each engine's `/v1/models`.
 
 use crate::traffic::{self, Target, TrafficConfig};
 use anyhow::Context;
@@ -25,7 +29,7 @@ const OUTPUT_TOKENS: u32 = 24;
 /// Planned capacity is this share of an engine's saturation throughput.
 const TARGET_UTILISATION: f64 = 0.8;
 
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct DemoArgs {
     /// Do not generate traffic (engines, control plane and data planes only).
     #[arg(long)]
@@ -51,6 +55,15 @@ pub struct DemoArgs {
     /// scenario's initial demand to about 40 req/s). Latencies stretch by 1/scale.
     #[arg(long)]
     pub(crate) scale: Option<f64>,
+    /// Run in front of an engine you already have (repeatable), instead of simulated ones: a
+    /// control plane on `--port-base` and one data plane on `--port-base` + 1080, models
+    /// discovered from each engine's `/v1/models`, no generated traffic.
+    #[arg(long = "engine", value_name = "URL", conflicts_with = "scenario")]
+    pub(crate) engines: Vec<String>,
+    /// With `--engine`: the capacity planned for each engine, req/s (demand beyond the planned
+    /// capacity of all engines is shed).
+    #[arg(long, default_value_t = 50.0, value_name = "RPS")]
+    pub(crate) engine_capacity_rps: f64,
 }
 
 struct Region {
@@ -77,6 +90,9 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.load.is_finite() && args.load >= 0.0, "--load must be a non-negative number");
     anyhow::ensure!(args.port_base <= 60_000, "--port-base must leave room for +2002");
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    if !args.engines.is_empty() {
+        return runtime.block_on(crate::cmd::demo_engines::run(args));
+    }
     match args.scenario.clone() {
         Some(path) => runtime.block_on(crate::cmd::demo_scenario::run(args, &path)),
         None => runtime.block_on(demo(args)),
@@ -137,7 +153,20 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
             .collect()
     };
     let clusters: Vec<String> = regions.iter().map(|r| r.name.to_owned()).collect();
-    serve_stack(&args, fleet, engines, labels, clusters, MODEL, targets).await
+    // Two engines that register themselves: one leaves at 80 s, one joins at 30 s.
+    let profiles = [
+        (format!("{}-c", regions[2].profile.name), regions[2].profile.clone()),
+        (format!("{}-b", regions[1].profile.name), regions[1].profile.clone()),
+    ];
+    let changes = tokio::spawn(crate::cmd::demo_fleet::run(
+        args.clone(),
+        MODEL,
+        format!("http://{}", addr(args.port_base)),
+        profiles,
+    ));
+    let result = serve_stack(&args, fleet, engines, labels, clusters, MODEL, targets).await;
+    changes.abort();
+    result
 }
 
 /// Starts the control plane and one data plane per cluster in front of `engines`, prints
@@ -152,6 +181,7 @@ pub(crate) async fn serve_stack(
     model: &str,
     targets: impl FnOnce(&[DataPlane]) -> Vec<Target>,
 ) -> anyhow::Result<()> {
+    let token = fleet.control_plane.token.clone();
     let cp = ControlPlane::start(fleet, addr(args.port_base)).await.context("control plane")?;
     let mut data_planes = Vec::new();
     for (i, cluster) in clusters.iter().enumerate() {
@@ -164,6 +194,7 @@ pub(crate) async fn serve_stack(
         };
         let mut reports = ReportConfig::new(format!("{}/v1/reports", cp.url()), format!("demo-{cluster}"));
         reports.interval = Duration::from_millis(500);
+        reports.token = Some(token.clone()).filter(|t| !t.is_empty());
         let dp = DataPlane::start_with_reports(config, source, Some(reports)).await.context("data plane")?;
         data_planes.push(dp);
     }
@@ -269,6 +300,7 @@ fn fleet_config(
             scrape_interval_ms: 1000,
             solve_interval_ms: 2000,
             smoothing_ms: 4000,
+            token: crate::cmd::demo_fleet::TOKEN.into(),
             ..ControlPlaneSettings::default()
         },
         regions: Vec::new(),
@@ -299,6 +331,7 @@ fn fleet_config(
                 max_in_flight: None,
             })
             .collect(),
+        engine_groups: Vec::new(),
     }
 }
 

@@ -1,13 +1,20 @@
 //! `ilb engine-sim`: serve one or more simulated OpenAI-compatible engines on consecutive
 //! ports until Ctrl-C. Each answers `GET /health` (the probe vLLM's and SGLang's routers send),
 //! the OpenAI endpoints, `/metrics` in vLLM's names, and `/admin/faults`.
+//!
+//! With `--register CONTROL_PLANE_URL` each engine registers itself (`POST /v1/engines`) and
+//! renews its lease while it runs; on Ctrl-C it deregisters first, then finishes the requests
+//! it has (as a drained engine should) before it stops.
 
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use ilb_engine_sim::{EngineConfig, HardwareProfile};
+use ilb_controlplane::fleet::members::Registration;
+use ilb_controlplane::registrar::Registrar;
+use ilb_engine_sim::{EngineConfig, EngineHandle, HardwareProfile};
+use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct EngineSimArgs {
@@ -45,6 +52,23 @@ pub struct EngineSimArgs {
     /// Tokio worker threads; 1 runs a single-threaded runtime.
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// Register every engine with this control plane (base URL) and renew the lease while it
+    /// runs; deregister on Ctrl-C. Repeat for control-plane replicas: each gets every
+    /// registration and heartbeat, so a failover forgets no engine.
+    #[arg(long, value_name = "CONTROL_PLANE_URL")]
+    register: Vec<String>,
+    /// Bearer token for registration (the control plane's `control_plane.token`).
+    #[arg(long, env = "ILB_TOKEN", default_value = "", hide_env_values = true)]
+    token: String,
+    /// Region the engines register in (a `[[regions]]` id of the control plane, if it has any).
+    #[arg(long, default_value = "local")]
+    region: String,
+    /// Control-plane profile the engines register with (a `[profiles.NAME]`); default: --profile.
+    #[arg(long, value_name = "NAME")]
+    register_profile: Option<String>,
+    /// Lease length, s: without a renewal for this long the control plane drops the engine.
+    #[arg(long, default_value_t = 10.0)]
+    ttl_s: f64,
 }
 
 pub fn run(args: EngineSimArgs) -> anyhow::Result<()> {
@@ -89,7 +113,20 @@ pub fn run(args: EngineSimArgs) -> anyhow::Result<()> {
         }
         stdout.flush()?;
         drop(stdout);
+        let mut registrars = Vec::new();
+        let profile = args.register_profile.clone().unwrap_or_else(|| args.profile.clone());
+        for cp in &args.register {
+            for engine in &engines {
+                let registration = registration(engine, &args.model, &args.region, &profile, args.ttl_s);
+                let mut registrar = Registrar::spawn(cp, &args.token, registration);
+                if !registrar.registered(Duration::from_secs(10)).await {
+                    tracing::warn!(engine = %engine.id(), "not registered yet; retrying in the background");
+                }
+                registrars.push(registrar);
+            }
+        }
         tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
+        leave(registrars, &engines).await;
         tracing::info!("shutting down engines");
         if let Some(watcher) = watcher {
             watcher.abort();
@@ -99,6 +136,50 @@ pub fn run(args: EngineSimArgs) -> anyhow::Result<()> {
         }
         Ok(())
     })
+}
+
+/// What an engine of this simulator registers as.
+pub fn registration(
+    engine: &EngineHandle,
+    model: &str,
+    region: &str,
+    profile: &str,
+    ttl_s: f64,
+) -> Registration {
+    Registration {
+        id: engine.id().to_string(),
+        url: engine.url(),
+        model: model.to_owned(),
+        region: region.to_owned(),
+        profile: profile.to_owned(),
+        replicas: engine.config().profile.replicas,
+        capabilities: Vec::new(),
+        residency: Vec::new(),
+        capacity_rps: None,
+        max_in_flight: None,
+        ttl_s,
+    }
+}
+
+/// Deregisters, then waits (at most a minute) until the engines have finished what they were
+/// given: data planes stop sending new requests from their next snapshot on.
+pub async fn leave(registrars: Vec<Registrar>, engines: &[EngineHandle]) {
+    for registrar in registrars {
+        if let Err(e) = registrar.deregister().await {
+            tracing::warn!(error = %e, "deregistration failed; the lease will run out");
+        }
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    // The data planes need a snapshot round to stop sending; then the engines run dry.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    while tokio::time::Instant::now() < deadline
+        && engines.iter().any(|e| {
+            let stats = e.stats();
+            stats.running + stats.waiting > 0
+        })
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Applies the fields of a TOML file on top of `base`; unknown fields are an error.

@@ -1,9 +1,14 @@
 //! `ilb optimize PROBLEM.json`: solve one routing problem offline and print the solution as
 //! JSON on stdout. The problem format is documented in crates/ilb-optimizer/README.md; `-` reads
 //! stdin. A malformed or inconsistent problem exits non-zero with the reason on stderr.
+//!
+//! `--bench N` measures instead: N cold solves, then N warm ones, each after a seeded ±1 %
+//! demand change from the previous problem and warm-started from the previous solution, and
+//! prints one JSON object with the times, the largest certified gap and the Newton steps.
 
 use anyhow::Context;
-use ilb_optimizer::{Problem, Solution, Solver, SolverOptions};
+use ilb_optimizer::gen::perturb_demand;
+use ilb_optimizer::{solve, Problem, Solution, Solver, SolverOptions};
 use serde::Serialize;
 use std::io::Read;
 
@@ -14,6 +19,10 @@ pub struct OptimizeArgs {
     /// Pretty-print the output.
     #[arg(long)]
     pretty: bool,
+    /// Benchmark instead of printing the solution: N cold solves and N warm re-solves (each
+    /// after a seeded ±1 % demand change), printed as one JSON object.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    bench: Option<u32>,
 }
 
 /// The wall clock, read only here: `solve_ms` times the solve alone, not parsing or printing.
@@ -70,6 +79,13 @@ pub fn run(args: OptimizeArgs) -> anyhow::Result<()> {
     };
     let source = if args.problem == "-" { "stdin" } else { args.problem.as_str() };
     let problem = Problem::from_json(&text).with_context(|| format!("problem from {source}"))?;
+    if let Some(runs) = args.bench {
+        let report = bench(&problem, runs as usize).context("solving")?;
+        let json =
+            if args.pretty { serde_json::to_string_pretty(&report) } else { serde_json::to_string(&report) }?;
+        println!("{json}");
+        return Ok(());
+    }
     let mut solver = Solver::new(SolverOptions::default());
     let start = clock::now();
     let solution = solver.solve(&problem).context("solving")?;
@@ -79,6 +95,72 @@ pub fn run(args: OptimizeArgs) -> anyhow::Result<()> {
         if args.pretty { serde_json::to_string_pretty(&output) } else { serde_json::to_string(&output) }?;
     println!("{json}");
     Ok(())
+}
+
+#[derive(Serialize, Debug)]
+struct BenchReport {
+    runs: usize,
+    cold_ms: Stats,
+    warm_ms: Stats,
+    /// The largest certified gap over every solve.
+    max_gap: f64,
+    newton_steps: Steps,
+    /// Largest `traffic_moved` of a warm solve.
+    max_traffic_moved: f64,
+}
+
+#[derive(Serialize, Debug)]
+struct Stats {
+    min: f64,
+    median: f64,
+}
+
+#[derive(Serialize, Debug)]
+struct Steps {
+    cold: Vec<usize>,
+    warm: Vec<usize>,
+}
+
+fn stats(mut times: Vec<f64>) -> Stats {
+    times.sort_by(f64::total_cmp);
+    Stats { min: times[0], median: times[times.len() / 2] }
+}
+
+/// N cold solves of `problem`, then a chain of N warm ones: solve i sees the demand of solve
+/// i − 1 changed by a factor in [0.99, 1.01] per class (seed i) and starts from its solution.
+fn bench(problem: &Problem, runs: usize) -> Result<BenchReport, ilb_optimizer::ProblemError> {
+    let options = SolverOptions::default();
+    let (mut cold_ms, mut warm_ms) = (Vec::with_capacity(runs), Vec::with_capacity(runs));
+    let mut steps = Steps { cold: Vec::with_capacity(runs), warm: Vec::with_capacity(runs) };
+    let (mut max_gap, mut max_moved) = (0.0f64, 0.0f64);
+    let mut warm = None;
+    for _ in 0..runs {
+        let start = clock::now();
+        let (solution, state) = solve(problem, None, &options)?;
+        cold_ms.push(start.elapsed().as_secs_f64() * 1e3);
+        steps.cold.push(solution.newton_steps);
+        max_gap = max_gap.max(solution.gap);
+        warm = Some(state);
+    }
+    let mut current = problem.clone();
+    for i in 0..runs {
+        current = perturb_demand(&current, i as u64, 0.01);
+        let start = clock::now();
+        let (solution, state) = solve(&current, warm.as_ref(), &options)?;
+        warm_ms.push(start.elapsed().as_secs_f64() * 1e3);
+        steps.warm.push(solution.newton_steps);
+        max_gap = max_gap.max(solution.gap);
+        max_moved = max_moved.max(solution.traffic_moved.unwrap_or(0.0));
+        warm = Some(state);
+    }
+    Ok(BenchReport {
+        runs,
+        cold_ms: stats(cold_ms),
+        warm_ms: stats(warm_ms),
+        max_gap,
+        newton_steps: steps,
+        max_traffic_moved: max_moved,
+    })
 }
 
 fn render<'a>(problem: &'a Problem, solution: &Solution, solve_ms: f64) -> Output<'a> {
@@ -157,6 +239,23 @@ mod tests {
         assert!(routes.iter().any(|r| r["class"] == "B" && r["engine"] == "eC"));
         assert!(routes.iter().all(|r| !(r["class"] == "C" && r["engine"] == "eC")), "forbidden pair used");
         assert!(value["gap"].as_f64().unwrap() <= 1e-3);
+    }
+
+    #[test]
+    fn bench_reports_times_gap_and_steps() {
+        let problem = Problem::from_json(EXAMPLE).unwrap();
+        let report = bench(&problem, 3).unwrap();
+        let value = serde_json::to_value(&report).unwrap();
+        for field in ["cold_ms", "warm_ms"] {
+            let (min, median) =
+                (value[field]["min"].as_f64().unwrap(), value[field]["median"].as_f64().unwrap());
+            assert!(min >= 0.0 && min <= median, "{field}: {min} {median}");
+        }
+        assert_eq!(report.newton_steps.cold.len(), 3);
+        assert_eq!(report.newton_steps.warm.len(), 3);
+        assert!(report.max_gap <= 1e-3, "{}", report.max_gap);
+        // Equal inputs, equal solves: every cold solve takes the same steps.
+        assert!(report.newton_steps.cold.iter().all(|&s| s == report.newton_steps.cold[0]));
     }
 
     #[test]
