@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Multi-turn conversations through a router to two real llama.cpp engines (issue 14, item 5).
 
-Starts two llama.cpp servers on loopback (the `xllamacpp` wheel serving Gemma 3 270M Q4_K_M, as
-installed by `scripts/real-engines.sh install` on branch `real`; one thread and 2 slots each),
-starts the router under test in front of them, runs the workload, and prints one JSON line per
-run. Engines and router are started fresh for every run (no prompt cache, no router state
-carried over), and only the processes this script started are stopped (by recorded PID and
-process start time, each in its own process group). Standard library only.
+Starts two llama.cpp servers on loopback (scripts/llamacpp-serve.py: the `xllamacpp` wheel
+serving Gemma 3 270M Q4_K_M, as `scripts/real-engines.sh install` installs them; one thread and
+2 slots each), starts the router under test in front of them, runs the workload, and prints one
+JSON line per run. Engines and router are started fresh for every run (no prompt cache, no
+router state carried over), and only the processes this script started are stopped (by recorded
+PID and process start time, each in its own process group). Standard library only.
 
     python3 scripts/bench-conversations.py --router ilb --runs 2
     python3 scripts/bench-conversations.py --router sglang:cache_aware --runs 2
@@ -59,45 +59,6 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL_FILE = "models/gemma-3-270m-q4_k_m.gguf"
 MODEL_ALIAS = "gemma-3-270m"
-
-# ---------------------------------------------------------------------------------------------
-# The engine server (runs under the llama venv's python: `bench-conversations.py _serve ...`)
-
-
-def serve_engine(argv):
-    ap = argparse.ArgumentParser(prog="bench-conversations.py _serve")
-    ap.add_argument("model")
-    ap.add_argument("port", type=int)
-    ap.add_argument("--slots", type=int, required=True)
-    ap.add_argument("--threads", type=int, required=True)
-    ap.add_argument("--ctx", type=int, required=True)
-    ap.add_argument("--alias", required=True)
-    a = ap.parse_args(argv)
-    import xllamacpp  # only in the llama venv
-
-    p = xllamacpp.CommonParams()
-    p.model.path = a.model
-    p.hostnames = ["127.0.0.1"]
-    p.port = a.port
-    p.endpoint_metrics = True
-    p.endpoint_slots = True
-    p.n_parallel = a.slots
-    p.n_ctx = a.ctx
-    p.cpuparams.n_threads = a.threads
-    p.cpuparams_batch.n_threads = a.threads
-    p.n_threads_http = 4
-    p.ui = False
-    p.cache_prompt = True
-    p.model_alias = {a.alias}
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    server = xllamacpp.Server(p)
-    print(f"llama.cpp (xllamacpp {xllamacpp.__version__}) on {server.listening_address}", flush=True)
-    stop.wait()
-    del server
-    return 0
-
 
 # ---------------------------------------------------------------------------------------------
 # Processes: started in their own session, stopped only through their recorded PID and start time
@@ -493,13 +454,13 @@ def one_run(args, run_no, out_dir):
     py = os.path.join(args.llama_dir, "llama-venv", "bin", "python")
     for f in (model_path, py):
         if not os.path.exists(f):
-            raise SystemExit(f"{f} missing: install with scripts/real-engines.sh install (branch real), "
+            raise SystemExit(f"{f} missing: run scripts/real-engines.sh install, "
                              "or point --llama-dir / ILB_BENCH_LLAMA_DIR at its target/real-engines")
     tag = f"run{run_no}"
     procs = []
     try:
         for i, p in enumerate(ports):
-            procs.append(Proc(f"engine-{i}", [py, os.path.abspath(__file__), "_serve", model_path, str(p),
+            procs.append(Proc(f"engine-{i}", [py, os.path.join(ROOT, "scripts", "llamacpp-serve.py"), model_path, str(p),
                                               "--slots", str(args.slots), "--threads", str(args.threads),
                                               "--ctx", str(args.ctx), "--alias", MODEL_ALIAS],
                               os.path.join(out_dir, f"{tag}-engine-{'ab'[i]}.log")))
@@ -614,8 +575,6 @@ def table(paths):
 
 
 def main():
-    if len(sys.argv) > 1 and sys.argv[1] == "_serve":
-        return serve_engine(sys.argv[2:])
     if len(sys.argv) > 1 and sys.argv[1] == "table":
         return table(sys.argv[2:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
