@@ -34,10 +34,12 @@ prompt cache, from the per-response `timings` (`cache_n` / (`cache_n` + `prompt_
 the engines' `/metrics` counters (`llamacpp:prompt_tokens_cached_total` and
 `llamacpp:prompt_tokens_total`, which excludes cached tokens); follow-ups that missed their
 prefix (fewer than 90 % of the previous turn's prompt tokens cached); prompt tokens per engine;
-wall time; the machine's load average at the start and end. For ilb it also records which
-engine each conversation was placed on (`/debug/route` after its first turn) and how many
-conversations were active on each engine when it was placed. Details (every request, engine and
-router logs, both /metrics before and after) go to --out.
+wall time; the machine's load average at the start and end. `placement` says, for any router,
+which engine served each turn of each conversation (from the engines' logs, see
+attribute_engines), how many conversations were active on each engine when each one started,
+how many started on the busier engine, and how many follow-ups changed engine; for ilb,
+`router_view_disagrees` compares that with `/debug/route` after each first turn. Details (every
+request, engine and router logs, both /metrics before and after) go to --out.
 """
 import argparse
 import http.client
