@@ -269,12 +269,17 @@ impl ClassTable {
     }
 
     /// The data plane's selection (the proxy and the fleet simulator both call it): the
-    /// candidate `affinity` remembers for the key if `bounded` admits it; else, for a key the
-    /// table has never seen (a new conversation), the less loaded relative to its weight
-    /// (`load` is the class's requests in flight on a candidate) of the first two candidates
-    /// weighted consistent hashing admits within the load bound ([`ClassTable::pick_by_load`]),
-    /// and for a known key that must move, hashing within the bound; else hashing admitting
-    /// `usable` (without the bound). Hot path.
+    /// candidate `affinity` remembers for the key if `bounded` admits it; else hashing within
+    /// the load bound — or, with `new_by_load` and for a key the table has never seen (a new
+    /// conversation), the less loaded relative to its weight (`new_by_load` gives the class's
+    /// requests in flight on a candidate) of the first two candidates hashing admits within
+    /// the bound ([`ClassTable::pick_by_load`]); else hashing admitting `usable` (without the
+    /// bound). Hot path.
+    ///
+    /// Placing new keys by load is off by default (`place_new_keys_by_load`): with it, the
+    /// grey-engine test (an engine slowed 3×, penalised, then recovered) failed in about half
+    /// of its runs, keeping 6 % of traffic on the slow engine where the test wants under 3 %;
+    /// the cause is not yet understood.
     #[inline]
     pub fn select(
         &self,
@@ -283,19 +288,17 @@ impl ClassTable {
         now_s: u32,
         bounded: impl Fn(usize) -> bool,
         usable: impl FnMut(usize) -> bool,
-        load: impl Fn(usize) -> f64,
+        new_by_load: Option<&dyn Fn(usize) -> f64>,
     ) -> Option<usize> {
         let seen = affinity.get(key_hash, now_s).is_some();
         if let Some(c) = self.remembered(affinity, key_hash, now_s).filter(|&c| bounded(c)) {
             return Some(c);
         }
-        let within = if seen {
+        let within = match new_by_load {
+            Some(load) if !seen => self.pick_by_load(key_hash, &bounded, load),
             // A conversation that must move goes to its hash home, as before it had one: so a
-            // plan that gives an engine its weight back gets its keys back too. (Placed by
-            // load, moved keys would stay wherever load put them while within their bound.)
-            self.pick(key_hash, &bounded).map(|p| p.candidate)
-        } else {
-            self.pick_by_load(key_hash, &bounded, load)
+            // plan that gives an engine its weight back gets its keys back too.
+            _ => self.pick(key_hash, &bounded).map(|p| p.candidate),
         };
         within.or_else(|| self.pick(key_hash, usable).map(|p| p.candidate))
     }

@@ -73,7 +73,8 @@ fn explain(shared: &Shared, query: &str) -> Result<serde_json::Value, ProxyError
         })
         .collect();
     let now_s = (shared.pool_clock.ms() / 1000) as u32;
-    let pick = Pick { tried: &[], pinned: None, affinity: &shared.affinity, now_s };
+    let place_new_by_load = shared.config.place_new_keys_by_load;
+    let pick = Pick { tried: &[], pinned: None, affinity: &shared.affinity, now_s, place_new_by_load };
     let chosen = choose(&installed, class, &constraints, key_hash, pick).ok();
     let remembered = class.remembered(&shared.affinity, key_hash, now_s);
     Ok(json!({

@@ -192,7 +192,13 @@ async fn forward(
             class,
             &constraints,
             request.key_hash,
-            Pick { tried: tried.as_slice(), pinned, affinity: &shared.affinity, now_s },
+            Pick {
+                tried: tried.as_slice(),
+                pinned,
+                affinity: &shared.affinity,
+                now_s,
+                place_new_by_load: shared.config.place_new_keys_by_load,
+            },
         ) {
             Ok(candidate) => {
                 class.remember(&shared.affinity, request.key_hash, candidate, now_s);
@@ -351,6 +357,8 @@ pub(crate) struct Pick<'a> {
     pub pinned: Option<usize>,
     pub affinity: &'a AffinityTable,
     pub now_s: u32,
+    /// Place keys the affinity table has never seen by load (`place_new_keys_by_load`).
+    pub place_new_by_load: bool,
 }
 
 /// Picks a candidate: the pinned one if it is usable, else weighted consistent hashing on the
@@ -363,7 +371,7 @@ pub(crate) fn choose(
     key_hash: u64,
     pick: Pick<'_>,
 ) -> Result<usize, NoCandidate> {
-    let Pick { tried, pinned, affinity, now_s } = pick;
+    let Pick { tried, pinned, affinity, now_s, place_new_by_load } = pick;
     let class_load = installed.classes[class.seq].in_flight.load(Relaxed) as f64;
     let healthy = |candidate: usize| {
         let c = &class.candidates[candidate];
@@ -392,7 +400,10 @@ pub(crate) fn choose(
     // A conversation stays on the engine that holds its KV cache while that engine keeps a
     // weight and room; only then does the hash decide.
     let load = |candidate: usize| class_engine[candidate].load(Relaxed) as f64;
-    if let Some(c) = class.select(key_hash, affinity, now_s, bounded, |c| healthy(c) && has_room(c), load) {
+    let new_by_load: Option<&dyn Fn(usize) -> f64> = place_new_by_load.then_some(&load);
+    if let Some(c) =
+        class.select(key_hash, affinity, now_s, bounded, |c| healthy(c) && has_room(c), new_by_load)
+    {
         return Ok(c);
     }
     if class.pick(key_hash, healthy).is_some() {

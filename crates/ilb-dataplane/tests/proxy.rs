@@ -535,13 +535,16 @@ async fn load_bound_counts_only_the_class_own_requests() {
     }
 }
 
-/// New conversations go to the less loaded of the hash's two choices: with two engines and
+/// With `place_new_keys_by_load`, new conversations go to the less loaded of the hash's two
+/// choices: with two engines and
 /// four conversations streaming at once, each engine holds two (the hash alone splits 2–2 in
 /// only 6 of 16 cases), and a follow-up of a held conversation stays where it is.
 #[tokio::test]
 async fn new_conversations_are_placed_by_load_and_follow_ups_stay() {
     let (e1, e2) = (MockEngine::start("e1").await, MockEngine::start("e2").await);
-    let dp = data_plane(config(), &snapshot(1, &[("e1", e1.url(), 1.0), ("e2", e2.url(), 1.0)])).await;
+    let mut cfg = config();
+    cfg.place_new_keys_by_load = true;
+    let dp = data_plane(cfg, &snapshot(1, &[("e1", e1.url(), 1.0), ("e2", e2.url(), 1.0)])).await;
     let client = client();
     for round in 0..8 {
         let mut held = Vec::new();

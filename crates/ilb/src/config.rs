@@ -67,6 +67,9 @@ pub struct DataPlaneSection {
     /// request naming it as `previous_response_id` reaches that engine, ms; default 14400000
     /// (4 hours), at most 65535000.
     pub response_ttl_ms: Option<u64>,
+    /// Place new conversations (keys the affinity table has never seen) on the less loaded of
+    /// the hash's two first candidates, per unit of weight; default false.
+    pub place_new_keys_by_load: Option<bool>,
     /// Create a W3C `traceparent` for requests without one; default true.
     pub create_traceparent: Option<bool>,
     /// How often to report to the control plane, ms; default 1000.

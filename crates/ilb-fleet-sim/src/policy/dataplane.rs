@@ -100,10 +100,10 @@ impl DataPlanes {
     }
 
     /// Picks an engine for one request with the data plane's own `ClassTable::select`, as
-    /// `ilb_dataplane::proxy::choose` does: the engine that served the key last while it is
-    /// within its load bound, else the less loaded of the hash's first two candidates within
-    /// `ilb_core::table::within_load_bound` (the stream's in-flight count on each), then plain
-    /// hashing without the bound.
+    /// `ilb_dataplane::proxy::choose` does with its defaults: the engine that served the key
+    /// last while it is within its load bound, else hashing within
+    /// `ilb_core::table::within_load_bound` (the stream's in-flight count on each), then
+    /// without the bound.
     /// Candidates that are down or violate the stream's constraints are never admitted.
     /// Requests are shed first with the class's planned `shed_fraction`. Hot path.
     pub fn route(
@@ -141,11 +141,7 @@ impl DataPlanes {
         };
         let affinity = &self.affinity[c];
         let now_s = (now / 1_000_000_000) as u32;
-        let in_flight = |candidate: usize| {
-            let j = installed.engine_map[class.candidates[candidate].engine_idx];
-            f64::from(load.stream_engine_in_flight[stream * n + j])
-        };
-        match class.select(key_hash, affinity, now_s, bounded, usable, in_flight) {
+        match class.select(key_hash, affinity, now_s, bounded, usable, None) {
             Some(candidate) => {
                 class.remember(affinity, key_hash, candidate, now_s);
                 Decision::Engine(installed.engine_map[class.candidates[candidate].engine_idx])

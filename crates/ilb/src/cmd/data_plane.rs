@@ -242,6 +242,9 @@ impl DataPlaneSection {
             }
             config.affinity_ttl = Duration::from_millis(ms);
         }
+        if let Some(on) = self.place_new_keys_by_load {
+            config.place_new_keys_by_load = on;
+        }
         if let Some(ms) = self.response_ttl_ms {
             if !(1000..=65_535_000).contains(&ms) {
                 bail!("data_plane.response_ttl_ms: must be between 1000 and 65535000 (the table counts seconds in 16 bits)");
