@@ -166,7 +166,6 @@ profile = "p"
 
     let client: Client<HttpConnector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build(HttpConnector::new());
-    let started = Instant::now();
     let mut sent = 0;
     let state = loop {
         // A few concurrent streams per round.
@@ -210,10 +209,8 @@ profile = "p"
         if ready && sent >= 40 {
             break state;
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "signals never came from the data planes: {signals}"
-        );
+        // A bound on the work sent, not on elapsed time: it only catches signals that never come.
+        assert!(sent < 2000, "signals never came from the data planes after {sent} requests: {signals}");
     };
     let signals = &state["models"][0]["engines"][0]["signals"];
     eprintln!("{signals}");
