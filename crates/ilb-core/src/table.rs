@@ -290,12 +290,14 @@ impl ClassTable {
         usable: impl FnMut(usize) -> bool,
         new_by_load: Option<&dyn Fn(usize) -> f64>,
     ) -> Option<usize> {
-        let seen = affinity.get(key_hash, now_s).is_some();
         if let Some(c) = self.remembered(affinity, key_hash, now_s).filter(|&c| bounded(c)) {
             return Some(c);
         }
+        // The table is read again only when new keys are placed by load (off by default).
         let within = match new_by_load {
-            Some(load) if !seen => self.pick_by_load(key_hash, &bounded, load),
+            Some(load) if affinity.get(key_hash, now_s).is_none() => {
+                self.pick_by_load(key_hash, &bounded, load)
+            }
             // A conversation that must move goes to its hash home, as before it had one: so a
             // plan that gives an engine its weight back gets its keys back too.
             _ => self.pick(key_hash, &bounded).map(|p| p.candidate),
