@@ -191,6 +191,10 @@ def failover(base, model, kill_command):
         t.join()
     k = killed_at[0]
     assert k is not None, "the kill command never ran"
+    # Requests that start after the kill. (Every worker may have started its last request
+    # before the kill command returned, so these are sent here, not left to timing.)
+    for i in range(4):
+        one(1000 + i)
     # Not yet streaming when the engine died: no response headers by then. (llama.cpp sends
     # none until a slot is free, so some requests on the killed engine were waiting for one.)
     waiting = [r for r in results if r["headers"] is None or r["headers"] > k]
