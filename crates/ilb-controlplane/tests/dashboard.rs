@@ -81,6 +81,7 @@ async fn report_demand(client: HttpClient, base: String, mut stop: watch::Receiv
                     requests: (rps * 0.3) as u64,
                     shed: 0,
                     rps,
+                    by_priority: None,
                 }],
                 engines: vec![],
             };

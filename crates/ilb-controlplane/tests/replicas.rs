@@ -95,6 +95,7 @@ async fn post_report(cp: &str, demand_rps: f64, sequence: u64) {
             requests: (demand_rps / 4.0) as u64,
             shed: 0,
             rps: demand_rps,
+            by_priority: None,
         }],
         engines: vec![],
     };

@@ -214,6 +214,7 @@ fn report_body() -> String {
             requests: 10,
             shed: 0,
             rps: 10.0,
+            by_priority: None,
         }],
         engines: vec![],
     };

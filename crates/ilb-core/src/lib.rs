@@ -5,12 +5,14 @@
 //! - [`slots`]: the weighted consistent-hashing slot table (minimal movement on weight change).
 //! - [`table`]: a validated snapshot compiled into an immutable routing table, and `pick`.
 //! - [`classify`]: reading model, constraints, priority and affinity key out of a request.
+//! - [`constraint`]: which engines a traffic class may use.
 //!
 //! **Invariant:** nothing here does IO, reads the clock or spawns tasks; time and randomness
 //! come in as arguments. This is what lets the fleet simulator run this exact code.
 
 pub mod affinity;
 pub mod classify;
+pub mod constraint;
 pub mod holds;
 pub mod ids;
 pub mod metrics;
