@@ -6,6 +6,7 @@
 //!
 //! Without `/usr/bin/chromium` the test prints a notice and passes, unless
 //! `ILB_REQUIRE_BROWSER=1` (CI), where it fails.
+#![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
 mod browser;
 

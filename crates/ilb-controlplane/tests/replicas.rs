@@ -10,6 +10,7 @@
 //! the one it holds. So the newest publication wins whichever replica made it; a replica whose
 //! current version is older than the one held is waited on until it publishes a newer one
 //! (within a solve period when the replicas' clocks agree to better than that).
+#![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
 mod fleet_support;
 
