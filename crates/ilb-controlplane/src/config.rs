@@ -59,6 +59,16 @@ pub struct ControlPlaneSettings {
     /// another engine before it replaces the published split (a moved conversation loses its
     /// prefix cache). 0 = always publish the optimum. Default 0.
     pub stability_ms: f64,
+    /// Stability tolerance: the published split also stays while its expected latency on the
+    /// new problem is within this fraction of the new plan's, so that demand noise and
+    /// differences as small as the solve's own certified gap move no traffic. 0 = off.
+    /// Default 0.001 (the 0.1 % gap every solve is certified to).
+    pub stability_tolerance: f64,
+    /// Demand band: a class is planned with the demand it was planned with last round while
+    /// its measured rate stays within this many standard deviations of the measurement's
+    /// noise (√(rate / 2·smoothing) for Poisson arrivals), so that noise moves no traffic.
+    /// 0 = plan with every measurement as it is. Default 3.
+    pub demand_band_sigmas: f64,
     /// Which latency the optimizer minimises.
     pub objective: ObjectiveSetting,
     /// Expected output tokens per request, for `objective = "ttft_plus_decode"`. Default 128.
@@ -128,6 +138,8 @@ impl Default for ControlPlaneSettings {
             smoothing_ms: 5000,
             rho: 0.95,
             stability_ms: 0.0,
+            stability_tolerance: 0.001,
+            demand_band_sigmas: 3.0,
             objective: ObjectiveSetting::Ttft,
             expected_output_tokens: 128.0,
             shed_penalty_ms: [
@@ -481,6 +493,12 @@ impl FleetConfig {
         }
         if !(cp.stability_ms.is_finite() && cp.stability_ms >= 0.0) {
             return err("control_plane.stability_ms: must be a non-negative number");
+        }
+        if !(0.0..=0.1).contains(&cp.stability_tolerance) {
+            return err("control_plane.stability_tolerance: must be in [0, 0.1]");
+        }
+        if !(0.0..=10.0).contains(&cp.demand_band_sigmas) {
+            return err("control_plane.demand_band_sigmas: must be in [0, 10]");
         }
         if !(cp.expected_output_tokens.is_finite() && cp.expected_output_tokens >= 0.0) {
             return err("control_plane.expected_output_tokens: must be a non-negative number");

@@ -281,7 +281,12 @@ fn to_optimizer(profile: LatencyProfile) -> Latency {
 
 /// The optimizer's options from the control plane's settings (one solver per model uses them).
 pub fn solver_options(config: &crate::config::FleetConfig) -> SolverOptions {
-    SolverOptions { stability_ms: config.control_plane.stability_ms, ..SolverOptions::default() }
+    let cp = &config.control_plane;
+    SolverOptions {
+        stability_ms: cp.stability_ms,
+        stability_tolerance: cp.stability_tolerance,
+        ..SolverOptions::default()
+    }
 }
 
 /// One snapshot per cluster from the solved plans. `solutions[i]` solves `plans[i]`, or is

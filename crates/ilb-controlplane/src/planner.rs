@@ -5,13 +5,22 @@
 //!
 //! Building reads the fleet and is cheap; solving owns only the problems and the solvers, so
 //! the control loop can move a [`Planner`] to a blocking thread while it keeps taking signals.
+//!
+//! **Demand within its noise.** A measured rate is an EWMA of arrivals, and arrivals are noisy:
+//! for a Poisson stream of λ req/s smoothed with time constant τ the estimate's standard
+//! deviation is √(λ / 2τ). Re-planning on every wiggle of it moves traffic for nothing (and
+//! where an engine's capacity binds, every wiggle changes the spill fraction). So the planner
+//! keeps planning each class with the demand it planned before while the measurement stays
+//! within `control_plane.demand_band_sigmas` standard deviations of it (default 3: a steady
+//! Poisson stream leaves its band in about 0.3 % of rounds), and takes the measurement as soon
+//! as it leaves that band (a real change of demand, a surge, a cluster going quiet).
 
 use crate::config::FleetConfig;
 use crate::fleet::{Fleet, Now};
 use crate::plan::{self, ModelPlan, Unplanned};
 use ilb_core::snapshot::Snapshot;
 use ilb_optimizer::{Solution, Solver, SolverOptions};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// The solvers of every model (each warm-starts from its model's previous solve) and the
 /// options they solve with.
@@ -19,6 +28,8 @@ use std::collections::BTreeMap;
 pub struct Planner {
     solvers: BTreeMap<String, Solver>,
     options: SolverOptions,
+    /// Demand planned last round, per (model, problem class id).
+    held: HashMap<(String, String), f64>,
 }
 
 /// The problems of one round, before solving.
@@ -42,7 +53,7 @@ pub struct Round {
 
 impl Planner {
     pub fn new(options: SolverOptions) -> Planner {
-        Planner { solvers: BTreeMap::new(), options }
+        Planner { solvers: BTreeMap::new(), options, held: HashMap::new() }
     }
 
     /// A planner with the options `config` asks for.
@@ -63,10 +74,35 @@ impl Planner {
         }
     }
 
-    /// The problems for the fleet as it is at `now`.
-    pub fn build(fleet: &Fleet, now: Now) -> Problems {
+    /// The problems for the fleet as it is at `now`, each class's demand as measured.
+    pub fn problems(fleet: &Fleet, now: Now) -> Problems {
         let (plans, unplanned) = plan::build(fleet, now);
         Problems { plans, unplanned }
+    }
+
+    /// The problems for this round: as [`Planner::problems`], with each class's demand held at
+    /// last round's while the measurement is within its noise band.
+    pub fn build(&mut self, fleet: &Fleet, now: Now) -> Problems {
+        let mut problems = Planner::problems(fleet, now);
+        let cp = &fleet.config.control_plane;
+        let tau_s = (cp.smoothing_ms as f64 / 1000.0).max(1e-3);
+        let mut held = HashMap::with_capacity(self.held.len());
+        for plan in &mut problems.plans {
+            for class in &mut plan.problem.classes {
+                let key = (plan.model.clone(), class.id.clone());
+                let measured = class.demand_rps;
+                if let Some(&before) = self.held.get(&key) {
+                    if (measured - before).abs()
+                        <= demand_band(measured.max(before), tau_s, cp.demand_band_sigmas)
+                    {
+                        class.demand_rps = before;
+                    }
+                }
+                held.insert(key, class.demand_rps);
+            }
+        }
+        self.held = held;
+        problems
     }
 
     /// Solves every model, each warm from its previous solve. A solve that panics is caught:
@@ -93,7 +129,8 @@ impl Planner {
 
     /// Builds and solves.
     pub fn plan(&mut self, fleet: &Fleet, now: Now) -> Round {
-        self.solve(Planner::build(fleet, now))
+        let problems = self.build(fleet, now);
+        self.solve(problems)
     }
 }
 
@@ -138,6 +175,12 @@ impl Round {
         }
         load
     }
+}
+
+/// The half-width of the band a demand of `rps` measured with an EWMA of time constant `tau_s`
+/// moves within by noise alone: `sigmas` × √(rps / 2τ).
+fn demand_band(rps: f64, tau_s: f64, sigmas: f64) -> f64 {
+    sigmas * (rps.max(0.0) / (2.0 * tau_s)).sqrt()
 }
 
 /// Runs one model's solve, catching a panic: (the result, or the error or panic as text;

@@ -420,7 +420,7 @@ impl Control {
             return;
         };
         self.solve_pending = false;
-        let problems = Planner::build(&self.fleet, self.now());
+        let problems = planner.build(&self.fleet, self.now());
         let tx = self.solved_tx.clone();
         let generation = self.generation;
         tokio::task::spawn_blocking(move || {

@@ -28,6 +28,8 @@ pub fn build(scenario: &Scenario, calibrations: &[Calibration]) -> Result<FleetC
             smoothing_ms: ms(control.smoothing_s),
             rho: control.rho,
             stability_ms: control.stability_ms,
+            stability_tolerance: control.stability_tolerance,
+            demand_band_sigmas: control.demand_band_sigmas,
             objective: if control.objective == "ttft" {
                 ObjectiveSetting::Ttft
             } else {

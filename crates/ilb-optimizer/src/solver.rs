@@ -27,6 +27,11 @@ pub struct SolverOptions {
     /// Stability strength: the cost, in ms of latency per request moved, that a new split must
     /// save before a [`Solver`] moves traffic (0 = always publish the optimum; see `stability`).
     pub stability_ms: f64,
+    /// Relative stability tolerance: a [`Solver`] also keeps its previous split while that
+    /// split's cost on the new problem is within this fraction of the new solution's cost, so
+    /// that differences as small as the solve's own certified gap do not move traffic
+    /// (0 = off; see `stability`).
+    pub stability_tolerance: f64,
 }
 
 impl Default for SolverOptions {
@@ -37,6 +42,7 @@ impl Default for SolverOptions {
             min_route_fraction: 1e-6,
             proximal: true,
             stability_ms: 0.0,
+            stability_tolerance: 0.0,
         }
     }
 }
@@ -46,7 +52,7 @@ impl Default for SolverOptions {
 pub struct Solver {
     pub options: SolverOptions,
     warm: Option<WarmStart>,
-    /// The solution last returned, kept only with a stability strength.
+    /// The solution last returned, kept only with a stability strength or tolerance.
     previous: Option<Previous>,
 }
 
@@ -62,14 +68,16 @@ impl Solver {
         let (solution, warm) = solve(problem, self.warm.as_ref(), &self.options)?;
         // The warm start follows the optimum either way, so that the next solve tracks it.
         self.warm = Some(warm);
-        let strength = self.options.stability_ms;
-        if !(strength.is_finite() && strength > 0.0) {
+        let positive = |x: f64| if x.is_finite() && x > 0.0 { x } else { 0.0 };
+        let (strength, tolerance) =
+            (positive(self.options.stability_ms), positive(self.options.stability_tolerance));
+        if strength == 0.0 && tolerance == 0.0 {
             return Ok(solution);
         }
         let solution = self
             .previous
             .as_ref()
-            .and_then(|previous| keep_previous(problem, &solution, previous, strength))
+            .and_then(|previous| keep_previous(problem, &solution, previous, strength, tolerance))
             .unwrap_or(solution);
         self.previous = Some(Previous::new(problem, &solution));
         Ok(solution)

@@ -4,10 +4,11 @@
 //! unless the new one saves more than S ms for every request per second it moves:
 //!
 //! ```text
-//! keep if  cost(previous split on the new problem) − cost(new split) ≤ S · moved,
+//! keep if  cost(previous split on the new problem) − cost(new split) ≤ S · moved + τ · cost(new split),
 //! ```
 //!
-//! where costs are Σ n·x + Σ f(y) (shedding follows the new solve either way) and moved is the
+//! where τ is the relative tolerance (a saving within the solve's own certified gap is not
+//! worth moving anyone for, and demand noise mostly moves the optimum by less than that), costs are Σ n·x + Σ f(y) (shedding follows the new solve either way) and moved is the
 //! req/s that change engine. The previous split must still be feasible: every pair allowed, no
 //! engine above its usable capacity, with each class's weights applied to what the new solve
 //! serves of it. The kept solution carries the new solve's lower bound, so its gap says what the
@@ -50,6 +51,7 @@ pub(crate) fn keep_previous(
     new: &Solution,
     previous: &Previous,
     strength_ms: f64,
+    tolerance: f64,
 ) -> Option<Solution> {
     if !previous.matches(problem) || new.shed_rps.len() != problem.classes.len() {
         return None;
@@ -90,7 +92,7 @@ pub(crate) fn keep_previous(
     let kept_cost = routing_cost(&routes, &load);
     let new_cost = routing_cost(&new.routes, &new_load);
     let moved = moved_rps(&routes, &new.routes);
-    if kept_cost - new_cost > strength_ms * moved {
+    if kept_cost - new_cost > strength_ms * moved + tolerance * new_cost.abs() {
         return None;
     }
     let shed_cost: f64 = new.shed_rps.iter().zip(&problem.classes).map(|(s, c)| s * c.shed_penalty_ms).sum();

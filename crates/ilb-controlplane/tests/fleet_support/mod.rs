@@ -6,7 +6,6 @@
 //! measured: how long until the installed plan reflected it, how many installs that took,
 //! when a new engine got its first request, requests failed, streams cut.
 #![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
-
 #![allow(dead_code)]
 
 use bytes::Bytes;

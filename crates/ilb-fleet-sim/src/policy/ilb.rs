@@ -72,7 +72,7 @@ impl Ilb {
     /// fitted profiles, health) with each class's demand set to its mean measured rate
     /// `mean_rps[(cluster, model, class)]`, solved warm. Mean latency of admitted traffic, ms.
     fn steady_state(&mut self, now: Nanos, mean_rps: &HashMap<(String, String, String), f64>) -> Option<f64> {
-        let mut problems = Planner::build(&self.fleet, Duration::from_nanos(now));
+        let mut problems = Planner::problems(&self.fleet, Duration::from_nanos(now));
         for plan in &mut problems.plans {
             for k in 0..plan.classes.len() {
                 let key = &plan.classes[k].key;

@@ -280,8 +280,13 @@ pub struct ControlSpec {
     /// Usable fraction ρ of capacity. Default 0.95.
     pub rho: f64,
     /// Stability strength, ms of latency a new plan must save per moved request (the control
-    /// plane's `stability_ms`). Default 0.
+    /// plane's `stability_ms`). Default: the control plane's.
     pub stability_ms: f64,
+    /// Relative stability tolerance (the control plane's `stability_tolerance`). Default: the
+    /// control plane's.
+    pub stability_tolerance: f64,
+    /// The control plane's `demand_band_sigmas`. Default: the control plane's.
+    pub demand_band_sigmas: f64,
     /// `ttft` or `ttft_plus_decode` (the optimizer then predicts mean end-to-end latency). Default
     /// `ttft_plus_decode`.
     pub objective: String,
@@ -309,7 +314,10 @@ impl Default for ControlSpec {
             snapshot_delay_s: 1.0,
             smoothing_s: 5.0,
             rho: 0.95,
-            stability_ms: 0.0,
+            stability_ms: ilb_controlplane::config::ControlPlaneSettings::default().stability_ms,
+            stability_tolerance: ilb_controlplane::config::ControlPlaneSettings::default()
+                .stability_tolerance,
+            demand_band_sigmas: ilb_controlplane::config::ControlPlaneSettings::default().demand_band_sigmas,
             objective: "ttft_plus_decode".into(),
             shed_penalty_ms: ilb_controlplane::config::ControlPlaneSettings::default().shed_penalty_ms,
             calibration_s: 60.0,

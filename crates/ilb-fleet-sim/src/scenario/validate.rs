@@ -372,6 +372,12 @@ fn validate_control(c: &ControlSpec, f: &FeedbackSpec) -> Result<(), ScenarioErr
     if !(c.stability_ms.is_finite() && c.stability_ms >= 0.0) {
         return err("control.stability_ms: must be a non-negative number");
     }
+    if !(0.0..=0.1).contains(&c.stability_tolerance) {
+        return err("control.stability_tolerance: must be in [0, 0.1]");
+    }
+    if !(0.0..=10.0).contains(&c.demand_band_sigmas) {
+        return err("control.demand_band_sigmas: must be in [0, 10]");
+    }
     if !["ttft", "ttft_plus_decode"].contains(&c.objective.as_str()) {
         return err(format!(
             "control.objective: unknown objective '{}' (ttft, ttft_plus_decode)",
