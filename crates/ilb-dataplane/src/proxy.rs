@@ -1,7 +1,6 @@
 //! The request path: read and classify the request, pick an engine on the installed table,
 //! forward, retry on another engine while nothing has reached the client, and stream back.
 
-use crate::admission;
 use crate::body::{ProxyBody, UpstreamBody};
 use crate::error::ProxyError;
 use crate::server::Shared;
@@ -14,7 +13,9 @@ use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use ilb_core::affinity::AffinityTable;
-use ilb_core::classify::{self, Endpoint, Priority};
+use ilb_core::admission::remaining_wait;
+use ilb_core::classify::{self, Endpoint};
+use ilb_core::priority::{self, Priority};
 use ilb_core::table::{within_load_bound, ClassTable, Constraints};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -26,7 +27,7 @@ pub const SESSION_HEADERS: [HeaderName; 2] =
     [HeaderName::from_static("x-session-id"), HeaderName::from_static("x-ilb-affinity-key")];
 pub const REQUIRE_HEADER: HeaderName = HeaderName::from_static("x-ilb-require");
 pub const RESIDENCY_HEADER: HeaderName = HeaderName::from_static("x-ilb-residency");
-pub const PRIORITY_HEADER: HeaderName = HeaderName::from_static("x-ilb-priority");
+pub const PRIORITY_HEADER: HeaderName = HeaderName::from_static(priority::HEADER);
 
 /// What the request asked for, read from body and headers.
 pub struct Classified<'a> {
@@ -159,13 +160,9 @@ async fn forward(
     let constraints = Constraints { require: &request.require, residency: request.residency };
     let class = model.class_for(&constraints);
     let class_state = &installed.classes[class.seq];
-    let priority = admission::priority_index(request.priority);
     class_state.arrivals.fetch_add(1, Relaxed);
-    class_state.priority.priority_arrivals[priority].fetch_add(1, Relaxed);
-
     // Planned shedding: the control plane says this class is over capacity.
-    let shed_probability = f64::from_bits(class_state.priority.shed_probability[priority].load(Relaxed));
-    if shed_probability > 0.0 && unit_interval(request_id) < shed_probability {
+    if class_state.priority.arrive(request.priority, request_id) {
         class_state.shed.fetch_add(1, Relaxed);
         return Err(ProxyError::Shed(format!(
             "class '{}' of model '{}' is over capacity and sheds {} priority traffic first",
@@ -206,17 +203,19 @@ async fn forward(
             }
             Err(NoCandidate::Saturated) if last_error.is_none() => {
                 // Every usable engine is at its concurrency limit: wait (bounded) for a slot.
-                let limit = shared.config.queue_wait * if priority == 3 { 2 } else { 1 };
                 let waited = wait_started.get_or_insert_with(Instant::now).elapsed();
-                let full = shared.waiters.total() >= shared.config.max_waiting && priority < 3;
-                if full || waited >= limit {
+                let config = &shared.config;
+                let waiting = shared.waiters.total();
+                let Some(remaining) =
+                    remaining_wait(request.priority, waited, config.queue_wait, waiting, config.max_waiting)
+                else {
                     class_state.overloaded.fetch_add(1, Relaxed);
                     return Err(ProxyError::Overloaded {
                         model: model.name.to_string(),
                         waited_ms: waited.as_millis() as u64,
                     });
-                }
-                shared.waiters.wait(priority, limit - waited).await;
+                };
+                shared.waiters.wait(request.priority, remaining).await;
                 continue;
             }
             Err(_) => break,
@@ -332,11 +331,6 @@ fn write_hex(out: &mut [u8], value: u64) {
     for (i, byte) in out.iter_mut().rev().enumerate() {
         *byte = DIGITS[((value >> (4 * i)) & 0xf) as usize];
     }
-}
-
-/// A uniform number in [0, 1) from a request id (shedding decisions; no global RNG).
-fn unit_interval(request_id: u64) -> f64 {
-    (ilb_core::slots::mix(request_id ^ 0x5EED) >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// Why no candidate could be picked.
@@ -496,10 +490,8 @@ fn classify_info<'a>(
         None => Vec::new(),
     };
     let residency = header_str(&RESIDENCY_HEADER)?.map(str::trim).filter(|r| !r.is_empty());
-    let priority = match header_str(&PRIORITY_HEADER)? {
-        Some(p) => Priority::parse(p).map_err(|e| ProxyError::BadRequest(e.to_string()))?,
-        None => Priority::Normal,
-    };
+    let priority = Priority::from_header(header_str(&PRIORITY_HEADER)?)
+        .map_err(|e| ProxyError::BadRequest(e.to_string()))?;
     let mut session = None;
     for name in &SESSION_HEADERS {
         if let Some(v) = header_str(name)? {
