@@ -124,7 +124,10 @@ mod tests {
         assert_eq!(Priority::from_header(None).unwrap(), Priority::Normal);
         assert_eq!(Priority::from_header(Some("high")).unwrap(), Priority::High);
         let err = Priority::parse("urgent").unwrap_err();
-        assert_eq!(err.to_string(), "x-ilb-priority must be one of low, normal, high, critical (got \"urgent\")");
+        assert_eq!(
+            err.to_string(),
+            "x-ilb-priority must be one of low, normal, high, critical (got \"urgent\")"
+        );
         assert!(Priority::ALL.windows(2).all(|w| w[0] < w[1]));
         for (i, p) in Priority::ALL.into_iter().enumerate() {
             assert_eq!(p.index(), i);

@@ -4,19 +4,20 @@
 //! The rules are `ilb_core::admission`'s (pure, shared with the fleet simulator); this module
 //! runs them on the data plane's atomics and tokio. **Shedding.** A background task turns each
 //! class's per-priority arrivals into per-priority shed probabilities every
-//! [`SHED_PLAN_PERIOD`], and the request path compares one number ([`PriorityCounters::arrive`]).
+//! [`SHED_PLAN_PERIOD`], and the request path compares one number ([`arrive`]).
 //! **Waiting.** A request whose candidates are all full waits (bounded in time and in count,
 //! `ilb_core::admission::remaining_wait`) for a slot; a freed slot goes to the highest priority
 //! waiting ([`Waiters`]).
 
-use crate::server::Shared;
-use ilb_core::admission::{ClassShedding, SHED_PLAN_PERIOD};
+use crate::config::DataPlaneConfig;
+use crate::state::{PriorityCounters, RoutingState};
+use ilb_core::admission::{remaining_wait, ClassShedding, SHED_PLAN_PERIOD};
 use ilb_core::priority::{PerPriority, Priority};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
 
 /// Requests waiting for a free engine slot, by priority.
 #[derive(Default)]
@@ -54,7 +55,7 @@ impl Waiters {
 
 /// Recomputes every class's shed probabilities every [`SHED_PLAN_PERIOD`] from its arrivals
 /// ([`ClassShedding::plan`]).
-pub async fn plan_shedding(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+pub async fn plan_shedding(routing: &RoutingState, mut shutdown: watch::Receiver<bool>) {
     let mut classes: HashMap<usize, ClassShedding> = HashMap::new();
     let mut version = None;
     loop {
@@ -62,7 +63,7 @@ pub async fn plan_shedding(shared: Arc<Shared>, mut shutdown: watch::Receiver<bo
             _ = tokio::time::sleep(SHED_PLAN_PERIOD) => {}
             _ = shutdown.changed() => return,
         }
-        let Some(installed) = shared.routing.load() else { continue };
+        let Some(installed) = routing.load() else { continue };
         if version != Some(installed.table.version) {
             // Class indices change meaning with a new table.
             classes.clear();
@@ -82,21 +83,31 @@ pub async fn plan_shedding(shared: Arc<Shared>, mut shutdown: watch::Receiver<bo
     }
 }
 
-/// Cumulative arrivals per priority and the current shed probability per priority of a class.
-#[derive(Debug, Default)]
-pub struct PriorityCounters {
-    pub arrivals: PerPriority<AtomicU64>,
-    /// f64 bits.
-    pub shed_probability: PerPriority<AtomicU64>,
+/// Counts an arrival of `priority` in a class and says whether to shed it
+/// ([`ilb_core::admission::shed`] with a draw derived from `request_id`). Hot path: two relaxed
+/// atomics.
+pub fn arrive(counters: &PriorityCounters, priority: Priority, request_id: u64) -> bool {
+    counters.arrivals[priority].fetch_add(1, Relaxed);
+    let probability = f64::from_bits(counters.shed_probability[priority].load(Relaxed));
+    ilb_core::admission::shed(probability, unit_interval(request_id))
 }
 
-impl PriorityCounters {
-    /// Counts an arrival of `priority` and says whether to shed it ([`ilb_core::admission::shed`]
-    /// with a draw derived from `request_id`). Hot path: two relaxed atomics.
-    pub fn arrive(&self, priority: Priority, request_id: u64) -> bool {
-        self.arrivals[priority].fetch_add(1, Relaxed);
-        let probability = f64::from_bits(self.shed_probability[priority].load(Relaxed));
-        ilb_core::admission::shed(probability, unit_interval(request_id))
+/// Every usable engine is at its concurrency limit: waits for a freed slot for as long as
+/// [`remaining_wait`] allows (`started`: when the request began waiting, set on its first
+/// wait). `Err`: refused now, with how long it waited.
+pub async fn wait_for_slot(
+    waiters: &Waiters,
+    config: &DataPlaneConfig,
+    priority: Priority,
+    started: &mut Option<Instant>,
+) -> Result<(), Duration> {
+    let waited = started.get_or_insert_with(Instant::now).elapsed();
+    match remaining_wait(priority, waited, config.queue_wait, waiters.total(), config.max_waiting) {
+        Some(remaining) => {
+            waiters.wait(priority, remaining).await;
+            Ok(())
+        }
+        None => Err(waited),
     }
 }
 
@@ -108,6 +119,7 @@ fn unit_interval(request_id: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     #[tokio::test(start_paused = true)]
     async fn freed_slots_go_to_the_highest_priority() {

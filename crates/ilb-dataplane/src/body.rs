@@ -4,16 +4,18 @@
 //! An engine's body is read from its connection by the client connection's own task as hyper
 //! polls it ([`EngineBody`]); when it ends cleanly the connection goes back to its engine's
 //! pool, and when the client goes away first the body, and with it the connection, is dropped,
-//! which tells the engine to stop. The streamed body owns the request's [`InFlight`] guard, so
+//! which tells the engine to stop. The streamed body owns the request's [`InFlight`] guard
+//! (`in_flight.rs`), so
 //! an engine's in-flight count drops when the stream *ends* (or the client goes away), not
 //! when headers arrive. It also enforces the idle gap between chunks, and turns a broken
 //! engine stream into a well-formed SSE error event followed by a clean end, so a streaming
 //! client sees an error instead of a hang.
 
 use crate::error::ProxyError;
-use crate::proxy::{InFlight, ResponseStore};
+use crate::in_flight::InFlight;
 use crate::upstream::EngineBody;
 use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use std::future::Future;
 use std::pin::Pin;
@@ -40,6 +42,21 @@ impl ProxyBody {
     pub fn empty() -> Self {
         ProxyBody::Local(None)
     }
+}
+
+/// A local JSON answer (`/v1/models`, `/health`, `/debug/route`).
+pub fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<ProxyBody> {
+    let mut response = Response::new(ProxyBody::from(Bytes::from(value.to_string())));
+    *response.status_mut() = status;
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// Where to remember the id of a response an engine stores (a successful Responses request).
+pub struct ResponseStore {
+    /// The engine's affinity tag.
+    pub tag: u32,
+    pub now_s: u32,
 }
 
 pub struct UpstreamBody {

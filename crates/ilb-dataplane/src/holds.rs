@@ -8,7 +8,7 @@
 //! cleared, since a hold nobody refreshes may be about an engine that has long recovered (the
 //! local guard still ejects engines that fail requests).
 
-use crate::server::Shared;
+use crate::shared::Shared;
 use ilb_core::holds::{EngineHolds, MAX_HOLDS_BYTES};
 use std::sync::Arc;
 use std::time::Duration;

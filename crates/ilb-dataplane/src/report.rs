@@ -7,7 +7,7 @@
 //! Reporting is best effort and off the request path: a control plane that is down only means
 //! reports are dropped; routing goes on with the installed snapshot.
 
-use crate::server::Shared;
+use crate::shared::Shared;
 use bytes::Bytes;
 use http::{header, Request};
 use http_body_util::Full;
@@ -100,7 +100,7 @@ pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch:
         let n = installed.engines.len();
         for i in 0..config.rtt_probes_per_period.min(n) {
             let engine = &installed.engines[(next_probe + i) % n];
-            if let Some(ms) = measure_rtt(&shared, &engine.base_url).await {
+            if let Some(ms) = measure_rtt(&shared, &engine.origin.base_url).await {
                 let e = rtt.entry(engine.id.clone()).or_insert(ms);
                 *e += 0.3 * (ms - *e);
             }
@@ -224,7 +224,7 @@ async fn send(shared: &Shared, url: &str, config: &ReportConfig, report: &Report
     let response = tokio::time::timeout(Duration::from_secs(5), shared.control_plane_client.request(request))
         .await
         .map_err(|_| "timed out".to_owned())?
-        .map_err(|e| crate::sources::error_chain(&e))?;
+        .map_err(|e| crate::error::error_chain(&e))?;
     if !response.status().is_success() {
         return Err(format!("status {}", response.status()));
     }

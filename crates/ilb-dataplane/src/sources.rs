@@ -2,7 +2,8 @@
 //! the snapshot poller (HTTP with ETag and long-poll), quick-mode discovery (build a snapshot
 //! from engines' `/v1/models`), and the prober that readmits ejected engines.
 
-use crate::server::Shared;
+use crate::error::error_chain;
+use crate::shared::{HttpClient, Shared};
 use bytes::Bytes;
 use http::{header, Request, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
@@ -107,7 +108,7 @@ pub async fn poll(
 
 /// GET with `If-None-Match` through `client`; `Ok(None)` on 304.
 pub(crate) async fn fetch(
-    client: &crate::server::HttpClient,
+    client: &HttpClient,
     url: &str,
     etag: Option<&str>,
 ) -> Result<Option<(Bytes, Option<String>)>, String> {
@@ -175,18 +176,6 @@ pub async fn discover(
             _ = shutdown.changed() => return,
         }
     }
-}
-
-/// An error and its sources on one line (a TLS reason sits several sources deep).
-pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    message
 }
 
 fn parse_model_list(body: &[u8]) -> Option<Vec<String>> {
@@ -267,7 +256,7 @@ pub async fn probe_ejected(shared: Arc<Shared>, mut shutdown: watch::Receiver<bo
             engine.probe_failed(now, &shared.config.guard);
             let (shared, engine) = (Arc::clone(&shared), Arc::clone(engine));
             tokio::spawn(async move {
-                let url = format!("{}/health", engine.base_url);
+                let url = format!("{}/health", engine.origin.base_url);
                 let healthy = matches!(
                     tokio::time::timeout(Duration::from_secs(1), fetch(&shared.client, &url, None)).await,
                     Ok(Ok(Some(_)))
