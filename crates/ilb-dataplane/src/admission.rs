@@ -9,6 +9,7 @@
 //! `ilb_core::admission::remaining_wait`) for a slot; a freed slot goes to the highest priority
 //! waiting ([`Waiters`]).
 
+use crate::clock;
 use crate::config::DataPlaneConfig;
 use crate::state::{PriorityCounters, RoutingState};
 use ilb_core::admission::{remaining_wait, ClassShedding, SHED_PLAN_PERIOD};
@@ -101,7 +102,7 @@ pub async fn wait_for_slot(
     priority: Priority,
     started: &mut Option<Instant>,
 ) -> Result<(), Duration> {
-    let waited = started.get_or_insert_with(Instant::now).elapsed();
+    let waited = clock::since(*started.get_or_insert_with(clock::now));
     match remaining_wait(priority, waited, config.queue_wait, waiters.total(), config.max_waiting) {
         Some(remaining) => {
             waiters.wait(priority, remaining).await;

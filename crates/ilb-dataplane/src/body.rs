@@ -11,6 +11,7 @@
 //! engine stream into a well-formed SSE error event followed by a clean end, so a streaming
 //! client sees an error instead of a hang.
 
+use crate::clock;
 use crate::error::ProxyError;
 use crate::in_flight::InFlight;
 use crate::upstream::EngineBody;
@@ -184,13 +185,13 @@ impl UpstreamBody {
                         self.at_boundary = data.ends_with(b"\n\n") || data.ends_with(b"\r\n\r\n");
                         // The closing `[DONE]` follows the last token at once: no token gap.
                         if self.sse && !data.starts_with(b"data: [DONE]") {
-                            let now = Instant::now();
+                            let now = clock::now();
                             self.in_flight.stream_chunk(self.last_chunk, now);
                             self.last_chunk = Some(now);
                         }
                     }
                     if let Some(idle) = self.idle.as_mut() {
-                        idle.as_mut().reset(Instant::now() + self.idle_timeout);
+                        idle.as_mut().reset(clock::now() + self.idle_timeout);
                     }
                     if self.response_id.is_some() {
                         let data = data.clone();

@@ -3,6 +3,7 @@
 //! (the streamed body owns it, `body.rs`), and records how the attempt went: the engine's
 //! latency histograms, success or failure for the local guard, and a stored response's engine.
 
+use crate::clock;
 use crate::engines::EngineState;
 use crate::shared::Shared;
 use crate::state::{ClassState, Installed};
@@ -44,7 +45,7 @@ impl InFlight {
             engine,
             class,
             class_engine,
-            started: Instant::now(),
+            started: clock::now(),
             finished: false,
         }
     }
@@ -58,7 +59,7 @@ impl InFlight {
         if std::mem::replace(&mut self.finished, true) {
             return;
         }
-        self.engine.counters.duration.observe_micros(self.started.elapsed().as_micros() as u64);
+        self.engine.counters.duration.observe_micros(clock::since(self.started).as_micros() as u64);
         if ok {
             self.engine.record_success();
         } else {
@@ -90,7 +91,7 @@ impl InFlight {
 
     /// The engine's response head arrived.
     pub fn first_byte(&self) {
-        self.engine.counters.ttfb.observe_micros(self.started.elapsed().as_micros() as u64);
+        self.engine.counters.ttfb.observe_micros(clock::since(self.started).as_micros() as u64);
     }
 }
 

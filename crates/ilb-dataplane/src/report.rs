@@ -7,6 +7,7 @@
 //! Reporting is best effort and off the request path: a control plane that is down only means
 //! reports are dropped; routing goes on with the installed snapshot.
 
+use crate::clock;
 use crate::shared::Shared;
 use bytes::Bytes;
 use http::{header, Request};
@@ -18,7 +19,6 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
-use tokio::time::Instant;
 
 /// Where and how often to report.
 #[derive(Clone, Debug)]
@@ -80,7 +80,7 @@ pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch:
     let mut rtt: HashMap<EngineId, f64> = HashMap::new();
     let mut next_probe = 0usize;
     let mut sequence = 0u64;
-    let mut last = Instant::now();
+    let mut last = clock::now();
     let mut interval = tokio::time::interval(config.interval);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     interval.tick().await;
@@ -90,7 +90,7 @@ pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch:
             _ = shutdown.changed() => return,
         }
         let Some(installed) = shared.routing.load() else { continue };
-        let now = Instant::now();
+        let now = clock::now();
         let period = now.duration_since(last);
         last = now;
         let secs = period.as_secs_f64().max(1e-3);
@@ -234,9 +234,9 @@ async fn send(shared: &Shared, url: &str, config: &ReportConfig, report: &Report
 /// Round trip of `GET /health`, ms.
 async fn measure_rtt(shared: &Shared, base_url: &str) -> Option<f64> {
     let request = Request::get(format!("{base_url}/health")).body(Full::new(Bytes::new())).ok()?;
-    let started = Instant::now();
+    let started = clock::now();
     let response =
         tokio::time::timeout(Duration::from_secs(1), shared.client.request(request)).await.ok()?.ok()?;
-    let ms = started.elapsed().as_secs_f64() * 1000.0;
+    let ms = clock::since(started).as_secs_f64() * 1000.0;
     response.status().is_success().then_some(ms)
 }

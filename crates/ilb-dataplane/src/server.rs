@@ -2,6 +2,7 @@
 //! proxy, `/v1/models`, `/health` and `/debug/route`.
 
 use crate::body::{json_response, ProxyBody};
+use crate::clock;
 use crate::error::ProxyError;
 use crate::shared::Shared;
 use bytes::Bytes;
@@ -100,7 +101,7 @@ struct Tracked {
 
 impl Drop for Tracked {
     fn drop(&mut self) {
-        let idle_since = self.activity.opened.elapsed().as_nanos() as u64;
+        let idle_since = clock::since(self.activity.opened).as_nanos() as u64;
         self.activity.idle_since.store(idle_since, Relaxed);
         self.activity.finished.fetch_add(1, Relaxed);
     }
@@ -139,7 +140,7 @@ where
 {
     let header_read = shared.config.timeouts.header_read;
     let activity = Arc::new(Activity {
-        opened: Instant::now(),
+        opened: clock::now(),
         started: AtomicU64::new(0),
         finished: AtomicU64::new(0),
         idle_since: AtomicU64::new(0),
@@ -199,7 +200,7 @@ where
         match step {
             Step::Closed => return,
             Step::Idle => {
-                let now = Instant::now();
+                let now = clock::now();
                 match activity.waiting_since() {
                     // Dropping the connection closes it, as hyper's header timeout does.
                     Some(since) if since + header_read <= now => return,

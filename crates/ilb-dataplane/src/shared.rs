@@ -2,6 +2,7 @@
 //! the installed routing state, the HTTP clients of the background tasks, the retry budget,
 //! the slot waiters, the affinity tables and the data plane's own counters.
 
+use crate::clock;
 use crate::config::DataPlaneConfig;
 use crate::engines::EngineState;
 use crate::state::{InstallError, RoutingState};
@@ -73,7 +74,7 @@ impl Shared {
             client,
             control_plane_client,
             engine_tls,
-            epoch: Instant::now(),
+            epoch: clock::now(),
             requests: AtomicU64::new(0),
             snapshot_installs: AtomicU64::new(0),
             snapshot_rejections: AtomicU64::new(0),
@@ -114,12 +115,12 @@ impl Shared {
 
     /// Milliseconds since this data plane started (monotonic).
     pub fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+        clock::since(self.epoch).as_millis() as u64
     }
 
     /// Time since this data plane started (monotonic).
     pub fn uptime(&self) -> std::time::Duration {
-        self.epoch.elapsed()
+        clock::since(self.epoch)
     }
 
     pub fn next_request_id(&self) -> u64 {

@@ -136,8 +136,8 @@ async fn read_to_end(response: Response<EngineBody>) -> (Vec<u8>, Option<super::
 }
 
 async fn eventually(mut condition: impl FnMut() -> bool) -> bool {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while tokio::time::Instant::now() < deadline {
+    let deadline = crate::clock::now() + Duration::from_secs(5);
+    while crate::clock::now() < deadline {
         if condition() {
             return true;
         }
