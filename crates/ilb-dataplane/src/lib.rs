@@ -30,8 +30,7 @@ mod telemetry;
 mod tried;
 pub mod upstream;
 
-pub use config::{DataPlaneConfig, Timeouts};
-pub use sources::SnapshotSource;
+pub use config::{DataPlaneConfig, SnapshotSource, Timeouts};
 
 use ilb_core::snapshot::Snapshot;
 use shared::Shared;

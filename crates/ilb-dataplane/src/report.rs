@@ -20,38 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
-/// Where and how often to report.
-#[derive(Clone, Debug)]
-pub struct ReportConfig {
-    /// `POST` target, e.g. `http://cp:7000/v1/reports`.
-    pub url: String,
-    /// More targets, one per further control-plane replica: every report goes to each, so
-    /// every replica plans from the same demand.
-    pub also: Vec<String>,
-    pub interval: Duration,
-    /// Names this data-plane instance among the cluster's replicas.
-    pub instance: String,
-    /// Bearer token, if the control plane requires one.
-    pub token: Option<String>,
-    /// Time constant of the demand EWMA.
-    pub smoothing: Duration,
-    /// Engines whose round trip is measured per period (round robin over all).
-    pub rtt_probes_per_period: usize,
-}
-
-impl ReportConfig {
-    pub fn new(url: String, instance: String) -> ReportConfig {
-        ReportConfig {
-            url,
-            also: Vec::new(),
-            interval: Duration::from_secs(1),
-            instance,
-            token: None,
-            smoothing: Duration::from_secs(5),
-            rtt_probes_per_period: 16,
-        }
-    }
-}
+pub use crate::config::ReportConfig;
 
 #[derive(Default, Clone, Copy)]
 struct EngineMark {

@@ -16,20 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
-/// Where snapshots come from.
-#[derive(Clone, Debug)]
-pub enum SnapshotSource {
-    /// Only what the embedding program installs through the handle (files are the binary's job).
-    Manual,
-    /// Poll a control plane's `GET /v1/snapshots/{cluster}`; `long_poll` waits server-side for a
-    /// newer version instead of polling on a fixed period.
-    Poll { url: String, interval: Duration, long_poll: bool },
-    /// As `Poll`, over several control-plane replicas: pull from one, move to the next when it
-    /// stops answering (see [`poll`]).
-    Replicas { urls: Vec<String>, interval: Duration, long_poll: bool },
-    /// Quick mode: route to these engines with equal weights, models from their `/v1/models`.
-    Discover { engines: Vec<String>, interval: Duration },
-}
+pub use crate::config::SnapshotSource;
 
 /// Polls the first of `urls` (one per control-plane replica, each a snapshot URL) until
 /// shutdown, installing every new snapshot, and moves to the next replica as soon as the one
