@@ -119,7 +119,7 @@ impl RoutePrefix {
 }
 
 impl RoutingState {
-    /// Hot path: one atomic load.
+    /// Hot path: lock-free (`load_full`: an `Arc` clone of the installed state).
     #[inline]
     pub fn load(&self) -> Option<Arc<Installed>> {
         self.current.load_full()
