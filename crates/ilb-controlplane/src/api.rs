@@ -295,7 +295,7 @@ async fn snapshot(
         }
     };
     let mut rounds = state.publisher.subscribe();
-    let deadline = tokio::time::Instant::now() + wait;
+    let deadline = crate::clock::now() + wait;
     loop {
         let current = state.publisher.get(cluster);
         match (&current, if_none_match) {
@@ -355,7 +355,7 @@ async fn holds(state: &ApiState, query: &str) -> Response<Body> {
         }
     };
     let mut changes = state.holds.subscribe();
-    let deadline = tokio::time::Instant::now() + wait;
+    let deadline = crate::clock::now() + wait;
     loop {
         let current = state.holds.current();
         if known != Some(current.holds.version) {

@@ -2,6 +2,7 @@
 //! argument so it can run on virtual time (fleet simulator, paused-time tests).
 
 /// The current instant on tokio's clock (which honours `start_paused` tests).
+#[allow(clippy::disallowed_methods)]
 pub fn now() -> tokio::time::Instant {
     tokio::time::Instant::now()
 }

@@ -64,6 +64,8 @@ pub struct ControlPlaneSettings {
     /// Expected output tokens per request, for `objective = "ttft_plus_decode"`. Default 128.
     pub expected_output_tokens: f64,
     /// Cost of shedding one request, ms, per priority (`low`, `normal`, `high`, `critical`).
+    /// A class's demand is planned per priority (data planes report the split), each part
+    /// shed at its price, so the optimizer sheds the lowest priority first, as data planes do.
     pub shed_penalty_ms: BTreeMap<String, f64>,
     /// Demand (req/s) assumed for a class before any data plane reports it, so weights exist
     /// from the start. Default 0.1.

@@ -8,6 +8,9 @@
 //! - [`smoothing`]: EWMA with an explicit time constant, staleness, counter rates.
 //! - [`profile`]: latency profiles L(y), their fit from observations, and the projection
 //!   onto convex non-decreasing curves the optimizer requires.
+//! - [`plan`], [`planner`]: fleet state → optimizer problems (one per model) → warm-started
+//!   solves → one routing snapshot per front-end cluster; the control loop and the fleet
+//!   simulator both plan through [`planner::Planner`].
 //! - [`clock`]: the only place that reads the clock.
 //! - [`fleet::members`], [`discovery`], [`registrar`]: where engines come from (config file,
 //!   registrations with leases, DNS discovery) and how the set changes while running;
@@ -30,6 +33,7 @@ pub mod discovery;
 pub mod fleet;
 pub mod guard;
 pub mod plan;
+pub mod planner;
 pub mod publish;
 pub mod registrar;
 pub mod run;

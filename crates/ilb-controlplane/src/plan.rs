@@ -4,21 +4,41 @@
 //! Classes: every cluster has a `default` class per model, plus one class per configured
 //! constraint rule that at least one engine of the model satisfies. A class may only use
 //! engines that satisfy its rule (residency, capabilities); other pairs are forbidden.
+//!
+//! Priorities: a class whose demand comes in several priorities (`x-ilb-priority`) is one
+//! problem class per priority, each shed at its priority's price
+//! (`control_plane.shed_penalty_ms`). The parts share the class's network row, so the
+//! optimizer routes them alike and sheds the cheapest first, which is what the data plane
+//! does with the class's `shed_fraction` (lowest priority first).
 
 use crate::config::ClassRule;
 use crate::fleet::{ClassKey, Fleet, Now};
 use crate::profile::LatencyProfile;
+use ilb_core::classify::Priority;
+use ilb_core::constraint::satisfies;
 use ilb_core::snapshot::{ClassRoutes, EngineEntry, EngineWeight, ModelRoutes, Snapshot, FORMAT};
 use ilb_core::{ClassId, ClusterId, EngineId, ModelName, SnapshotVersion};
 use ilb_optimizer::{Class, Engine, Latency, NetworkMatrix, Problem, Solution, SolverOptions};
+use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
+
+/// Priorities, lowest first: the order of [`ilb_core::report::PriorityRps::to_array`].
+pub const PRIORITIES: [Priority; 4] = [Priority::Low, Priority::Normal, Priority::High, Priority::Critical];
+
+/// A priority with less than this share of its class's demand is planned with the class's
+/// largest priority instead of as a part of its own: a trickle of one priority should not
+/// add a problem class that comes and goes with the noise.
+const MIN_PART_SHARE: f64 = 0.01;
 
 /// One model's problem and how its indices map back to the fleet.
 #[derive(Clone, Debug)]
 pub struct ModelPlan {
     pub model: String,
-    /// Problem class index → the class it stands for.
+    /// The classes planned: one per cluster and constraint rule.
     pub classes: Vec<PlanClass>,
+    /// Problem class index → (index into `classes`, the priority it stands for). Parts of one
+    /// class are adjacent.
+    pub parts: Vec<(usize, Priority)>,
     /// Problem engine index → fleet engine index.
     pub engines: Vec<usize>,
     /// Effective capacity of each engine as planned, req/s.
@@ -33,94 +53,221 @@ pub struct PlanClass {
     pub residency: Option<String>,
     /// Demand as measured (before the floor that keeps weights defined).
     pub measured_demand_rps: f64,
+    /// Measured demand per priority, lowest first.
+    pub measured_by_priority: [f64; 4],
 }
 
-fn allows(rule: Option<&ClassRule>, engine: &crate::config::Engine) -> bool {
-    match rule {
-        None => true,
-        Some(rule) => {
-            rule.require.iter().all(|cap| engine.capabilities.contains(cap))
-                && rule.residency.as_ref().is_none_or(|zone| engine.residency.contains(zone))
+/// A model that could not be planned, and why (shown in `/v1/state`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Unplanned {
+    pub model: String,
+    pub reason: String,
+}
+
+/// What a solution does with one class: all its priority parts together.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ClassOutcome {
+    /// Per problem engine index: planned req/s and the share of the class's admitted traffic.
+    pub routes: Vec<(usize, f64, f64)>,
+    pub planned_demand_rps: f64,
+    pub shed_rps: f64,
+    /// Per part, in `parts` order: (priority, planned demand, shed price, shed req/s).
+    pub by_priority: Vec<(Priority, f64, f64, f64)>,
+}
+
+impl ModelPlan {
+    /// The problem classes that stand for class `k`.
+    pub fn parts_of(&self, k: usize) -> impl Iterator<Item = usize> + '_ {
+        self.parts.iter().enumerate().filter(move |(_, (c, _))| *c == k).map(|(i, _)| i)
+    }
+
+    /// Network latency from class `k`'s cluster to problem engine `j`; `None` where the class
+    /// may not use the engine.
+    pub fn network_ms(&self, k: usize, j: usize) -> Option<f64> {
+        self.parts_of(k).next().and_then(|i| self.problem.network_ms.get(i, j))
+    }
+
+    /// Sets class `k`'s planned demand, split over its parts as they are split now.
+    pub fn set_demand(&mut self, k: usize, rps: f64) {
+        let parts: Vec<usize> = self.parts_of(k).collect();
+        let total: f64 = parts.iter().map(|&i| self.problem.classes[i].demand_rps).sum();
+        for i in parts {
+            let share = if total > 0.0 { self.problem.classes[i].demand_rps / total } else { 1.0 };
+            self.problem.classes[i].demand_rps = rps * share;
+        }
+    }
+
+    /// Class `k` in `solution` (which solves this plan's problem).
+    pub fn outcome(&self, k: usize, solution: &Solution) -> ClassOutcome {
+        let mut out = ClassOutcome::default();
+        let mut rps = vec![0.0; self.engines.len()];
+        for i in self.parts_of(k) {
+            let class = &self.problem.classes[i];
+            let shed = solution.shed_rps.get(i).copied().unwrap_or(0.0);
+            out.planned_demand_rps += class.demand_rps;
+            out.shed_rps += shed;
+            out.by_priority.push((self.parts[i].1, class.demand_rps, class.shed_penalty_ms, shed));
+            for r in solution.class_routes(i) {
+                rps[r.engine] += r.rps;
+            }
+        }
+        let admitted: f64 = rps.iter().sum();
+        out.routes = rps
+            .into_iter()
+            .enumerate()
+            .filter(|&(_, x)| x > 0.0)
+            .map(|(j, x)| (j, x, x / admitted))
+            .collect();
+        out
+    }
+
+    /// Demand, shed and price per priority part without a solution (nothing shed).
+    pub fn unsolved_outcome(&self, k: usize) -> ClassOutcome {
+        let by_priority: Vec<_> = self
+            .parts_of(k)
+            .map(|i| {
+                let c = &self.problem.classes[i];
+                (self.parts[i].1, c.demand_rps, c.shed_penalty_ms, 0.0)
+            })
+            .collect();
+        ClassOutcome {
+            routes: Vec::new(),
+            planned_demand_rps: by_priority.iter().map(|p| p.1).sum(),
+            shed_rps: 0.0,
+            by_priority,
         }
     }
 }
 
-/// Builds one problem per model (sorted by model name).
-pub fn build(fleet: &Fleet, now: Now) -> Vec<ModelPlan> {
+fn allows(rule: Option<&ClassRule>, engine: &crate::config::Engine) -> bool {
+    rule.is_none_or(|rule| {
+        satisfies(&rule.require, rule.residency.as_deref(), &engine.capabilities, &engine.residency)
+    })
+}
+
+/// The priority parts of a class with `measured` demand per priority and at least `floor`
+/// in total: (priority, planned demand). Priorities below [`MIN_PART_SHARE`] of the demand
+/// are planned with the largest one; without measured demand the class is one `normal` part.
+fn priority_parts(measured: [f64; 4], floor: f64) -> Vec<(Priority, f64)> {
+    let total: f64 = measured.iter().sum();
+    let planned = total.max(floor);
+    if total <= 0.0 {
+        return vec![(Priority::Normal, planned)];
+    }
+    let largest = (0..4).max_by(|&a, &b| measured[a].total_cmp(&measured[b])).unwrap_or(1);
+    let mut shares = [0.0; 4];
+    for (p, &rps) in measured.iter().enumerate() {
+        let share = rps / total;
+        let into = if share >= MIN_PART_SHARE { p } else { largest };
+        shares[into] += share;
+    }
+    (0..4).filter(|&p| shares[p] > 0.0).map(|p| (PRIORITIES[p], planned * shares[p])).collect()
+}
+
+/// The problem's id for a part of class `key`: `cluster/class`, with `@priority` for parts
+/// other than `normal` (so a class with one priority keeps the id it always had).
+fn part_id(key: &ClassKey, priority: Priority) -> String {
+    match priority {
+        Priority::Normal => format!("{}/{}", key.cluster, key.class),
+        p => format!("{}/{}@{}", key.cluster, key.class, p.as_str()),
+    }
+}
+
+/// Builds one problem per model (sorted by model name), and says which models could not be
+/// planned and why.
+pub fn build(fleet: &Fleet, now: Now) -> (Vec<ModelPlan>, Vec<Unplanned>) {
     let config = &fleet.config;
     let cp = &config.control_plane;
     let mut models: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
     for (idx, engine) in config.engines.iter().enumerate() {
         models.entry(engine.model.as_str()).or_default().push(idx);
     }
-    let shed_penalty = cp.shed_penalty_ms.get("normal").copied().unwrap_or(10_000.0);
-    models
-        .into_iter()
-        .filter_map(|(model, engine_idx)| {
-            let rules: Vec<Option<&ClassRule>> = std::iter::once(None)
-                .chain(
-                    config
-                        .classes
-                        .iter()
-                        .filter(|rule| engine_idx.iter().any(|&j| allows(Some(rule), &config.engines[j])))
-                        .map(Some),
-                )
-                .collect();
-            let mut classes = Vec::new();
-            let mut class_rules = Vec::new();
-            for cluster in &config.clusters {
-                for rule in &rules {
-                    let key = ClassKey {
-                        cluster: cluster.id.clone(),
-                        model: model.to_owned(),
-                        class: rule.map_or("default".to_owned(), |r| r.id.clone()),
-                    };
-                    let measured = fleet.demand_rps(&key);
-                    classes.push(PlanClass {
-                        key,
-                        require: rule.map(|r| r.require.clone()).unwrap_or_default(),
-                        residency: rule.and_then(|r| r.residency.clone()),
-                        measured_demand_rps: measured,
+    let price = |p: Priority| cp.shed_penalty_ms.get(p.as_str()).copied().unwrap_or(10_000.0);
+    let (mut plans, mut unplanned) = (Vec::new(), Vec::new());
+    for (model, engine_idx) in models {
+        let rules: Vec<Option<&ClassRule>> = std::iter::once(None)
+            .chain(
+                config
+                    .classes
+                    .iter()
+                    .filter(|rule| engine_idx.iter().any(|&j| allows(Some(rule), &config.engines[j])))
+                    .map(Some),
+            )
+            .collect();
+        let mut classes = Vec::new();
+        let mut class_rules = Vec::new();
+        let mut parts = Vec::new();
+        let mut problem_classes = Vec::new();
+        for cluster in &config.clusters {
+            for rule in &rules {
+                let key = ClassKey {
+                    cluster: cluster.id.clone(),
+                    model: model.to_owned(),
+                    class: rule.map_or("default".to_owned(), |r| r.id.clone()),
+                };
+                let by_priority = fleet.demand_by_priority(&key);
+                for (priority, demand_rps) in priority_parts(by_priority, cp.demand_floor_rps) {
+                    parts.push((classes.len(), priority));
+                    problem_classes.push(Class {
+                        id: part_id(&key, priority),
+                        demand_rps,
+                        shed_penalty_ms: price(priority),
                     });
-                    class_rules.push(*rule);
                 }
+                classes.push(PlanClass {
+                    key,
+                    require: rule.map(|r| r.require.clone()).unwrap_or_default(),
+                    residency: rule.and_then(|r| r.residency.clone()),
+                    measured_demand_rps: by_priority.iter().sum(),
+                    measured_by_priority: by_priority,
+                });
+                class_rules.push(*rule);
             }
-            let capacity_rps: Vec<f64> =
-                engine_idx.iter().map(|&j| fleet.effective_capacity(j, now)).collect();
-            let profiles = fleet.latency_profiles(&engine_idx);
-            let problem = Problem {
-                rho: cp.rho,
-                classes: classes
-                    .iter()
-                    .map(|c| Class {
-                        id: format!("{}/{}", c.key.cluster, c.key.class),
-                        demand_rps: c.measured_demand_rps.max(cp.demand_floor_rps),
-                        shed_penalty_ms: shed_penalty,
-                    })
-                    .collect(),
-                engines: engine_idx
-                    .iter()
-                    .zip(&capacity_rps)
-                    .zip(profiles)
-                    .map(|((&j, &capacity), profile)| Engine {
-                        id: config.engines[j].id.clone(),
-                        capacity_rps: capacity,
-                        latency: to_optimizer(profile),
-                    })
-                    .collect(),
-                network_ms: NetworkMatrix::from_fn(classes.len(), engine_idx.len(), |k, j| {
-                    let engine = &config.engines[engine_idx[j]];
-                    // Measured and configured latencies are finite and non-negative; clamp anyway
-                    // so a bad measurement cannot make the problem invalid.
-                    let ms = fleet.network_ms(&classes[k].key.cluster, engine_idx[j]);
-                    let ms = if ms.is_finite() { ms.max(0.0) } else { 1e6 };
-                    allows(class_rules[k], engine).then_some(ms)
+        }
+        let capacity_rps: Vec<f64> = engine_idx.iter().map(|&j| fleet.effective_capacity(j, now)).collect();
+        let profiles = fleet.latency_profiles(&engine_idx);
+        let network = NetworkMatrix::from_fn(parts.len(), engine_idx.len(), |i, j| {
+            let k = parts[i].0;
+            let engine = &config.engines[engine_idx[j]];
+            // Measured and configured latencies are finite and non-negative; clamp anyway
+            // so a bad measurement cannot make the problem invalid.
+            let ms = fleet.network_ms(&classes[k].key.cluster, engine_idx[j]);
+            let ms = if ms.is_finite() { ms.max(0.0) } else { 1e6 };
+            allows(class_rules[k], engine).then_some(ms)
+        });
+        let network_ms = match network {
+            Ok(network) => network,
+            Err(e) => {
+                tracing::error!(model, error = %e, "model not planned: its network matrix is invalid");
+                unplanned.push(Unplanned { model: model.to_owned(), reason: format!("network matrix: {e}") });
+                continue;
+            }
+        };
+        let problem = Problem {
+            rho: cp.rho,
+            classes: problem_classes,
+            engines: engine_idx
+                .iter()
+                .zip(&capacity_rps)
+                .zip(profiles)
+                .map(|((&j, &capacity), profile)| Engine {
+                    id: config.engines[j].id.clone(),
+                    capacity_rps: capacity,
+                    latency: to_optimizer(profile),
                 })
-                .ok()?,
-            };
-            Some(ModelPlan { model: model.to_owned(), classes, engines: engine_idx, capacity_rps, problem })
-        })
-        .collect()
+                .collect(),
+            network_ms,
+        };
+        plans.push(ModelPlan {
+            model: model.to_owned(),
+            classes,
+            parts,
+            engines: engine_idx,
+            capacity_rps,
+            problem,
+        });
+    }
+    (plans, unplanned)
 }
 
 fn to_optimizer(profile: LatencyProfile) -> Latency {
@@ -132,18 +279,18 @@ fn to_optimizer(profile: LatencyProfile) -> Latency {
     }
 }
 
-/// One snapshot per cluster from the solved plans. `solutions[i]` solves `plans[i]`, or is
-/// `None` when that model could not be solved: its classes then route in proportion to
-/// effective capacity, so data planes never lose a model because of one failed solve.
 /// The optimizer's options from the control plane's settings (one solver per model uses them).
 pub fn solver_options(config: &crate::config::FleetConfig) -> SolverOptions {
     SolverOptions { stability_ms: config.control_plane.stability_ms, ..SolverOptions::default() }
 }
 
+/// One snapshot per cluster from the solved plans. `solutions[i]` solves `plans[i]`, or is
+/// `None` when that model could not be solved: its classes then route in proportion to
+/// effective capacity, so data planes never lose a model because of one failed solve.
 pub fn snapshots(
     fleet: &Fleet,
     plans: &[ModelPlan],
-    solutions: &[Option<Solution>],
+    solutions: &[Option<&Solution>],
     version: u64,
     created_unix_ms: u64,
 ) -> BTreeMap<String, Snapshot> {
@@ -163,19 +310,19 @@ pub fn snapshots(
         for (plan, solution) in plans.iter().zip(solutions) {
             let mut classes = Vec::new();
             for (k, class) in plan.classes.iter().enumerate().filter(|(_, c)| c.key.cluster == cluster.id) {
-                let routes = solution.as_ref().map_or(&[][..], |s| s.class_routes(k));
+                let outcome = solution.map(|s| plan.outcome(k, s));
                 let mut weights: Vec<EngineWeight> = Vec::new();
                 for (j, &fleet_idx) in plan.engines.iter().enumerate() {
-                    let Some(network) = plan.problem.network_ms.get(k, j) else { continue };
-                    let weight = match solution {
-                        Some(_) => routes.iter().find(|r| r.engine == j).map_or(0.0, |r| r.weight),
+                    let Some(network) = plan.network_ms(k, j) else { continue };
+                    let weight = match &outcome {
+                        Some(o) => o.routes.iter().find(|r| r.0 == j).map_or(0.0, |r| r.2),
                         None => plan.capacity_rps[j],
                     };
                     engines_used.insert(fleet_idx);
                     weights.push(EngineWeight {
                         engine: EngineId::new(&config.engines[fleet_idx].id),
                         weight,
-                        expected_latency_ms: solution.as_ref().map(|s| s.engines[j].expected_latency_ms),
+                        expected_latency_ms: solution.map(|s| s.engines[j].expected_latency_ms),
                         network_ms: Some(network),
                     });
                 }
@@ -187,8 +334,7 @@ pub fn snapshots(
                 if weights.is_empty() {
                     continue;
                 }
-                let demand = plan.problem.classes[k].demand_rps;
-                let shed = solution.as_ref().and_then(|s| s.shed_rps.get(k).copied()).unwrap_or(0.0);
+                let (demand, shed) = outcome.map_or((0.0, 0.0), |o| (o.planned_demand_rps, o.shed_rps));
                 classes.push(ClassRoutes {
                     id: ClassId::new(&class.key.class),
                     require: class.require.clone(),

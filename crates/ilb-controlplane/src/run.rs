@@ -13,15 +13,16 @@ use crate::config::{Engine, FleetConfig};
 use crate::discovery::Discovery;
 use crate::fleet::members::{Members, RegisterError, RegisterOutcome, Registration};
 use crate::fleet::{Fleet, Now};
-use crate::plan::{self, ModelPlan};
+use crate::plan;
+use crate::planner::{Planner, Round};
 use crate::publish::Publisher;
 use crate::scrape::{self, HttpClient};
 use crate::signals::EngineSample;
 use crate::view::{self, View};
 use ilb_core::report::Report;
 use ilb_core::ModelName;
-use ilb_optimizer::{Solution, Solver, SolverOptions};
-use std::collections::{BTreeMap, HashMap};
+use ilb_optimizer::SolverOptions;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -53,13 +54,10 @@ pub enum Event {
 }
 
 pub struct Solved {
-    plans: Vec<ModelPlan>,
-    results: Vec<(Result<Solution, String>, f64)>,
-    solvers: BTreeMap<String, Solver>,
+    round: Round,
+    planner: Planner,
     /// The engine-set generation the plans were built from.
     generation: u64,
-    /// Models whose solve panicked (caught, reported as the model's error).
-    panics: u64,
 }
 
 /// A running control plane.
@@ -126,11 +124,10 @@ impl ControlPlane {
             members: Members::new(config.clone(), crate::clock::unix_ms()),
             state: Arc::clone(&state),
             epoch: crate::clock::now(),
-            solvers: Some(BTreeMap::new()),
+            planner: Some(Planner::for_config(&config)),
             solver_options: plan::solver_options(&config),
             generation: 0,
             solve_pending: false,
-            solvers_stale: false,
             solved_tx,
             scrapers: Scrapers::default(),
             discovery: Discovery::default(),
@@ -240,15 +237,14 @@ struct Control {
     members: Members,
     state: Arc<ApiState>,
     epoch: Instant,
-    /// The solvers, while no solve runs.
-    solvers: Option<BTreeMap<String, Solver>>,
+    /// The planner, while no solve runs (a solve takes it to its thread).
+    planner: Option<Planner>,
+    /// The options the configuration asks for; a planner coming back from a solve takes them.
     solver_options: SolverOptions,
     /// Bumped by every change of the engine set or the settings.
     generation: u64,
     /// A change arrived while a solve ran: solve again when it returns.
     solve_pending: bool,
-    /// The solver options changed while a solve ran: its solvers are not kept.
-    solvers_stale: bool,
     solved_tx: mpsc::Sender<Event>,
     scrapers: Scrapers,
     discovery: Discovery,
@@ -395,14 +391,9 @@ impl Control {
             std::mem::replace(every, new) != new
         });
         *self.state.token.lock().unwrap_or_else(|p| p.into_inner()) = cp.token.clone();
-        let options = plan::solver_options(&config);
-        if options.stability_ms != self.solver_options.stability_ms {
-            // Solvers carry their options: start them afresh (the warm start is lost).
-            self.solver_options = options;
-            match self.solvers.is_some() {
-                true => self.solvers = Some(BTreeMap::new()),
-                false => self.solvers_stale = true,
-            }
+        self.solver_options = plan::solver_options(&config);
+        if let Some(planner) = &mut self.planner {
+            planner.set_options(self.solver_options.clone());
         }
         let now = self.now();
         let diff = self.fleet.apply_config_at(config, Some(now));
@@ -424,26 +415,26 @@ impl Control {
 
     /// Starts a solve if none runs, else one right after it.
     fn solve(&mut self) {
-        let Some(solvers) = self.solvers.take() else {
+        let Some(mut planner) = self.planner.take() else {
             self.solve_pending = true;
             return;
         };
         self.solve_pending = false;
-        let plans = plan::build(&self.fleet, self.now());
+        let problems = Planner::build(&self.fleet, self.now());
         let tx = self.solved_tx.clone();
-        let options = self.solver_options.clone();
         let generation = self.generation;
         tokio::task::spawn_blocking(move || {
-            let solved = solve_all(plans, solvers, &options, generation);
-            let _ = tx.blocking_send(Event::Solved(Box::new(solved)));
+            let round = planner.solve(problems);
+            let _ = tx.blocking_send(Event::Solved(Box::new(Solved { round, planner, generation })));
         });
     }
 
     fn on_solved(&mut self, solved: Solved) {
-        let Solved { plans, results, solvers, generation, panics } = solved;
-        self.solver_panics += panics;
-        let stale = std::mem::take(&mut self.solvers_stale);
-        self.solvers = Some(if stale { BTreeMap::new() } else { solvers });
+        let Solved { round, mut planner, generation } = solved;
+        self.solver_panics += round.panics;
+        // The options may have changed while it solved.
+        planner.set_options(self.solver_options.clone());
+        self.planner = Some(planner);
         if generation != self.generation {
             // Built from an engine set that has changed since: its indices are not ours.
             self.solve();
@@ -452,15 +443,12 @@ impl Control {
         let now = self.now();
         let unix_ms = crate::clock::unix_ms();
         let version = self.state.publisher.next_version(unix_ms);
-        let solutions: Vec<Option<Solution>> =
-            results.iter().map(|(r, _)| r.as_ref().ok().cloned()).collect();
-        let snapshots = plan::snapshots(&self.fleet, &plans, &solutions, version, unix_ms);
-        self.state.publisher.publish(&snapshots);
-        let mut view = view::build(&self.fleet, now, &plans, &results, version, unix_ms);
+        self.state.publisher.publish(&round.snapshots(&self.fleet, version, unix_ms));
+        let mut view = view::build(&self.fleet, now, &round, version, unix_ms);
         view.membership = self.members.view(now);
         view.solver_panics = self.solver_panics;
         self.state.set_view(view);
-        self.state.set_problems(plans.iter().map(|p| (p.model.clone(), p.problem.clone())).collect());
+        self.state.set_problems(round.plans.iter().map(|p| (p.model.clone(), p.problem.clone())).collect());
         if self.solve_pending {
             self.solve();
         }
@@ -529,54 +517,5 @@ async fn ticker(
         if events.send(Event::Tick).await.is_err() {
             return;
         }
-    }
-}
-
-/// Solves every model, warm-starting each from its previous solution. Runs on a blocking thread.
-fn solve_all(
-    plans: Vec<ModelPlan>,
-    mut solvers: BTreeMap<String, Solver>,
-    options: &SolverOptions,
-    generation: u64,
-) -> Solved {
-    let mut panics = 0;
-    let results = plans
-        .iter()
-        .map(|plan| {
-            let solver = solvers.entry(plan.model.clone()).or_insert_with(|| Solver::new(options.clone()));
-            let started = Instant::now();
-            // A panicking solve must not stop planning: it is caught here, so the solvers
-            // still come back to the control loop, and the next tick solves again.
-            let solved = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| solver.solve(&plan.problem)));
-            let result = match solved {
-                Ok(result) => result.map_err(|e| {
-                    tracing::error!(model = %plan.model, error = %e, "optimizer rejected the problem");
-                    e.to_string()
-                }),
-                Err(payload) => {
-                    let message = panic_message(payload.as_ref());
-                    tracing::error!(model = %plan.model, panic = %message, "optimizer panicked; the next tick solves again from a fresh solver");
-                    panics += 1;
-                    Err(format!("optimizer panicked: {message}"))
-                }
-            };
-            (result, started.elapsed().as_secs_f64() * 1000.0)
-        })
-        .collect::<Vec<_>>();
-    // A solver that panicked may hold half-updated state: the model starts afresh.
-    for (plan, (result, _)) in plans.iter().zip(&results) {
-        if result.as_ref().is_err_and(|e| e.starts_with("optimizer panicked")) {
-            solvers.remove(&plan.model);
-        }
-    }
-    Solved { plans, results, solvers, generation, panics }
-}
-
-/// The text of a caught panic's payload.
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
-        (Some(s), _) => (*s).to_owned(),
-        (_, Some(s)) => s.clone(),
-        _ => "a non-string panic payload".to_owned(),
     }
 }

@@ -4,8 +4,8 @@
 //! dashboard; rebuilt after every solve.
 
 use crate::fleet::{Fleet, Now};
-use crate::plan::ModelPlan;
-use ilb_optimizer::Solution;
+use crate::plan::PRIORITIES;
+use crate::planner::Round;
 use serde::Serialize;
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -20,6 +20,8 @@ pub struct View {
     /// Solves that panicked since the control plane started (each is caught, the model's
     /// `error` says so, and the next tick solves again).
     pub solver_panics: u64,
+    /// Models with engines that the last round could not plan, and why.
+    pub unplanned: Vec<crate::plan::Unplanned>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -58,7 +60,23 @@ pub struct ClassView {
     /// Demand planned for (at least the configured floor), req/s.
     pub planned_demand_rps: f64,
     pub shed_rps: f64,
+    /// The class's demand by priority, as planned: each part is shed at its priority's price,
+    /// so the cheapest goes first.
+    pub priorities: Vec<PriorityView>,
     pub routes: Vec<RouteView>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PriorityView {
+    pub priority: &'static str,
+    /// Measured demand of this priority, req/s.
+    pub measured_demand_rps: f64,
+    /// Demand planned for this priority (its share of the class's planned demand), req/s.
+    pub planned_demand_rps: f64,
+    /// What shedding one request of this priority costs in the objective, ms
+    /// (`control_plane.shed_penalty_ms`).
+    pub shed_price_ms: f64,
+    pub shed_rps: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -189,18 +207,12 @@ fn signals_view(
 }
 
 /// Builds the view of one solve round.
-pub fn build(
-    fleet: &Fleet,
-    now: Now,
-    plans: &[ModelPlan],
-    results: &[(Result<Solution, String>, f64)],
-    version: u64,
-    solved_unix_ms: u64,
-) -> View {
+pub fn build(fleet: &Fleet, now: Now, round: &Round, version: u64, solved_unix_ms: u64) -> View {
     let holds = fleet.holds();
-    let models = plans
+    let models = round
+        .plans
         .iter()
-        .zip(results)
+        .zip(&round.results)
         .map(|(plan, (result, solve_ms))| {
             let solution = result.as_ref().ok();
             let classes = plan
@@ -208,24 +220,39 @@ pub fn build(
                 .iter()
                 .enumerate()
                 .map(|(k, c)| {
+                    let outcome = match solution {
+                        Some(s) => plan.outcome(k, s),
+                        None => plan.unsolved_outcome(k),
+                    };
                     let routes = plan
                         .engines
                         .iter()
                         .enumerate()
                         .filter_map(|(j, &fleet_idx)| {
-                            let network_ms = plan.problem.network_ms.get(k, j)?;
-                            let route =
-                                solution.and_then(|s| s.class_routes(k).iter().find(|r| r.engine == j));
+                            let network_ms = plan.network_ms(k, j)?;
+                            let route = outcome.routes.iter().find(|r| r.0 == j);
                             let engine_latency_ms =
                                 solution.map_or(0.0, |s| s.engines[j].expected_latency_ms);
                             Some(RouteView {
                                 engine: fleet.config.engines[fleet_idx].id.clone(),
-                                weight: route.map_or(0.0, |r| r.weight),
-                                rps: route.map_or(0.0, |r| r.rps),
+                                weight: route.map_or(0.0, |r| r.2),
+                                rps: route.map_or(0.0, |r| r.1),
                                 network_ms,
                                 engine_latency_ms,
                                 end_to_end_ms: network_ms + engine_latency_ms,
                             })
+                        })
+                        .collect();
+                    let priorities = outcome
+                        .by_priority
+                        .iter()
+                        .map(|&(priority, planned, price, shed)| PriorityView {
+                            priority: priority.as_str(),
+                            measured_demand_rps: c.measured_by_priority
+                                [PRIORITIES.iter().position(|&p| p == priority).unwrap_or(1)],
+                            planned_demand_rps: planned,
+                            shed_price_ms: price,
+                            shed_rps: shed,
                         })
                         .collect();
                     ClassView {
@@ -234,8 +261,9 @@ pub fn build(
                         residency: c.residency.clone(),
                         require: c.require.clone(),
                         measured_demand_rps: c.measured_demand_rps,
-                        planned_demand_rps: plan.problem.classes[k].demand_rps,
-                        shed_rps: solution.map_or(0.0, |s| s.shed_rps[k]),
+                        planned_demand_rps: outcome.planned_demand_rps,
+                        shed_rps: outcome.shed_rps,
+                        priorities,
                         routes,
                     }
                 })
@@ -294,5 +322,13 @@ pub fn build(
             identity: None,
         })
         .collect();
-    View { version, solved_unix_ms, models, data_planes, membership: Default::default(), solver_panics: 0 }
+    View {
+        version,
+        solved_unix_ms,
+        models,
+        data_planes,
+        membership: Default::default(),
+        solver_panics: 0,
+        unplanned: round.unplanned.clone(),
+    }
 }

@@ -6,6 +6,7 @@
 //!
 //! Without `/usr/bin/chromium` the test prints a notice and passes, unless
 //! `ILB_REQUIRE_BROWSER=1` (CI), where it fails.
+#![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
 mod browser;
 
@@ -81,6 +82,7 @@ async fn report_demand(client: HttpClient, base: String, mut stop: watch::Receiv
                     requests: (rps * 0.3) as u64,
                     shed: 0,
                     rps,
+                    by_priority: None,
                 }],
                 engines: vec![],
             };

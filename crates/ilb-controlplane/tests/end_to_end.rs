@@ -3,6 +3,7 @@
 //! open-loop traffic. The published weights must send about a quarter of B's traffic to
 //! engine C, engines stay within capacity, measured latency beats nearest-only routing on the
 //! same setup, and the data planes keep routing when the control plane is gone.
+#![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};

@@ -4,6 +4,7 @@
 //! plan and without any request having failed on it (no traffic runs while it is taken out,
 //! so the local guard cannot be what removed it); requests then avoid it, and it comes back
 //! when it recovers. Deadlines only guard against hangs.
+#![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};

@@ -4,6 +4,7 @@
 //! request started after the snapshot without it was installed, and its running streams
 //! finish. An invalid reload keeps the old fleet and says why; leases that run out remove
 //! their engines. Run with `--nocapture` for the table of each change.
+#![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
 mod fleet_support;
 

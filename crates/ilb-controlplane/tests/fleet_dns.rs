@@ -3,6 +3,7 @@
 //! records; the fleet grows from 2 to 6 and back with no failed request, addresses that go
 //! are removed after two resolutions. SRV records, "no such name" and a dead server are
 //! checked on the source directly.
+#![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
 mod fleet_support;
 

@@ -4,6 +4,7 @@
 //! 90 % of its share of the traffic within 20 s, and get traffic again once the fault is
 //! cleared. The share is measured at the engines (requests they received over a sliding
 //! window), not read from the weights.
+#![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};

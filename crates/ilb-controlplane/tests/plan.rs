@@ -4,7 +4,8 @@
 use ilb_controlplane::config::FleetConfig;
 use ilb_controlplane::fleet::Fleet;
 use ilb_controlplane::plan;
-use ilb_core::report::{ClassDemand, Report};
+use ilb_core::classify::Priority;
+use ilb_core::report::{ClassDemand, PriorityRps, Report};
 use ilb_core::{ClassId, ClusterId, ModelName};
 use ilb_optimizer::Solver;
 use std::time::Duration;
@@ -30,6 +31,7 @@ fn report(cluster: &str, rps: f64) -> Report {
             requests: 0,
             shed: 0,
             rps,
+            by_priority: None,
         }],
         engines: vec![],
     }
@@ -44,11 +46,11 @@ fn worked_example_spills_b_to_c() {
     for (cluster, rps) in [("a", 90.0), ("b", 120.0), ("c", 40.0)] {
         fleet.on_report(now, report(cluster, rps)).unwrap();
     }
-    let plans = plan::build(&fleet, now);
-    assert_eq!(plans.len(), 1);
+    let (plans, unplanned) = plan::build(&fleet, now);
+    assert_eq!((plans.len(), unplanned.len()), (1, 0));
     let solution = Solver::default().solve(&plans[0].problem).unwrap();
     assert!(solution.gap <= 1e-3, "gap {}", solution.gap);
-    let snapshots = plan::snapshots(&fleet, &plans, &[Some(solution.clone())], 7, 0);
+    let snapshots = plan::snapshots(&fleet, &plans, &[Some(&solution)], 7, 0);
     let b = &snapshots["b"].models[0].classes[0];
     let weight = |class: &ilb_core::snapshot::ClassRoutes, engine: &str| {
         class.weights.iter().find(|w| w.engine.as_str() == engine).map_or(0.0, |w| w.weight)
@@ -96,10 +98,53 @@ fn bad_configs_name_the_field() {
 fn a_failed_solve_falls_back_to_capacity_weights() {
     let config: FleetConfig = toml::from_str(&worked_example()).unwrap();
     let fleet = Fleet::new(config);
-    let plans = plan::build(&fleet, Duration::from_secs(1));
+    let (plans, _) = plan::build(&fleet, Duration::from_secs(1));
     let snapshots = plan::snapshots(&fleet, &plans, &[None], 3, 0);
     let b = &snapshots["b"].models[0].classes[0];
     let weights: Vec<f64> = b.weights.iter().map(|w| w.weight).collect();
     assert_eq!(weights, vec![100.0, 100.0, 80.0]);
     snapshots["b"].validate().unwrap();
+}
+
+/// A class whose demand comes in two priorities is planned as two parts with their own shed
+/// prices: in overload the optimizer sheds the cheap part first (as the data plane does with
+/// the class's shed fraction, lowest priority first), and another cluster's `normal` traffic
+/// is shed before this class's `critical` traffic.
+#[test]
+fn overload_sheds_the_cheapest_priority_first() {
+    let config: FleetConfig = toml::from_str(&worked_example()).unwrap();
+    let mut fleet = Fleet::new(config);
+    let now = Duration::from_secs(1);
+    let mut b = report("b", 300.0);
+    b.demand[0].by_priority = Some(PriorityRps { low: 150.0, critical: 150.0, ..PriorityRps::default() });
+    for r in [report("a", 90.0), b, report("c", 40.0)] {
+        fleet.on_report(now, r).unwrap();
+    }
+    let (plans, _) = plan::build(&fleet, now);
+    let plan = &plans[0];
+    let b_idx = plan.classes.iter().position(|c| c.key.cluster == "b").unwrap();
+    let ids: Vec<&str> = plan.parts_of(b_idx).map(|i| plan.problem.classes[i].id.as_str()).collect();
+    assert_eq!(ids, ["b/default@low", "b/default@critical"]);
+    let solution = Solver::default().solve(&plan.problem).unwrap();
+    let outcome = plan.outcome(b_idx, &solution);
+    let shed =
+        |priority: Priority| outcome.by_priority.iter().find(|p| p.0 == priority).map(|p| p.3).unwrap();
+    // 430 req/s against 0.95 × 280 = 266 usable: 164 shed, all of b's 150 low first.
+    assert!((outcome.planned_demand_rps - 300.0).abs() < 1e-9);
+    assert!(shed(Priority::Low) > 149.0, "low shed {}", shed(Priority::Low));
+    assert!(shed(Priority::Critical) < 0.5, "critical shed {}", shed(Priority::Critical));
+    let others: f64 = plan
+        .classes
+        .iter()
+        .enumerate()
+        .filter(|(k, _)| *k != b_idx)
+        .map(|(k, _)| plan.outcome(k, &solution).shed_rps)
+        .sum();
+    assert!(others > 10.0, "normal traffic elsewhere is shed before critical ({others} req/s)");
+    // The published class sheds half its demand; weights of the admitted half sum to one.
+    let snapshots = plan::snapshots(&fleet, &plans, &[Some(&solution)], 1, 0);
+    let class = &snapshots["b"].models[0].classes[0];
+    assert!((class.shed_fraction - 0.5).abs() < 0.01, "shed fraction {}", class.shed_fraction);
+    let total: f64 = class.weights.iter().map(|w| w.weight).sum();
+    assert!((total - 1.0).abs() < 1e-6, "weights sum to {total}");
 }

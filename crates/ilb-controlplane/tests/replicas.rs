@@ -10,6 +10,7 @@
 //! the one it holds. So the newest publication wins whichever replica made it; a replica whose
 //! current version is older than the one held is waited on until it publishes a newer one
 //! (within a solve period when the replicas' clocks agree to better than that).
+#![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
 mod fleet_support;
 
@@ -95,6 +96,7 @@ async fn post_report(cp: &str, demand_rps: f64, sequence: u64) {
             requests: (demand_rps / 4.0) as u64,
             shed: 0,
             rps: demand_rps,
+            by_priority: None,
         }],
         engines: vec![],
     };

@@ -2,6 +2,7 @@
 //! older than one a data plane already holds, reports need the configured bearer token, and
 //! snapshot requests honour `If-None-Match` (304) and `?wait=` long-polls that return as soon as
 //! a newer version is published.
+#![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
 use bytes::Bytes;
 use http::{header, Request, StatusCode};
@@ -214,6 +215,7 @@ fn report_body() -> String {
             requests: 10,
             shed: 0,
             rps: 10.0,
+            by_priority: None,
         }],
         engines: vec![],
     };

@@ -2,6 +2,7 @@
 //! scrapes of https engines, mutual TLS (a data plane without a client certificate is refused;
 //! one with a certificate pulls snapshots, reports, and is named by its certificate in
 //! `/v1/state`), and the API's certificate rotating under load.
+#![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
 use bytes::Bytes;
 use http::{Request, StatusCode};

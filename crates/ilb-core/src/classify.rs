@@ -56,6 +56,9 @@ impl Endpoint {
     }
 }
 
+/// The request priority, at its old path (it lives in [`crate::priority`]).
+pub use crate::priority::Priority;
+
 /// Why a request could not be classified; each maps to a 400.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ClassifyError {

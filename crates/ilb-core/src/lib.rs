@@ -8,6 +8,7 @@
 //! - [`priority`]: the request priority levels, lowest first, and values per level.
 //! - [`admission`]: which requests are shed or may wait for a slot, by priority (pure, so that
 //!   the fleet simulator runs the data plane's rules).
+//! - [`constraint`]: which engines a traffic class may use.
 //!
 //! **Invariant:** nothing here does IO, reads the clock or spawns tasks; time and randomness
 //! come in as arguments. This is what lets the fleet simulator run this exact code.
@@ -15,6 +16,7 @@
 pub mod admission;
 pub mod affinity;
 pub mod classify;
+pub mod constraint;
 pub mod holds;
 pub mod ids;
 pub mod metrics;

@@ -33,6 +33,32 @@ pub struct ClassDemand {
     pub shed: u64,
     /// Smoothed arrival rate, requests per second.
     pub rps: f64,
+    /// The smoothed rate split by priority. Absent from data planes older than this field:
+    /// the control plane then counts the whole class as `normal`. (Control planes older than
+    /// the field refuse reports that carry it: upgrade control planes first.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by_priority: Option<PriorityRps>,
+}
+
+/// Requests per second of each priority (`x-ilb-priority`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PriorityRps {
+    pub low: f64,
+    pub normal: f64,
+    pub high: f64,
+    pub critical: f64,
+}
+
+impl PriorityRps {
+    /// In priority order, lowest first.
+    pub fn to_array(self) -> [f64; 4] {
+        [self.low, self.normal, self.high, self.critical]
+    }
+
+    pub fn from_array([low, normal, high, critical]: [f64; 4]) -> PriorityRps {
+        PriorityRps { low, normal, high, critical }
+    }
 }
 
 /// One engine as seen through this data plane's proxy.

@@ -101,8 +101,7 @@ impl Constraints<'_> {
 
     /// Whether `engine` can serve a request with these constraints.
     pub fn allow(&self, engine: &EngineEntry) -> bool {
-        self.require.iter().all(|cap| engine.capabilities.iter().any(|c| c == cap))
-            && self.residency.is_none_or(|zone| engine.residency.iter().any(|z| z == zone))
+        crate::constraint::satisfies(self.require, self.residency, &engine.capabilities, &engine.residency)
     }
 }
 

@@ -12,7 +12,8 @@ use crate::shared::Shared;
 use bytes::Bytes;
 use http::{header, Request};
 use http_body_util::Full;
-use ilb_core::report::{ClassDemand, EngineObservation, Report};
+use ilb_core::priority::{PerPriority, Priority};
+use ilb_core::report::{ClassDemand, EngineObservation, PriorityRps, Report};
 use ilb_core::{ClassId, EngineId, ModelName};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
@@ -40,6 +41,17 @@ struct ClassMark {
     arrivals: u64,
     shed: u64,
     rps: Option<f64>,
+    /// Arrivals and smoothed rate per priority.
+    by_priority: PerPriority<u64>,
+    priority_rps: Option<PerPriority<f64>>,
+}
+
+/// The smoothed rate after a period with `rate`: the first period's rate as it is.
+fn smooth(previous: Option<f64>, rate: f64, alpha: f64) -> f64 {
+    match previous {
+        None => rate,
+        Some(prev) => prev + alpha * (rate - prev),
+    }
 }
 
 /// Runs until shutdown.
@@ -81,25 +93,35 @@ pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch:
             for class in &model.classes {
                 let state = &installed.classes[class.seq];
                 let (arrivals, shed) = (state.arrivals.load(Relaxed), state.shed.load(Relaxed));
+                let by_priority = state.priority.arrivals.map(|count| count.load(Relaxed));
                 let mark = classes.entry((model.name.clone(), class.id.clone())).or_insert(ClassMark {
                     arrivals,
                     shed,
                     rps: None,
+                    by_priority,
+                    priority_rps: None,
                 });
                 let requests = arrivals.saturating_sub(mark.arrivals);
-                let rate = requests as f64 / secs;
-                let rps = match mark.rps {
-                    None => rate,
-                    Some(prev) => prev + alpha * (rate - prev),
-                };
+                let rps = smooth(mark.rps, requests as f64 / secs, alpha);
+                let priority_rps = PerPriority::from_fn(|p: Priority| {
+                    let rate = by_priority[p].saturating_sub(mark.by_priority[p]) as f64 / secs;
+                    smooth(mark.priority_rps.map(|r| r[p]), rate, alpha)
+                });
                 demand.push(ClassDemand {
                     model: model.name.clone(),
                     class: class.id.clone(),
                     requests,
                     shed: shed.saturating_sub(mark.shed),
                     rps,
+                    by_priority: Some(PriorityRps::from_array(priority_rps.0)),
                 });
-                *mark = ClassMark { arrivals, shed, rps: Some(rps) };
+                *mark = ClassMark {
+                    arrivals,
+                    shed,
+                    rps: Some(rps),
+                    by_priority,
+                    priority_rps: Some(priority_rps),
+                };
             }
         }
         let observations = installed

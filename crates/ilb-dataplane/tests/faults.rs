@@ -1,6 +1,7 @@
 //! Fault injection on loopback: engines killed or hung under load, slow and malicious clients,
 //! and attempts to use the data plane as an open proxy or to feed it a bad snapshot. Each test
 //! prints its figures (`cargo test -p ilb-dataplane --test faults -- --nocapture`).
+#![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
 mod support;
 

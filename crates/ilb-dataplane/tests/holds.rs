@@ -1,6 +1,7 @@
 //! The fast guard's data-plane side against a stand-in control plane on loopback: engines it
 //! holds get no requests while the snapshot still routes to them, `/debug/route` says why, and
 //! the holds fail open once the control plane has stopped answering for `STALE_AFTER`.
+#![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
 mod support;
 

@@ -1,5 +1,6 @@
 //! Protection on loopback with simulated engines: the retry budget under a retry storm, and
 //! overload at twice capacity (bounded waits, goodput, critical before normal).
+#![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
 mod support;
 

@@ -1,4 +1,5 @@
 //! Data plane end to end on loopback: routing, streaming, affinity, weights, errors, faults.
+#![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
 mod support;
 

@@ -1,5 +1,6 @@
 //! Fault injection through `/admin/faults` and `EngineHandle::set_faults`: each fault, reset,
 //! and validation.
+#![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
 mod common;
 

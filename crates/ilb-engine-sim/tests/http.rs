@@ -1,5 +1,6 @@
 //! HTTP integration tests on loopback: OpenAI response formats (parsed field by field),
 //! streaming timing, metrics, cache hits through the chat template, errors.
+#![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
 mod common;
 

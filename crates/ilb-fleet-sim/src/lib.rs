@@ -209,17 +209,7 @@ fn make_policy(
     let config = fleet_config::build(scenario, calibration)?;
     match name {
         "feedback" => Ok(Box::new(Feedback::new(config, topology, scenario.file.feedback.clone(), delay))),
-        "ilb" => {
-            let priorities: Vec<(usize, f64)> = scenario
-                .streams
-                .iter()
-                .enumerate()
-                .map(|(s, stream)| {
-                    (s, control.shed_penalty_ms.get(&stream.priority).copied().unwrap_or(10_000.0))
-                })
-                .collect();
-            Ok(Box::new(Ilb::new(config, topology, &priorities, control.solve_period_s, delay)))
-        }
+        "ilb" => Ok(Box::new(Ilb::new(config, topology, control.solve_period_s, delay))),
         other => Err(SimError::Config(format!("unknown policy '{other}'"))),
     }
 }

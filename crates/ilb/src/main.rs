@@ -1,6 +1,7 @@
 //! `ilb`: the inference load balancer's one binary. Parses argv, reads files and env, validates
 //! configuration, and hands typed configs to the library crates. See ARCHITECTURE.md.
 
+mod clock;
 mod cmd;
 mod config;
 mod tls;

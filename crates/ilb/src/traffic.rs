@@ -13,7 +13,6 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
-use tokio::time::Instant;
 
 /// Request rate as a function of the seconds since the traffic started.
 pub type Rate = Arc<dyn Fn(f64) -> f64 + Send + Sync>;
@@ -115,7 +114,7 @@ async fn cluster_loop(
 ) {
     let mut rng = rand_pcg::Pcg64::seed_from_u64(config.seed ^ seed);
     let conversations: Arc<Mutex<Vec<Conversation>>> = Arc::default();
-    let started = Instant::now();
+    let started = crate::clock::now();
     let mut next = started;
     let mut counter = 0u64;
     loop {
@@ -216,7 +215,7 @@ async fn one_request(
         builder = builder.header(name, value);
     }
     let request = builder.body(Full::new(Bytes::from(body.to_string()))).map_err(|e| e.to_string())?;
-    let started = Instant::now();
+    let started = crate::clock::now();
     let response = tokio::time::timeout(Duration::from_secs(60), client.request(request))
         .await
         .map_err(|_| "timed out".to_owned())?

@@ -6,6 +6,7 @@
 //! Python comes from `ILB_TEST_PYTHON` (set by `.ci/run`, which installs the SDK in a venv),
 //! else `python3`. Without an importable `openai` the test says so and passes, unless
 //! `ILB_REQUIRE_SDK=1` (as in CI), where it fails.
+#![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
 use ilb_dataplane::{DataPlane, DataPlaneConfig, SnapshotSource};
 use ilb_engine_sim::{EngineConfig, HardwareProfile};

@@ -22,6 +22,7 @@
 //! ILB_TEST_PYTHON=target/ci-venv/bin/python cargo test -p ilb --test real_engines -- --nocapture
 //! scripts/real-engines.sh stop
 //! ```
+#![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};

@@ -2,6 +2,7 @@
 //! control plane applies its edited file (watched by modification time) and, with
 //! `--watch-ms 0`, on SIGHUP only; an invalid edit is refused with the field-named reason in
 //! `/v1/state` and the running engines stay.
+#![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};

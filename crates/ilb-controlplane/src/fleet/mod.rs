@@ -424,13 +424,31 @@ impl Fleet {
 
     /// Demand of a class: the sum over live instances of their smoothed rates, req/s.
     pub fn demand_rps(&self, key: &ClassKey) -> f64 {
-        self.instances
+        self.demand_by_priority(key).iter().sum()
+    }
+
+    /// Demand of a class per priority (low, normal, high, critical), req/s: the sum over live
+    /// instances. An instance that does not split its rate by priority counts as `normal`; a
+    /// split that does not add up to the class's rate is scaled to it.
+    pub fn demand_by_priority(&self, key: &ClassKey) -> [f64; 4] {
+        let valid = |x: f64| if x.is_finite() && x > 0.0 { x } else { 0.0 };
+        let mut out = [0.0; 4];
+        let reports = self
+            .instances
             .iter()
             .filter(|((cluster, _), _)| *cluster == key.cluster)
             .flat_map(|(_, i)| &i.report.demand)
-            .filter(|d| d.model.as_str() == key.model && d.class.as_str() == key.class)
-            .map(|d| if d.rps.is_finite() && d.rps > 0.0 { d.rps } else { 0.0 })
-            .sum()
+            .filter(|d| d.model.as_str() == key.model && d.class.as_str() == key.class);
+        for d in reports {
+            let rps = valid(d.rps);
+            let split = d.by_priority.map(|p| p.to_array().map(valid)).unwrap_or([0.0, 1.0, 0.0, 0.0]);
+            let total: f64 = split.iter().sum();
+            let (split, total) = if total > 0.0 { (split, total) } else { ([0.0, 1.0, 0.0, 0.0], 1.0) };
+            for (o, s) in out.iter_mut().zip(split) {
+                *o += rps * s / total;
+            }
+        }
+        out
     }
 
     /// Whether engine `idx` counts as up (1) or not (0): its last scrape succeeded, or failed

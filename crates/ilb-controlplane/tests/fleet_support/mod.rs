@@ -5,6 +5,7 @@
 //! none started after the snapshot without them, and their running streams finish) and
 //! measured: how long until the installed plan reflected it, how many installs that took,
 //! when a new engine got its first request, requests failed, streams cut.
+#![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
 #![allow(dead_code)]
 

@@ -4,6 +4,7 @@
 //! unchanged): `x-mock-status`, `x-mock-chunks`, `x-mock-delay-ms`, `x-mock-die-after`,
 //! `x-mock-hang`, `x-mock-gate` (stream the first chunk, then wait for the test to open the gate),
 //! `x-mock-close` (answer with `connection: close`, closing the connection after the response).
+#![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
 #![allow(dead_code)]
 

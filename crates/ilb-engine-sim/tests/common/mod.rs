@@ -1,4 +1,5 @@
 //! Test helpers: engines with fast profiles, a minimal hyper client, SSE parsing, metric lookup.
+#![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 #![allow(dead_code)]
 
 use std::net::SocketAddr;

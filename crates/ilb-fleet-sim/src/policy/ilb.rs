@@ -1,36 +1,28 @@
-//! The `ilb` policy: the control plane's planning path exactly as the product runs it —
-//! [`Fleet`] fed with synthesised scrapes and data-plane reports, [`plan::build`], one
-//! warm-started [`Solver`] per model, [`plan::snapshots`] — and the data planes' weighted
-//! consistent hashing with bounded load on the compiled snapshots.
-//!
-//! One addition: `plan::build` prices shedding at the `normal` priority for every class (the
-//! control plane has no per-class priority yet), so the simulator sets each class's
-//! `shed_penalty_ms` from its stream's priority before solving. That is what makes the
-//! optimizer shed the lowest priority first.
+//! The `ilb` policy: the control plane's planning path as the product runs it — [`Fleet`] fed
+//! with synthesised scrapes and data-plane reports, and the control loop's [`Planner`] (the
+//! same problems, warm-started solves, shed prices per priority and snapshots) — and the data
+//! planes' weighted consistent hashing with bounded load on the compiled snapshots.
 
 use super::dataplane::DataPlanes;
 use super::{Decision, Load, Policy, Topology};
 use ilb_controlplane::config::FleetConfig;
 use ilb_controlplane::fleet::Fleet;
-use ilb_controlplane::plan;
+use ilb_controlplane::planner::Planner;
 use ilb_controlplane::signals::EngineSample;
 use ilb_core::report::Report;
 use ilb_core::ModelName;
 use ilb_engine_sim::Nanos;
-use ilb_optimizer::{Solution, Solver};
 use rand_pcg::Pcg64Mcg;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
 
 pub struct Ilb {
     fleet: Fleet,
-    solvers: BTreeMap<String, Solver>,
+    planner: Planner,
     data_planes: DataPlanes,
     version: u64,
     period_s: f64,
     delay: Nanos,
-    /// Shed penalty per (cluster, model, class), from the stream's priority.
-    penalties: HashMap<(String, String, String), f64>,
     /// Planned load per simulator engine of the latest solve, requests/s.
     planned_load: Vec<f64>,
     predicted_ms: Option<f64>,
@@ -42,32 +34,14 @@ impl Ilb {
     /// `config` lists the engines in the simulator's order. Solves once at time zero (with
     /// the demand floor, as a control plane starting up does) and installs the result at once
     /// so data planes start with a snapshot.
-    pub fn new(
-        config: FleetConfig,
-        topology: &Topology,
-        priorities: &[(usize, f64)],
-        solve_period_s: f64,
-        delay: Nanos,
-    ) -> Ilb {
-        let penalties = priorities
-            .iter()
-            .map(|&(s, p)| {
-                let key = (
-                    topology.cluster_ids[topology.stream_cluster[s]].clone(),
-                    topology.stream_model[s].clone(),
-                    topology.stream_class[s].clone(),
-                );
-                (key, p)
-            })
-            .collect();
+    pub fn new(config: FleetConfig, topology: &Topology, solve_period_s: f64, delay: Nanos) -> Ilb {
         let mut ilb = Ilb {
+            planner: Planner::for_config(&config),
             fleet: Fleet::new(config),
-            solvers: BTreeMap::new(),
             data_planes: DataPlanes::new(topology),
             version: 0,
             period_s: solve_period_s,
             delay,
-            penalties,
             planned_load: vec![0.0; topology.n_engines],
             predicted_ms: None,
             solve_errors: 0,
@@ -83,84 +57,36 @@ impl Ilb {
         // The control loop's tick, in its order: expire reports, judge outliers, plan.
         self.fleet.expire(at);
         self.fleet.update_penalties(at);
-        let mut plans = plan::build(&self.fleet, at);
-        for plan in &mut plans {
-            for (k, class) in plan.classes.iter().enumerate() {
-                let key = (class.key.cluster.clone(), class.key.model.clone(), class.key.class.clone());
-                if let Some(&penalty) = self.penalties.get(&key) {
-                    plan.problem.classes[k].shed_penalty_ms = penalty;
-                }
-            }
-        }
-        let mut solutions: Vec<Option<Solution>> = Vec::with_capacity(plans.len());
-        let (mut served_cost, mut served_rps) = (0.0, 0.0);
-        self.planned_load.iter_mut().for_each(|l| *l = 0.0);
-        for plan in &plans {
-            let solver = self
-                .solvers
-                .entry(plan.model.clone())
-                .or_insert_with(|| Solver::new(plan::solver_options(&self.fleet.config)));
-            match solver.solve(&plan.problem) {
-                Ok(solution) => {
-                    let shed_cost: f64 = solution
-                        .shed_rps
-                        .iter()
-                        .zip(&plan.problem.classes)
-                        .map(|(s, c)| s * c.shed_penalty_ms)
-                        .sum();
-                    let demand: f64 = plan.problem.classes.iter().map(|c| c.demand_rps).sum();
-                    served_cost += solution.objective - shed_cost;
-                    served_rps += demand - solution.shed_rps.iter().sum::<f64>();
-                    for (j, e) in solution.engines.iter().enumerate() {
-                        self.planned_load[plan.engines[j]] = e.load_rps;
-                    }
-                    solutions.push(Some(solution));
-                }
-                Err(_) => {
-                    self.solve_errors += 1;
-                    solutions.push(None);
-                }
-            }
-        }
-        self.predicted_ms = (served_rps > 0.0).then(|| served_cost / served_rps);
+        let round = self.planner.plan(&self.fleet, at);
+        self.solve_errors += round.results.iter().filter(|(r, _)| r.is_err()).count() as u64;
+        self.planned_load = round.planned_load_rps(self.planned_load.len());
+        self.predicted_ms = round.predicted_latency_ms();
         self.version += 1;
-        let snapshots = plan::snapshots(&self.fleet, &plans, &solutions, self.version, 0);
+        let snapshots = round.snapshots(&self.fleet, self.version, 0);
         let install_at = now + self.delay;
         self.data_planes.publish(install_at, snapshots);
         install_at
     }
-}
 
-impl Ilb {
     /// The optimizer's prediction at the simulated steady state: the current fleet state (the
     /// fitted profiles, health) with each class's demand set to its mean measured rate
     /// `mean_rps[(cluster, model, class)]`, solved warm. Mean latency of admitted traffic, ms.
     fn steady_state(&mut self, now: Nanos, mean_rps: &HashMap<(String, String, String), f64>) -> Option<f64> {
-        let mut plans = plan::build(&self.fleet, Duration::from_nanos(now));
-        let (mut cost, mut served) = (0.0, 0.0);
-        for plan in &mut plans {
-            for (k, class) in plan.classes.iter().enumerate() {
-                let key = (class.key.cluster.clone(), class.key.model.clone(), class.key.class.clone());
-                if let Some(&rps) = mean_rps.get(&key) {
-                    plan.problem.classes[k].demand_rps = rps.max(1e-3);
-                }
-                if let Some(&penalty) = self.penalties.get(&key) {
-                    plan.problem.classes[k].shed_penalty_ms = penalty;
+        let mut problems = Planner::build(&self.fleet, Duration::from_nanos(now));
+        for plan in &mut problems.plans {
+            for k in 0..plan.classes.len() {
+                let key = &plan.classes[k].key;
+                if let Some(&rps) = mean_rps.get(&(key.cluster.clone(), key.model.clone(), key.class.clone()))
+                {
+                    plan.set_demand(k, rps.max(1e-3));
                 }
             }
-            let solution = self
-                .solvers
-                .entry(plan.model.clone())
-                .or_insert_with(|| Solver::new(plan::solver_options(&self.fleet.config)))
-                .solve(&plan.problem)
-                .ok()?;
-            let shed_cost: f64 =
-                solution.shed_rps.iter().zip(&plan.problem.classes).map(|(s, c)| s * c.shed_penalty_ms).sum();
-            let demand: f64 = plan.problem.classes.iter().map(|c| c.demand_rps).sum();
-            cost += solution.objective - shed_cost;
-            served += demand - solution.shed_rps.iter().sum::<f64>();
         }
-        (served > 0.0).then(|| cost / served)
+        let round = self.planner.solve(problems);
+        if round.results.iter().any(|(r, _)| r.is_err()) {
+            return None;
+        }
+        round.predicted_latency_ms()
     }
 }
 

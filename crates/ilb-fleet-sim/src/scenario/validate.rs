@@ -237,10 +237,14 @@ impl Scenario {
     }
 }
 
-/// Whether an engine satisfies a class rule (the control plane's `plan::allows` rule).
+/// Whether an engine satisfies a class rule ([`ilb_core::constraint::satisfies`]).
 pub fn allows(rule: &ClassRule, engine: &SimEngineSpec) -> bool {
-    rule.require.iter().all(|cap| engine.capabilities.contains(cap))
-        && rule.residency.as_ref().is_none_or(|zone| engine.residency.contains(zone))
+    ilb_core::constraint::satisfies(
+        &rule.require,
+        rule.residency.as_deref(),
+        &engine.capabilities,
+        &engine.residency,
+    )
 }
 
 fn validate_regions(file: &ScenarioFile) -> Result<Vec<String>, ScenarioError> {

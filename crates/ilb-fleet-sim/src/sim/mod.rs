@@ -15,7 +15,9 @@ use crate::scenario::{EventKind, Scenario};
 use crate::workload::{demand_rps, Session};
 use crate::SimError;
 use events::{Event, Queue};
-use ilb_core::report::{ClassDemand, Report};
+use ilb_controlplane::plan::PRIORITIES;
+use ilb_core::classify::Priority;
+use ilb_core::report::{ClassDemand, PriorityRps, Report};
 use ilb_core::{ClassId, ClusterId, ModelName};
 use ilb_engine_sim::{Nanos, Outcome, Request};
 use rand::{Rng, SeedableRng};
@@ -337,12 +339,17 @@ impl Sim<'_> {
                     Some(previous) => previous + alpha * (rate - previous),
                 };
                 self.demand_ewma[s] = Some(rps);
+                // A stream has one priority: its whole rate is that priority's.
+                let priority = Priority::parse(&self.scenario.streams[s].priority).unwrap_or_default();
+                let mut by_priority = [0.0; 4];
+                by_priority[PRIORITIES.iter().position(|&p| p == priority).unwrap_or(1)] = rps;
                 demand.push(ClassDemand {
                     model: ModelName::new(&self.topology.stream_model[s]),
                     class: ClassId::new(&self.topology.stream_class[s]),
                     requests,
                     shed,
                     rps,
+                    by_priority: Some(PriorityRps::from_array(by_priority)),
                 });
             }
             let report = Report {

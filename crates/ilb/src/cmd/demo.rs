@@ -232,7 +232,7 @@ pub(crate) async fn serve_stack(
         tokio::spawn(traffic::run(config, Arc::clone(&stats), stop_rx))
     });
 
-    let deadline = args.seconds.map(|s| tokio::time::Instant::now() + Duration::from_secs(s));
+    let deadline = args.seconds.map(|s| crate::clock::now() + Duration::from_secs(s));
     let mut ticker = tokio::time::interval(Duration::from_secs(args.report_every.max(1)));
     ticker.tick().await;
     loop {

@@ -91,7 +91,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!();
 
     let every = args.report_every.max(1);
-    let deadline = args.seconds.map(|s| tokio::time::Instant::now() + Duration::from_secs(s));
+    let deadline = args.seconds.map(|s| crate::clock::now() + Duration::from_secs(s));
     let mut ticker = tokio::time::interval(Duration::from_secs(every));
     ticker.tick().await;
     loop {

@@ -169,10 +169,10 @@ pub async fn leave(registrars: Vec<Registrar>, engines: &[EngineHandle]) {
             tracing::warn!(error = %e, "deregistration failed; the lease will run out");
         }
     }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let deadline = crate::clock::now() + Duration::from_secs(60);
     // The data planes need a snapshot round to stop sending; then the engines run dry.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    while tokio::time::Instant::now() < deadline
+    while crate::clock::now() < deadline
         && engines.iter().any(|e| {
             let stats = e.stats();
             stats.running + stats.waiting > 0

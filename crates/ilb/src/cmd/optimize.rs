@@ -25,14 +25,6 @@ pub struct OptimizeArgs {
     bench: Option<u32>,
 }
 
-/// The wall clock, read only here: `solve_ms` times the solve alone, not parsing or printing.
-mod clock {
-    #[allow(clippy::disallowed_methods)]
-    pub fn now() -> std::time::Instant {
-        std::time::Instant::now()
-    }
-}
-
 #[derive(Serialize)]
 struct Output<'a> {
     routes: Vec<RouteOut<'a>>,
@@ -87,7 +79,7 @@ pub fn run(args: OptimizeArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let mut solver = Solver::new(SolverOptions::default());
-    let start = clock::now();
+    let start = crate::clock::wall();
     let solution = solver.solve(&problem).context("solving")?;
     let solve_ms = start.elapsed().as_secs_f64() * 1e3;
     let output = render(&problem, &solution, solve_ms);
@@ -135,7 +127,7 @@ fn bench(problem: &Problem, runs: usize) -> Result<BenchReport, ilb_optimizer::P
     let (mut max_gap, mut max_moved) = (0.0f64, 0.0f64);
     let mut warm = None;
     for _ in 0..runs {
-        let start = clock::now();
+        let start = crate::clock::wall();
         let (solution, state) = solve(problem, None, &options)?;
         cold_ms.push(start.elapsed().as_secs_f64() * 1e3);
         steps.cold.push(solution.newton_steps);
@@ -145,7 +137,7 @@ fn bench(problem: &Problem, runs: usize) -> Result<BenchReport, ilb_optimizer::P
     let mut current = problem.clone();
     for i in 0..runs {
         current = perturb_demand(&current, i as u64, 0.01);
-        let start = clock::now();
+        let start = crate::clock::wall();
         let (solution, state) = solve(&current, warm.as_ref(), &options)?;
         warm_ms.push(start.elapsed().as_secs_f64() * 1e3);
         steps.warm.push(solution.newton_steps);

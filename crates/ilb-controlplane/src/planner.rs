@@ -1,0 +1,183 @@
+//! The planner: the fleet's state → one problem per model ([`plan::build`]) → warm-started
+//! solves → one snapshot per front-end cluster ([`plan::snapshots`]). The control loop
+//! (`run.rs`) plans through it, and so does the fleet simulator's `ilb` policy: what the
+//! simulator measures is this code, not a copy of it.
+//!
+//! Building reads the fleet and is cheap; solving owns only the problems and the solvers, so
+//! the control loop can move a [`Planner`] to a blocking thread while it keeps taking signals.
+
+use crate::config::FleetConfig;
+use crate::fleet::{Fleet, Now};
+use crate::plan::{self, ModelPlan, Unplanned};
+use ilb_core::snapshot::Snapshot;
+use ilb_optimizer::{Solution, Solver, SolverOptions};
+use std::collections::BTreeMap;
+
+/// The solvers of every model (each warm-starts from its model's previous solve) and the
+/// options they solve with.
+#[derive(Debug)]
+pub struct Planner {
+    solvers: BTreeMap<String, Solver>,
+    options: SolverOptions,
+}
+
+/// The problems of one round, before solving.
+#[derive(Clone, Debug)]
+pub struct Problems {
+    pub plans: Vec<ModelPlan>,
+    /// Models that could not be planned, and why.
+    pub unplanned: Vec<Unplanned>,
+}
+
+/// One planning round: the problems and what solving them gave.
+#[derive(Debug)]
+pub struct Round {
+    pub plans: Vec<ModelPlan>,
+    pub unplanned: Vec<Unplanned>,
+    /// Per plan: its solution or why there is none, and the solve's wall time (ms).
+    pub results: Vec<(Result<Solution, String>, f64)>,
+    /// Models whose solve panicked in this round.
+    pub panics: u64,
+}
+
+impl Planner {
+    pub fn new(options: SolverOptions) -> Planner {
+        Planner { solvers: BTreeMap::new(), options }
+    }
+
+    /// A planner with the options `config` asks for.
+    pub fn for_config(config: &FleetConfig) -> Planner {
+        Planner::new(plan::solver_options(config))
+    }
+
+    pub fn options(&self) -> &SolverOptions {
+        &self.options
+    }
+
+    /// Takes new options. Solvers carry their options, so a change starts every model afresh
+    /// (its warm start is lost); the same options again change nothing.
+    pub fn set_options(&mut self, options: SolverOptions) {
+        if options != self.options {
+            self.options = options;
+            self.solvers.clear();
+        }
+    }
+
+    /// The problems for the fleet as it is at `now`.
+    pub fn build(fleet: &Fleet, now: Now) -> Problems {
+        let (plans, unplanned) = plan::build(fleet, now);
+        Problems { plans, unplanned }
+    }
+
+    /// Solves every model, each warm from its previous solve. A solve that panics is caught:
+    /// its model gets the panic as its error (the snapshots then route it by capacity), it is
+    /// logged with the model, and the model starts from a fresh solver next round.
+    pub fn solve(&mut self, problems: Problems) -> Round {
+        let Problems { plans, unplanned } = problems;
+        let mut panics = 0;
+        let mut results = Vec::with_capacity(plans.len());
+        for plan in &plans {
+            let solver =
+                self.solvers.entry(plan.model.clone()).or_insert_with(|| Solver::new(self.options.clone()));
+            let started = crate::clock::now();
+            let (result, panicked) = guarded(&plan.model, || solver.solve(&plan.problem));
+            if panicked {
+                panics += 1;
+                // A solver that panicked may hold half-updated state.
+                self.solvers.remove(&plan.model);
+            }
+            results.push((result, started.elapsed().as_secs_f64() * 1000.0));
+        }
+        Round { plans, unplanned, results, panics }
+    }
+
+    /// Builds and solves.
+    pub fn plan(&mut self, fleet: &Fleet, now: Now) -> Round {
+        self.solve(Planner::build(fleet, now))
+    }
+}
+
+impl Round {
+    /// Per plan, its solution if the solve succeeded.
+    pub fn solutions(&self) -> Vec<Option<&Solution>> {
+        self.results.iter().map(|(r, _)| r.as_ref().ok()).collect()
+    }
+
+    /// One snapshot per cluster (see [`plan::snapshots`]).
+    pub fn snapshots(&self, fleet: &Fleet, version: u64, created_unix_ms: u64) -> BTreeMap<String, Snapshot> {
+        plan::snapshots(fleet, &self.plans, &self.solutions(), version, created_unix_ms)
+    }
+
+    /// The mean end-to-end latency the solved plans expect for the traffic they admit, ms:
+    /// the objective without the shedding term over the admitted rate. `None` when nothing is
+    /// admitted.
+    pub fn predicted_latency_ms(&self) -> Option<f64> {
+        let (mut cost, mut admitted) = (0.0, 0.0);
+        for (plan, solution) in self.plans.iter().zip(self.solutions()) {
+            let Some(solution) = solution else { continue };
+            let classes = &plan.problem.classes;
+            let shed_cost: f64 =
+                solution.shed_rps.iter().zip(classes).map(|(s, c)| s * c.shed_penalty_ms).sum();
+            let demand: f64 = classes.iter().map(|c| c.demand_rps).sum();
+            cost += solution.objective - shed_cost;
+            admitted += demand - solution.shed_rps.iter().sum::<f64>();
+        }
+        (admitted > 0.0).then(|| cost / admitted)
+    }
+
+    /// Planned load of every fleet engine (req/s), zero for engines in no solved plan.
+    pub fn planned_load_rps(&self, n_engines: usize) -> Vec<f64> {
+        let mut load = vec![0.0; n_engines];
+        for (plan, solution) in self.plans.iter().zip(self.solutions()) {
+            let Some(solution) = solution else { continue };
+            for (j, e) in solution.engines.iter().enumerate() {
+                if let Some(slot) = load.get_mut(plan.engines[j]) {
+                    *slot = e.load_rps;
+                }
+            }
+        }
+        load
+    }
+}
+
+/// Runs one model's solve, catching a panic: (the result, or the error or panic as text;
+/// whether it panicked). Both are logged with the model.
+fn guarded<T, E: std::fmt::Display>(
+    model: &str,
+    solve: impl FnOnce() -> Result<T, E>,
+) -> (Result<T, String>, bool) {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(solve)) {
+        Ok(result) => (
+            result.map_err(|e| {
+                tracing::error!(%model, error = %e, "optimizer rejected the problem");
+                e.to_string()
+            }),
+            false,
+        ),
+        Err(payload) => {
+            let message = match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
+                (Some(s), _) => (*s).to_owned(),
+                (_, Some(s)) => s.clone(),
+                _ => "a non-string panic payload".to_owned(),
+            };
+            tracing::error!(%model, panic = %message, "optimizer panicked; the model is solved again from a fresh solver next round");
+            (Err(format!("optimizer panicked: {message}")), true)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::guarded;
+
+    #[test]
+    fn a_panicking_solve_becomes_the_models_error() {
+        let (result, panicked) = guarded::<(), String>("m", || panic!("index out of bounds"));
+        assert!(panicked);
+        assert_eq!(result.unwrap_err(), "optimizer panicked: index out of bounds");
+        let (result, panicked) = guarded::<(), String>("m", || Err("no engines".to_owned()));
+        assert!(!panicked);
+        assert_eq!(result.unwrap_err(), "no engines");
+        assert_eq!(guarded::<u8, String>("m", || Ok(7)), (Ok(7), false));
+    }
+}
