@@ -1,5 +1,6 @@
 //! Classification: what a request is (model, stream, affinity material) and what it asks for
-//! (constraints, priority), read from its body and headers without copying the body.
+//! (constraints; its priority is [`crate::priority`]), read from its body and headers without
+//! copying the body.
 //!
 //! The body is parsed once with borrowing serde types: unknown fields are skipped, message
 //! contents are kept as raw JSON slices of the original body. Malformed input is an error,
@@ -55,38 +56,8 @@ impl Endpoint {
     }
 }
 
-/// Scheduling priority, from the `x-ilb-priority` header. Lower priorities are shed first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub enum Priority {
-    Low,
-    #[default]
-    Normal,
-    High,
-    Critical,
-}
-
-impl Priority {
-    pub fn parse(s: &str) -> Result<Priority, ClassifyError> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "low" | "batch" => Ok(Priority::Low),
-            "normal" | "" => Ok(Priority::Normal),
-            "high" => Ok(Priority::High),
-            "critical" => Ok(Priority::Critical),
-            _ => Err(ClassifyError::BadHeader(format!(
-                "x-ilb-priority must be one of low, normal, high, critical (got {s:?})"
-            ))),
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Priority::Low => "low",
-            Priority::Normal => "normal",
-            Priority::High => "high",
-            Priority::Critical => "critical",
-        }
-    }
-}
+/// The request priority, at its old path (it lives in [`crate::priority`]).
+pub use crate::priority::Priority;
 
 /// Why a request could not be classified; each maps to a 400.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

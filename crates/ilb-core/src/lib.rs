@@ -4,18 +4,23 @@
 //! - [`snapshot`]: the versioned routing-snapshot wire format and its validation.
 //! - [`slots`]: the weighted consistent-hashing slot table (minimal movement on weight change).
 //! - [`table`]: a validated snapshot compiled into an immutable routing table, and `pick`.
-//! - [`classify`]: reading model, constraints, priority and affinity key out of a request.
+//! - [`classify`]: reading model, constraints and affinity key out of a request.
+//! - [`priority`]: the request priority levels, lowest first, and values per level.
+//! - [`admission`]: which requests are shed or may wait for a slot, by priority (pure, so that
+//!   the fleet simulator runs the data plane's rules).
 //! - [`constraint`]: which engines a traffic class may use.
 //!
 //! **Invariant:** nothing here does IO, reads the clock or spawns tasks; time and randomness
 //! come in as arguments. This is what lets the fleet simulator run this exact code.
 
+pub mod admission;
 pub mod affinity;
 pub mod classify;
 pub mod constraint;
 pub mod holds;
 pub mod ids;
 pub mod metrics;
+pub mod priority;
 pub mod report;
 pub mod slots;
 pub mod snapshot;

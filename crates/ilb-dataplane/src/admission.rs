@@ -1,56 +1,30 @@
 //! Admission: planned load shedding by priority, and a bounded, priority-ordered wait when
 //! every candidate engine is at its concurrency limit.
 //!
-//! **Shedding.** When the control plane plans to shed a fraction `s` of a class (its demand is
-//! above usable capacity), the data plane sheds that fraction early, lowest priority first: a
-//! background task turns the class's per-priority arrival rates into per-priority shed
-//! probabilities (all of `low` before any `normal`, and so on), and the request path compares one
-//! number. **Waiting.** A request whose candidates are all full waits (bounded in time and
-//! in count) for a slot; a freed slot goes to the highest priority waiting.
+//! The rules are `ilb_core::admission`'s (pure, shared with the fleet simulator); this module
+//! runs them on the data plane's atomics and tokio. **Shedding.** A background task turns each
+//! class's per-priority arrivals into per-priority shed probabilities every
+//! [`SHED_PLAN_PERIOD`], and the request path compares one number ([`arrive`]).
+//! **Waiting.** A request whose candidates are all full waits (bounded in time and in count,
+//! `ilb_core::admission::remaining_wait`) for a slot; a freed slot goes to the highest priority
+//! waiting ([`Waiters`]).
 
-use crate::server::Shared;
-use ilb_core::classify::Priority;
+use crate::clock;
+use crate::config::DataPlaneConfig;
+use crate::state::{PriorityCounters, RoutingState};
+use ilb_core::admission::{remaining_wait, ClassShedding, SHED_PLAN_PERIOD};
+use ilb_core::priority::{PerPriority, Priority};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
-
-pub const PRIORITIES: usize = 4;
-
-pub fn priority_index(p: Priority) -> usize {
-    match p {
-        Priority::Low => 0,
-        Priority::Normal => 1,
-        Priority::High => 2,
-        Priority::Critical => 3,
-    }
-}
-
-/// Per-priority shed probabilities that shed `shed_fraction` of the total rate, lowest
-/// priority first.
-pub fn shed_probabilities(shed_fraction: f64, rates: [f64; PRIORITIES]) -> [f64; PRIORITIES] {
-    let total: f64 = rates.iter().sum();
-    let mut remaining = (shed_fraction.clamp(0.0, 1.0) * total).max(0.0);
-    let mut out = [0.0; PRIORITIES];
-    for (p, rate) in rates.iter().enumerate() {
-        if remaining <= 0.0 {
-            break;
-        }
-        if *rate <= 0.0 {
-            continue;
-        }
-        out[p] = (remaining / rate).min(1.0);
-        remaining -= out[p] * rate;
-    }
-    out
-}
+use tokio::time::Instant;
 
 /// Requests waiting for a free engine slot, by priority.
 #[derive(Default)]
 pub struct Waiters {
-    waiting: [AtomicUsize; PRIORITIES],
-    notify: [Notify; PRIORITIES],
+    waiting: PerPriority<AtomicUsize>,
+    notify: PerPriority<Notify>,
     total: AtomicUsize,
 }
 
@@ -60,7 +34,7 @@ impl Waiters {
         if self.total.load(Relaxed) == 0 {
             return;
         }
-        if let Some(p) = (0..PRIORITIES).rev().find(|&p| self.waiting[p].load(Relaxed) > 0) {
+        if let Some((p, _)) = self.waiting.iter().rev().find(|(_, waiting)| waiting.load(Relaxed) > 0) {
             self.notify[p].notify_one();
         }
     }
@@ -70,7 +44,7 @@ impl Waiters {
     }
 
     /// Waits for a freed slot; false on timeout. The caller re-checks the engines either way.
-    pub async fn wait(&self, priority: usize, timeout: Duration) -> bool {
+    pub async fn wait(&self, priority: Priority, timeout: Duration) -> bool {
         self.waiting[priority].fetch_add(1, Relaxed);
         self.total.fetch_add(1, Relaxed);
         let woken = tokio::time::timeout(timeout, self.notify[priority].notified()).await.is_ok();
@@ -80,76 +54,80 @@ impl Waiters {
     }
 }
 
-/// Recomputes every class's shed probabilities twice a second from its arrivals.
-pub async fn plan_shedding(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
-    let period = Duration::from_millis(500);
-    let tau_s = 2.0;
-    let alpha = 1.0 - (-period.as_secs_f64() / tau_s).exp();
-    let mut last: HashMap<usize, ([u64; PRIORITIES], [f64; PRIORITIES])> = HashMap::new();
+/// Recomputes every class's shed probabilities every [`SHED_PLAN_PERIOD`] from its arrivals
+/// ([`ClassShedding::plan`]).
+pub async fn plan_shedding(routing: &RoutingState, mut shutdown: watch::Receiver<bool>) {
+    let mut classes: HashMap<usize, ClassShedding> = HashMap::new();
     let mut version = None;
     loop {
         tokio::select! {
-            _ = tokio::time::sleep(period) => {}
+            _ = tokio::time::sleep(SHED_PLAN_PERIOD) => {}
             _ = shutdown.changed() => return,
         }
-        let Some(installed) = shared.routing.load() else { continue };
+        let Some(installed) = routing.load() else { continue };
         if version != Some(installed.table.version) {
             // Class indices change meaning with a new table.
-            last.clear();
+            classes.clear();
             version = Some(installed.table.version);
         }
         for model in installed.table.models() {
             for class in &model.classes {
                 let state = &installed.classes[class.seq];
-                let counts: [u64; PRIORITIES] =
-                    std::array::from_fn(|p| state.priority.priority_arrivals[p].load(Relaxed));
-                let (before, mut rates) =
-                    last.get(&class.seq).copied().unwrap_or((counts, [0.0; PRIORITIES]));
-                for p in 0..PRIORITIES {
-                    let rate = counts[p].saturating_sub(before[p]) as f64 / period.as_secs_f64();
-                    rates[p] += alpha * (rate - rates[p]);
-                }
-                last.insert(class.seq, (counts, rates));
-                let probabilities = shed_probabilities(class.shed_fraction, rates);
-                for (slot, probability) in state.priority.shed_probability.iter().zip(probabilities) {
-                    slot.store(probability.to_bits(), Relaxed);
+                let counts = state.priority.arrivals.map(|count| count.load(Relaxed));
+                let shedding = classes.entry(class.seq).or_insert_with(|| ClassShedding::new(counts));
+                let probabilities = shedding.plan(counts, class.shed_fraction);
+                for (p, slot) in state.priority.shed_probability.iter() {
+                    slot.store(probabilities[p].to_bits(), Relaxed);
                 }
             }
         }
     }
 }
 
-/// Cumulative arrivals per priority and the current shed probability per priority of a class.
-#[derive(Debug, Default)]
-pub struct PriorityCounters {
-    pub priority_arrivals: [AtomicU64; PRIORITIES],
-    /// f64 bits.
-    pub shed_probability: [AtomicU64; PRIORITIES],
+/// Counts an arrival of `priority` in a class and says whether to shed it
+/// ([`ilb_core::admission::shed`] with a draw derived from `request_id`). Hot path: two relaxed
+/// atomics.
+pub fn arrive(counters: &PriorityCounters, priority: Priority, request_id: u64) -> bool {
+    counters.arrivals[priority].fetch_add(1, Relaxed);
+    let probability = f64::from_bits(counters.shed_probability[priority].load(Relaxed));
+    ilb_core::admission::shed(probability, unit_interval(request_id))
+}
+
+/// Every usable engine is at its concurrency limit: waits for a freed slot for as long as
+/// [`remaining_wait`] allows (`started`: when the request began waiting, set on its first
+/// wait). `Err`: refused now, with how long it waited.
+pub async fn wait_for_slot(
+    waiters: &Waiters,
+    config: &DataPlaneConfig,
+    priority: Priority,
+    started: &mut Option<Instant>,
+) -> Result<(), Duration> {
+    let waited = clock::since(*started.get_or_insert_with(clock::now));
+    match remaining_wait(priority, waited, config.queue_wait, waiters.total(), config.max_waiting) {
+        Some(remaining) => {
+            waiters.wait(priority, remaining).await;
+            Ok(())
+        }
+        None => Err(waited),
+    }
+}
+
+/// A uniform number in [0, 1) from a request id (shedding decisions; no global RNG).
+fn unit_interval(request_id: u64) -> f64 {
+    (ilb_core::slots::mix(request_id ^ 0x5EED) >> 11) as f64 / (1u64 << 53) as f64
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sheds_lowest_priority_first() {
-        // 10 low, 50 normal, 30 high, 10 critical req/s; shed 30 % = 30 req/s.
-        let p = shed_probabilities(0.3, [10.0, 50.0, 30.0, 10.0]);
-        assert_eq!(p[0], 1.0);
-        assert!((p[1] - 0.4).abs() < 1e-12);
-        assert_eq!((p[2], p[3]), (0.0, 0.0));
-        assert_eq!(shed_probabilities(0.0, [1.0; 4]), [0.0; 4]);
-        assert_eq!(shed_probabilities(1.0, [1.0; 4]), [1.0; 4]);
-        // Only critical traffic: critical is shed when the plan says so.
-        assert_eq!(shed_probabilities(0.5, [0.0, 0.0, 0.0, 8.0])[3], 0.5);
-    }
+    use std::sync::Arc;
 
     #[tokio::test(start_paused = true)]
     async fn freed_slots_go_to_the_highest_priority() {
         let waiters = Arc::new(Waiters::default());
         let (w1, w2) = (waiters.clone(), waiters.clone());
-        let normal = tokio::spawn(async move { w1.wait(1, Duration::from_secs(5)).await });
-        let critical = tokio::spawn(async move { w2.wait(3, Duration::from_secs(5)).await });
+        let normal = tokio::spawn(async move { w1.wait(Priority::Normal, Duration::from_secs(5)).await });
+        let critical = tokio::spawn(async move { w2.wait(Priority::Critical, Duration::from_secs(5)).await });
         tokio::task::yield_now().await;
         while waiters.total() < 2 {
             tokio::task::yield_now().await;

@@ -4,16 +4,19 @@
 //! An engine's body is read from its connection by the client connection's own task as hyper
 //! polls it ([`EngineBody`]); when it ends cleanly the connection goes back to its engine's
 //! pool, and when the client goes away first the body, and with it the connection, is dropped,
-//! which tells the engine to stop. The streamed body owns the request's [`InFlight`] guard, so
+//! which tells the engine to stop. The streamed body owns the request's [`InFlight`] guard
+//! (`in_flight.rs`), so
 //! an engine's in-flight count drops when the stream *ends* (or the client goes away), not
 //! when headers arrive. It also enforces the idle gap between chunks, and turns a broken
 //! engine stream into a well-formed SSE error event followed by a clean end, so a streaming
 //! client sees an error instead of a hang.
 
+use crate::clock;
 use crate::error::ProxyError;
-use crate::proxy::{InFlight, ResponseStore};
+use crate::in_flight::InFlight;
 use crate::upstream::EngineBody;
 use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use std::future::Future;
 use std::pin::Pin;
@@ -40,6 +43,21 @@ impl ProxyBody {
     pub fn empty() -> Self {
         ProxyBody::Local(None)
     }
+}
+
+/// A local JSON answer (`/v1/models`, `/health`, `/debug/route`).
+pub fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<ProxyBody> {
+    let mut response = Response::new(ProxyBody::from(Bytes::from(value.to_string())));
+    *response.status_mut() = status;
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// Where to remember the id of a response an engine stores (a successful Responses request).
+pub struct ResponseStore {
+    /// The engine's affinity tag.
+    pub tag: u32,
+    pub now_s: u32,
 }
 
 pub struct UpstreamBody {
@@ -167,13 +185,13 @@ impl UpstreamBody {
                         self.at_boundary = data.ends_with(b"\n\n") || data.ends_with(b"\r\n\r\n");
                         // The closing `[DONE]` follows the last token at once: no token gap.
                         if self.sse && !data.starts_with(b"data: [DONE]") {
-                            let now = Instant::now();
+                            let now = clock::now();
                             self.in_flight.stream_chunk(self.last_chunk, now);
                             self.last_chunk = Some(now);
                         }
                     }
                     if let Some(idle) = self.idle.as_mut() {
-                        idle.as_mut().reset(Instant::now() + self.idle_timeout);
+                        idle.as_mut().reset(clock::now() + self.idle_timeout);
                     }
                     if self.response_id.is_some() {
                         let data = data.clone();

@@ -11,6 +11,18 @@ use std::time::Duration;
 
 const BUCKETS: usize = 10;
 
+/// The first retry's back-off is uniform below this many microseconds (10 ms)...
+const BACKOFF_BASE_US: u64 = 10_000;
+/// ...and the bound doubles with each further retry, at most this many times (to 160 ms).
+const BACKOFF_DOUBLINGS: usize = 4;
+
+/// The jittered back-off before retrying a request already sent `tried` times (at least 1):
+/// deterministic per request (`request_id`), no global RNG.
+pub fn backoff(request_id: u64, tried: usize) -> Duration {
+    let cap_us = BACKOFF_BASE_US << (tried.max(1) - 1).min(BACKOFF_DOUBLINGS);
+    Duration::from_micros(ilb_core::slots::mix(request_id ^ tried as u64) % cap_us)
+}
+
 #[derive(Clone, Debug)]
 pub struct RetryBudgetConfig {
     /// Retries allowed per request while utilisation is at or below `knee` (default 0.2).
@@ -113,6 +125,12 @@ impl RetryBudget {
         }
     }
 
+    /// Asks to retry request `request_id`, sent `tried` times so far: the [`backoff`] to sleep
+    /// before sending it again, or `None` when the budget is spent and it is not retried.
+    pub fn retry(&self, now: Duration, utilisation: f64, request_id: u64, tried: usize) -> Option<Duration> {
+        self.try_retry(now, utilisation).then(|| backoff(request_id, tried))
+    }
+
     /// (requests, retries) in the current window, for metrics and explanations.
     pub fn window(&self, now: Duration) -> (u64, u64) {
         let oldest = now.as_secs().saturating_sub(BUCKETS as u64 - 1);
@@ -159,6 +177,17 @@ mod tests {
         // Eleven seconds later the window has forgotten everything.
         let later = now + Duration::from_secs(11);
         assert_eq!(budget.window(later), (0, 0));
+    }
+
+    #[test]
+    fn backoff_is_jittered_below_a_doubling_bound() {
+        for id in 0..200u64 {
+            assert!(backoff(id, 1) < Duration::from_millis(10));
+            assert!(backoff(id, 3) < Duration::from_millis(40));
+            assert!(backoff(id, 9) < Duration::from_millis(160));
+            assert_eq!(backoff(id, 2), backoff(id, 2), "deterministic per request");
+        }
+        assert!((0..200u64).any(|id| backoff(id, 5) >= Duration::from_millis(80)), "the bound grows");
     }
 
     #[test]

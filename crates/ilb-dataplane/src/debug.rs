@@ -3,10 +3,10 @@
 //! candidate with its weight and state, where the key's slot landed and what was skipped.
 //! It has no side effects: nothing is counted or sent.
 
-use crate::body::ProxyBody;
+use crate::body::{json_response, ProxyBody};
 use crate::error::ProxyError;
-use crate::proxy::{choose, Pick};
-use crate::server::{json_response, Shared};
+use crate::pick::{choose, Pick};
+use crate::shared::Shared;
 use http::{Response, StatusCode};
 use ilb_core::classify::parse_require;
 use ilb_core::table::Constraints;
@@ -68,7 +68,7 @@ fn explain(shared: &Shared, query: &str) -> Result<serde_json::Value, ProxyError
                 "in_flight": state.in_flight.load(Relaxed),
                 "class_in_flight": installed.class_engine_in_flight[class.seq][i].load(Relaxed),
                 "skip": skip, "home_slot": i == home,
-                "tls_failure": state.last_tls_failure().map(|f| json!({"reason": f.label(), "advice": f.advice()})),
+                "tls_failure": state.origin.last_tls_failure().map(|f| json!({"reason": f.label(), "advice": f.advice()})),
             })
         })
         .collect();

@@ -122,6 +122,18 @@ impl ProxyError {
     }
 }
 
+/// The error and its causes on one line (top-level messages are terse).
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

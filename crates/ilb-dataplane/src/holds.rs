@@ -8,12 +8,12 @@
 //! cleared, since a hold nobody refreshes may be about an engine that has long recovered (the
 //! local guard still ejects engines that fail requests).
 
-use crate::server::Shared;
+use crate::clock;
+use crate::shared::Shared;
 use ilb_core::holds::{EngineHolds, MAX_HOLDS_BYTES};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
-use tokio::time::Instant;
 
 /// How long the control plane may wait before answering an unchanged set (and so how often
 /// holds are re-applied to engines that arrived with a new snapshot).
@@ -38,7 +38,7 @@ pub async fn follow(shared: Arc<Shared>, urls: Vec<String>, mut shutdown: watch:
     let mut at = 0;
     let mut latest: Option<EngineHolds> = None;
     let mut known_version: Option<u64> = None;
-    let mut last_contact = Instant::now();
+    let mut last_contact = clock::now();
     loop {
         let url = &urls[at];
         let target = match known_version {
@@ -54,7 +54,7 @@ pub async fn follow(shared: Arc<Shared>, urls: Vec<String>, mut shutdown: watch:
             Ok(Ok(Some((body, _)))) if body.len() <= MAX_HOLDS_BYTES => {
                 match serde_json::from_slice::<EngineHolds>(&body) {
                     Ok(holds) => {
-                        last_contact = Instant::now();
+                        last_contact = clock::now();
                         known_version = Some(holds.version);
                         latest = Some(holds);
                     }
@@ -68,14 +68,14 @@ pub async fn follow(shared: Arc<Shared>, urls: Vec<String>, mut shutdown: watch:
                 tracing::warn!(%url, "engine holds document too large");
                 failed = true;
             }
-            Ok(Ok(None)) => last_contact = Instant::now(),
+            Ok(Ok(None)) => last_contact = clock::now(),
             Ok(Err(e)) => {
                 tracing::debug!(%url, error = %e, "engine holds poll failed");
                 failed = true;
             }
             Err(_) => failed = true,
         }
-        if latest.is_some() && last_contact.elapsed() > STALE_AFTER {
+        if latest.is_some() && clock::since(last_contact) > STALE_AFTER {
             tracing::warn!(%url, "engine holds not refreshed for {STALE_AFTER:?}: released");
             latest = None;
         }

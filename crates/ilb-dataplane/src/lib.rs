@@ -18,20 +18,22 @@ mod debug;
 pub mod engines;
 pub mod error;
 pub mod holds;
+mod in_flight;
+mod pick;
 pub mod proxy;
 pub mod report;
 mod server;
+mod shared;
 pub mod sources;
 pub mod state;
 mod telemetry;
 mod tried;
 pub mod upstream;
 
-pub use config::{DataPlaneConfig, Timeouts};
-pub use sources::SnapshotSource;
+pub use config::{DataPlaneConfig, SnapshotSource, Timeouts};
 
 use ilb_core::snapshot::Snapshot;
-use server::Shared;
+use shared::Shared;
 use state::InstallError;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -66,7 +68,9 @@ impl DataPlane {
         let mut tasks = JoinSet::new();
         tasks.spawn(server::serve(listener, Arc::clone(&shared), shutdown_rx.clone()));
         tasks.spawn(sources::probe_ejected(Arc::clone(&shared), shutdown_rx.clone()));
-        tasks.spawn(admission::plan_shedding(Arc::clone(&shared), shutdown_rx.clone()));
+        let planner = Arc::clone(&shared);
+        let planner_shutdown = shutdown_rx.clone();
+        tasks.spawn(async move { admission::plan_shedding(&planner.routing, planner_shutdown).await });
         if let Some(reports) = reports {
             tasks.spawn(report::run(Arc::clone(&shared), reports, shutdown_rx.clone()));
         }

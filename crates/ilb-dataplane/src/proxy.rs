@@ -1,21 +1,27 @@
-//! The request path: read and classify the request, pick an engine on the installed table,
-//! forward, retry on another engine while nothing has reached the client, and stream back.
+//! The request path, top to bottom: read and classify the request, admit it (planned
+//! shedding, `admission`), then the attempt loop (pick an engine, `pick`; wait for a slot when
+//! all are full, `admission`; ask the retry budget before a retry, `budget`; send, and judge the
+//! answer, `engines`), then respond: stream the engine's answer back, or the last failure.
+//! A retry happens only while nothing has reached the client.
 
 use crate::admission;
-use crate::body::{ProxyBody, UpstreamBody};
-use crate::error::ProxyError;
-use crate::server::Shared;
-use crate::state::Installed;
+use crate::body::{ProxyBody, ResponseStore, UpstreamBody};
+use crate::engines::Answer;
+use crate::error::{error_chain, ProxyError};
+use crate::in_flight::InFlight;
+use crate::pick::{choose, NoCandidate, Pick};
+use crate::shared::Shared;
+use crate::state::{ClassState, Installed};
 use crate::tried::Tried;
-use crate::upstream::{Conn, EngineBody, UpstreamRequest};
+use crate::upstream::{EngineBody, UpstreamRequest};
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, Response, StatusCode, Uri};
+use http::{Method, Request, Response, Uri};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use ilb_core::affinity::AffinityTable;
-use ilb_core::classify::{self, Endpoint, Priority};
-use ilb_core::table::{within_load_bound, ClassTable, Constraints};
+use ilb_core::classify::{self, Endpoint};
+use ilb_core::priority::{self, Priority};
+use ilb_core::table::{ClassTable, Constraints};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -26,7 +32,7 @@ pub const SESSION_HEADERS: [HeaderName; 2] =
     [HeaderName::from_static("x-session-id"), HeaderName::from_static("x-ilb-affinity-key")];
 pub const REQUIRE_HEADER: HeaderName = HeaderName::from_static("x-ilb-require");
 pub const RESIDENCY_HEADER: HeaderName = HeaderName::from_static("x-ilb-residency");
-pub const PRIORITY_HEADER: HeaderName = HeaderName::from_static("x-ilb-priority");
+pub const PRIORITY_HEADER: HeaderName = HeaderName::from_static(priority::HEADER);
 
 /// What the request asked for, read from body and headers.
 pub struct Classified<'a> {
@@ -41,89 +47,6 @@ pub struct Classified<'a> {
     pub previous_response: Option<u64>,
 }
 
-/// Counts one request against its engine and class from send until the response body ends.
-pub struct InFlight {
-    shared: Arc<Shared>,
-    engine: Arc<crate::engines::EngineState>,
-    class: Arc<crate::state::ClassState>,
-    /// This class's requests in flight on this engine.
-    class_engine: Arc<std::sync::atomic::AtomicU32>,
-    started: Instant,
-    finished: bool,
-}
-
-impl InFlight {
-    fn start(shared: &Arc<Shared>, installed: &Installed, class: &ClassTable, candidate: usize) -> InFlight {
-        let engine = Arc::clone(&installed.engines[class.candidates[candidate].engine_idx]);
-        let class_engine = Arc::clone(&installed.class_engine_in_flight[class.seq][candidate]);
-        let class = Arc::clone(&installed.classes[class.seq]);
-        engine.in_flight.fetch_add(1, Relaxed);
-        engine.counters.attempts.fetch_add(1, Relaxed);
-        class.in_flight.fetch_add(1, Relaxed);
-        class_engine.fetch_add(1, Relaxed);
-        InFlight {
-            shared: Arc::clone(shared),
-            engine,
-            class,
-            class_engine,
-            started: Instant::now(),
-            finished: false,
-        }
-    }
-
-    pub fn engine_id(&self) -> &str {
-        self.engine.id.as_str()
-    }
-
-    /// Records how the attempt ended (once); a client that went away records nothing.
-    pub fn finish(&mut self, ok: bool) {
-        if std::mem::replace(&mut self.finished, true) {
-            return;
-        }
-        self.engine.counters.duration.observe_micros(self.started.elapsed().as_micros() as u64);
-        if ok {
-            self.engine.record_success();
-        } else {
-            self.shared.engine_failed(&self.engine);
-        }
-    }
-
-    /// The response body was read to its end: its connection may carry another request.
-    pub fn release_conn(&self, conn: Conn) {
-        let shared = &self.shared;
-        self.engine.pool.push(conn, shared.pool_clock.ms(), &shared.config.upstream_pool);
-    }
-
-    /// A chunk of a streamed response body arrived at `now`; `previous` is when the one before
-    /// it did (none for the first). Feeds the first-chunk and chunk-gap figures reported to the
-    /// control plane.
-    pub fn stream_chunk(&self, previous: Option<Instant>, now: Instant) {
-        let counters = &self.engine.counters;
-        match previous {
-            None => counters.first_chunk.observe_micros(now.duration_since(self.started).as_micros() as u64),
-            Some(before) => counters.chunk_gap.observe_micros(now.duration_since(before).as_micros() as u64),
-        }
-    }
-
-    /// Remembers that this request's engine stored the response `id` (Responses API).
-    pub fn remember_response(&self, id: &str, tag: u32, now_s: u32) {
-        self.shared.responses.put(classify::response_key(id), tag, now_s);
-    }
-
-    fn first_byte(&self) {
-        self.engine.counters.ttfb.observe_micros(self.started.elapsed().as_micros() as u64);
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.engine.in_flight.fetch_sub(1, Relaxed);
-        self.class.in_flight.fetch_sub(1, Relaxed);
-        self.class_engine.fetch_sub(1, Relaxed);
-        self.shared.waiters.slot_freed();
-    }
-}
-
 /// Handles one OpenAI request end to end. Hot path.
 pub async fn proxy(shared: Arc<Shared>, endpoint: Endpoint, req: Request<Incoming>) -> Response<ProxyBody> {
     match forward(&shared, endpoint, req).await {
@@ -132,6 +55,8 @@ pub async fn proxy(shared: Arc<Shared>, endpoint: Endpoint, req: Request<Incomin
     }
 }
 
+/// Read and classify, admit (planned shedding), then the attempt loop, then the answer: the
+/// first engine response to pass on, or the last failure.
 async fn forward(
     shared: &Arc<Shared>,
     endpoint: Endpoint,
@@ -158,154 +83,244 @@ async fn forward(
         .ok_or_else(|| ProxyError::UnknownModel(request.model.to_string()))?;
     let constraints = Constraints { require: &request.require, residency: request.residency };
     let class = model.class_for(&constraints);
-    let class_state = &installed.classes[class.seq];
-    let priority = admission::priority_index(request.priority);
-    class_state.arrivals.fetch_add(1, Relaxed);
-    class_state.priority.priority_arrivals[priority].fetch_add(1, Relaxed);
+    let routed = Routed {
+        shared,
+        installed: &installed,
+        model: &model.name,
+        class,
+        class_state: &installed.classes[class.seq],
+        constraints: &constraints,
+        request: &request,
+        request_id,
+        parts: &parts,
+        body: &body,
+    };
+    routed.admit()?;
+    shared.budget.record_request(shared.uptime());
+    match routed.attempts().await? {
+        Ended::Served(response) => Ok(response),
+        Ended::Failed(failed) => routed.give_up(failed),
+    }
+}
 
-    // Planned shedding: the control plane says this class is over capacity.
-    let shed_probability = f64::from_bits(class_state.priority.shed_probability[priority].load(Relaxed));
-    if shed_probability > 0.0 && unit_interval(request_id) < shed_probability {
-        class_state.shed.fetch_add(1, Relaxed);
-        return Err(ProxyError::Shed(format!(
+/// One classified request on the installed table, between admission and its answer.
+struct Routed<'r, 'a> {
+    shared: &'r Arc<Shared>,
+    installed: &'r Installed,
+    model: &'r ilb_core::ModelName,
+    class: &'r ClassTable,
+    class_state: &'r ClassState,
+    constraints: &'r Constraints<'a>,
+    request: &'r Classified<'a>,
+    request_id: u64,
+    parts: &'r http::request::Parts,
+    body: &'r Bytes,
+}
+
+/// How the attempt loop ended.
+enum Ended {
+    /// An engine's answer, on its way to the client.
+    Served(Response<ProxyBody>),
+    /// No attempt left, no engine left, or the retry budget spent (boxed: the failure path
+    /// only).
+    Failed(Box<Failed>),
+}
+
+/// What the attempts of a request that got no answer to pass on left behind.
+#[derive(Default)]
+struct Failed {
+    tried: Tried,
+    last_error: Option<ProxyError>,
+    /// The last engine error response, passed on as is when no retry is left.
+    last_response: Option<(Response<EngineBody>, InFlight)>,
+    budget_exhausted: bool,
+}
+
+/// How one attempt went.
+enum Attempt {
+    Served(Response<ProxyBody>),
+    /// The engine failed, timed out or answered with a retryable status (that answer kept).
+    Failed {
+        error: ProxyError,
+        response: Option<(Response<EngineBody>, InFlight)>,
+    },
+}
+
+impl Routed<'_, '_> {
+    /// Planned shedding: the control plane says this class is over capacity
+    /// ([`admission::arrive`]).
+    fn admit(&self) -> Result<(), ProxyError> {
+        self.class_state.arrivals.fetch_add(1, Relaxed);
+        if !admission::arrive(&self.class_state.priority, self.request.priority, self.request_id) {
+            return Ok(());
+        }
+        self.class_state.shed.fetch_add(1, Relaxed);
+        Err(ProxyError::Shed(format!(
             "class '{}' of model '{}' is over capacity and sheds {} priority traffic first",
-            class.id,
-            model.name,
-            request.priority.as_str()
-        )));
+            self.class.id,
+            self.model,
+            self.request.priority.as_str()
+        )))
     }
 
-    shared.budget.record_request(shared.uptime());
-    let max_attempts = shared.config.max_attempts.max(1) as usize;
-    let mut tried = Tried::default();
-    let mut last_error: Option<ProxyError> = None;
-    // The last engine error response, passed on as is when no retry is left.
-    let mut last_response: Option<(Response<EngineBody>, InFlight)> = None;
-    let mut budget_exhausted = false;
-    // Read the clock only when a request has to wait for a slot.
-    let mut wait_started: Option<Instant> = None;
-    loop {
-        let now_s = (shared.pool_clock.ms() / 1000) as u32;
-        let pinned = request.previous_response.and_then(|key| class.stored_at(&shared.responses, key, now_s));
-        let candidate = match choose(
-            &installed,
-            class,
-            &constraints,
-            request.key_hash,
-            Pick {
-                tried: tried.as_slice(),
-                pinned,
-                affinity: &shared.affinity,
-                now_s,
-                place_new_by_load: shared.config.place_new_keys_by_load,
-            },
-        ) {
-            Ok(candidate) => {
-                class.remember(&shared.affinity, request.key_hash, candidate, now_s);
-                candidate
-            }
-            Err(NoCandidate::Saturated) if last_error.is_none() => {
-                // Every usable engine is at its concurrency limit: wait (bounded) for a slot.
-                let limit = shared.config.queue_wait * if priority == 3 { 2 } else { 1 };
-                let waited = wait_started.get_or_insert_with(Instant::now).elapsed();
-                let full = shared.waiters.total() >= shared.config.max_waiting && priority < 3;
-                if full || waited >= limit {
-                    class_state.overloaded.fetch_add(1, Relaxed);
-                    return Err(ProxyError::Overloaded {
-                        model: model.name.to_string(),
-                        waited_ms: waited.as_millis() as u64,
-                    });
+    /// Picks an engine, waits for a slot when all are full, asks the retry budget before each
+    /// retry, and sends; until an answer passes or no attempt is left.
+    async fn attempts(&self) -> Result<Ended, ProxyError> {
+        let shared = self.shared;
+        let max_attempts = shared.config.max_attempts.max(1) as usize;
+        let mut failed = Failed::default();
+        // Read the clock only when a request has to wait for a slot.
+        let mut wait_started: Option<Instant> = None;
+        loop {
+            let now_s = (shared.pool_clock.ms() / 1000) as u32;
+            let candidate = match self.pick(failed.tried.as_slice(), now_s) {
+                Ok(candidate) => candidate,
+                Err(NoCandidate::Saturated) if failed.last_error.is_none() => {
+                    // Every usable engine is at its concurrency limit: wait (bounded) for a slot.
+                    let wait = admission::wait_for_slot(
+                        &shared.waiters,
+                        &shared.config,
+                        self.request.priority,
+                        &mut wait_started,
+                    );
+                    if let Err(waited) = wait.await {
+                        self.class_state.overloaded.fetch_add(1, Relaxed);
+                        let waited_ms = waited.as_millis() as u64;
+                        return Err(ProxyError::Overloaded { model: self.model.to_string(), waited_ms });
+                    }
+                    continue;
                 }
-                shared.waiters.wait(priority, limit - waited).await;
-                continue;
+                Err(_) => break,
+            };
+            if !failed.tried.is_empty() {
+                let utilisation = self.installed.table.utilisation;
+                let tried = failed.tried.len();
+                match shared.budget.retry(shared.uptime(), utilisation, self.request_id, tried) {
+                    Some(backoff) => tokio::time::sleep(backoff).await,
+                    None => {
+                        failed.budget_exhausted = true;
+                        break;
+                    }
+                }
             }
-            Err(_) => break,
-        };
-        if !tried.is_empty() {
-            if !shared.budget.try_retry(shared.uptime(), installed.table.utilisation) {
-                budget_exhausted = true;
+            failed.tried.push(candidate);
+            match self.attempt(candidate, failed.tried.len(), now_s).await? {
+                Attempt::Served(response) => return Ok(Ended::Served(response)),
+                Attempt::Failed { error, response } => {
+                    failed.last_error = Some(error);
+                    failed.last_response = response;
+                }
+            }
+            if failed.tried.len() >= max_attempts {
                 break;
             }
-            // Jittered back-off, deterministic per request: up to 10 ms, doubling per retry.
-            let cap_us = 10_000u64 << (tried.len() - 1).min(4);
-            let jitter = ilb_core::slots::mix(request_id ^ tried.len() as u64) % cap_us;
-            tokio::time::sleep(std::time::Duration::from_micros(jitter)).await;
         }
-        tried.push(candidate);
+        Ok(Ended::Failed(Box::new(failed)))
+    }
+
+    /// The candidate for the next attempt ([`pick::choose`]); remembered for the request's
+    /// affinity key.
+    fn pick(&self, tried: &[usize], now_s: u32) -> Result<usize, NoCandidate> {
+        let shared = self.shared;
+        let pinned = self
+            .request
+            .previous_response
+            .and_then(|key| self.class.stored_at(&shared.responses, key, now_s));
+        let pick = Pick {
+            tried,
+            pinned,
+            affinity: &shared.affinity,
+            now_s,
+            place_new_by_load: shared.config.place_new_keys_by_load,
+        };
+        let key_hash = self.request.key_hash;
+        let candidate = choose(self.installed, self.class, self.constraints, key_hash, pick)?;
+        self.class.remember(&shared.affinity, key_hash, candidate, now_s);
+        Ok(candidate)
+    }
+
+    /// Sends the request to `candidate` (the `attempts`-th attempt) and judges the answer
+    /// ([`Answer::of`]).
+    async fn attempt(&self, candidate: usize, attempts: usize, now_s: u32) -> Result<Attempt, ProxyError> {
+        let (shared, installed, class) = (self.shared, self.installed, self.class);
         let engine_idx = class.candidates[candidate].engine_idx;
-        let mut in_flight = InFlight::start(shared, &installed, class, candidate);
+        let mut in_flight = InFlight::start(shared, installed, class, candidate);
         let trace: [u8; 55];
-        let mut upstream = build_upstream(&installed, engine_idx, &parts.uri, &parts.headers, body.clone())?;
-        if shared.config.create_traceparent && !parts.headers.contains_key(&TRACEPARENT) {
-            trace = traceparent(shared.trace_seed, request_id);
+        let headers = &self.parts.headers;
+        let mut upstream =
+            build_upstream(installed, engine_idx, &self.parts.uri, headers, self.body.clone())?;
+        if shared.config.create_traceparent && !headers.contains_key(&TRACEPARENT) {
+            trace = traceparent(shared.trace_seed, self.request_id);
             upstream.extra = Some((TRACEPARENT, &trace));
         }
         // Named in errors only: built on the failure paths, not per attempt.
         let engine_id = || installed.table.engines[engine_idx].id.to_string();
+        let engine = &installed.engines[engine_idx];
+        let config = &shared.config;
         let send = crate::upstream::send(
-            &installed.engines[engine_idx],
+            &engine.pool,
+            &engine.origin,
             shared.pool_clock.ms(),
-            &shared.config.upstream_pool,
-            shared.config.timeouts.connect,
+            &config.upstream_pool,
+            config.timeouts.connect,
             &shared.engine_tls,
             &upstream,
         );
-        match tokio::time::timeout_at(in_flight.started + shared.config.timeouts.first_byte, send).await {
+        let error = match tokio::time::timeout_at(in_flight.started + config.timeouts.first_byte, send).await
+        {
             Ok(Ok(response)) => {
                 in_flight.first_byte();
                 let status = response.status();
-                if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
-                    // 429 means busy, not broken: retry elsewhere but do not count it against the engine.
-                    in_flight.finish(status == StatusCode::TOO_MANY_REQUESTS);
-                    let detail = format!("status {status}");
-                    last_error = Some(ProxyError::EngineFailed { engine: engine_id(), detail });
-                    last_response = Some((response, in_flight));
-                } else {
-                    class_state.ok.fetch_add(1, Relaxed);
-                    let route = route_header(&installed, class, candidate, tried.len(), false);
-                    let stored = (request.endpoint == Endpoint::Responses && status.is_success())
+                let answer = Answer::of(status);
+                if answer == Answer::Serve {
+                    self.class_state.ok.fetch_add(1, Relaxed);
+                    let route = route_header(installed, class, candidate, attempts, false);
+                    let stored = (self.request.endpoint == Endpoint::Responses && status.is_success())
                         .then(|| ResponseStore { tag: class.affinity_tag(candidate), now_s });
-                    return Ok(stream_back(shared, response, in_flight, route, stored));
+                    return Ok(Attempt::Served(stream_back(shared, response, in_flight, route, stored)));
                 }
+                in_flight.finish(answer == Answer::Busy);
+                let error =
+                    ProxyError::EngineFailed { engine: engine_id(), detail: format!("status {status}") };
+                return Ok(Attempt::Failed { error, response: Some((response, in_flight)) });
             }
-            Ok(Err(e)) => {
-                in_flight.finish(false);
-                last_error = Some(ProxyError::EngineFailed { engine: engine_id(), detail: error_chain(&e) });
-                last_response = None;
-            }
+            Ok(Err(e)) => ProxyError::EngineFailed { engine: engine_id(), detail: error_chain(&e) },
             Err(_elapsed) => {
-                in_flight.finish(false);
-                let timeout_ms = shared.config.timeouts.first_byte.as_millis() as u64;
-                last_error = Some(ProxyError::EngineTimeout { engine: engine_id(), timeout_ms });
-                last_response = None;
+                let timeout_ms = config.timeouts.first_byte.as_millis() as u64;
+                ProxyError::EngineTimeout { engine: engine_id(), timeout_ms }
             }
-        }
-        if tried.len() >= max_attempts {
-            break;
-        }
+        };
+        in_flight.finish(false);
+        Ok(Attempt::Failed { error, response: None })
     }
-    class_state.failed.fetch_add(1, Relaxed);
-    if let Some((response, in_flight)) = last_response {
-        let candidate = tried.as_slice().last().copied().unwrap_or_default();
-        let route = route_header(&installed, class, candidate, tried.len(), budget_exhausted);
-        return Ok(stream_back(shared, response, in_flight, route, None));
-    }
-    match last_error {
-        Some(ProxyError::EngineFailed { engine, detail }) if budget_exhausted => {
-            Err(ProxyError::EngineFailed {
-                engine,
-                detail: format!("{detail}; not retried: retry budget exhausted"),
-            })
+
+    /// No answer to pass on as a success: the last engine error response as it is, else the
+    /// last error (saying when the retry budget stopped the retries), else no healthy engine.
+    fn give_up(&self, failed: Box<Failed>) -> Result<Response<ProxyBody>, ProxyError> {
+        self.class_state.failed.fetch_add(1, Relaxed);
+        let Failed { tried, last_error, last_response, budget_exhausted } = *failed;
+        if let Some((response, in_flight)) = last_response {
+            let candidate = tried.as_slice().last().copied().unwrap_or_default();
+            let route = route_header(self.installed, self.class, candidate, tried.len(), budget_exhausted);
+            return Ok(stream_back(self.shared, response, in_flight, route, None));
         }
-        Some(error) => Err(error),
-        None => Err(ProxyError::NoHealthyEngine {
-            model: request.model.to_string(),
-            detail: if constraints.is_empty() {
-                String::new()
-            } else {
-                " satisfying the request's constraints".into()
-            },
-        }),
+        match last_error {
+            Some(ProxyError::EngineFailed { engine, detail }) if budget_exhausted => {
+                Err(ProxyError::EngineFailed {
+                    engine,
+                    detail: format!("{detail}; not retried: retry budget exhausted"),
+                })
+            }
+            Some(error) => Err(error),
+            None => Err(ProxyError::NoHealthyEngine {
+                model: self.request.model.to_string(),
+                detail: if self.constraints.is_empty() {
+                    String::new()
+                } else {
+                    " satisfying the request's constraints".into()
+                },
+            }),
+        }
     }
 }
 
@@ -331,85 +346,6 @@ fn write_hex(out: &mut [u8], value: u64) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     for (i, byte) in out.iter_mut().rev().enumerate() {
         *byte = DIGITS[((value >> (4 * i)) & 0xf) as usize];
-    }
-}
-
-/// A uniform number in [0, 1) from a request id (shedding decisions; no global RNG).
-fn unit_interval(request_id: u64) -> f64 {
-    (ilb_core::slots::mix(request_id ^ 0x5EED) >> 11) as f64 / (1u64 << 53) as f64
-}
-
-/// Why no candidate could be picked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NoCandidate {
-    /// Usable engines exist but every one is at its `max_in_flight`.
-    Saturated,
-    /// No engine is usable: all ejected, already tried, or failing the constraints.
-    Unavailable,
-}
-
-/// What a pick takes besides the class and the key.
-pub(crate) struct Pick<'a> {
-    /// Candidates already tried by this request.
-    pub tried: &'a [usize],
-    /// The candidate that must serve the request if it can (the engine that stored the
-    /// response it continues), whatever its weight and load bound.
-    pub pinned: Option<usize>,
-    pub affinity: &'a AffinityTable,
-    pub now_s: u32,
-    /// Place keys the affinity table has never seen by load (`place_new_keys_by_load`).
-    pub place_new_by_load: bool,
-}
-
-/// Picks a candidate: the pinned one if it is usable, else weighted consistent hashing on the
-/// key, skipping engines that fail the request's constraints, are ejected, were already tried,
-/// or are full; first with the load bound, then without it. Hot path.
-pub(crate) fn choose(
-    installed: &Installed,
-    class: &ClassTable,
-    constraints: &Constraints<'_>,
-    key_hash: u64,
-    pick: Pick<'_>,
-) -> Result<usize, NoCandidate> {
-    let Pick { tried, pinned, affinity, now_s, place_new_by_load } = pick;
-    let class_load = installed.classes[class.seq].in_flight.load(Relaxed) as f64;
-    let healthy = |candidate: usize| {
-        let c = &class.candidates[candidate];
-        !tried.contains(&candidate)
-            && !installed.engines[c.engine_idx].is_ejected()
-            && !installed.engines[c.engine_idx].is_held()
-            && (constraints.is_empty() || constraints.allow(&installed.table.engines[c.engine_idx]))
-    };
-    let has_room = |candidate: usize| {
-        let c = &class.candidates[candidate];
-        let limit = installed.table.engines[c.engine_idx].max_in_flight;
-        limit == 0 || installed.engines[c.engine_idx].in_flight.load(Relaxed) < limit
-    };
-    // The bound compares like with like: this class's requests on the candidate against the
-    // class's share there (the engine's own count also holds other classes').
-    let class_engine = &installed.class_engine_in_flight[class.seq];
-    let bounded = |candidate: usize| {
-        let c = &class.candidates[candidate];
-        let in_flight = class_engine[candidate].load(Relaxed) as f64;
-        within_load_bound(in_flight, c.weight, class_load) && healthy(candidate) && has_room(candidate)
-    };
-    if let Some(c) = pinned.filter(|&c| healthy(c)) {
-        // Only this engine has the stored response: wait for its room rather than go elsewhere.
-        return if has_room(c) { Ok(c) } else { Err(NoCandidate::Saturated) };
-    }
-    // A conversation stays on the engine that holds its KV cache while that engine keeps a
-    // weight and room; only then does the hash decide.
-    let load = |candidate: usize| class_engine[candidate].load(Relaxed) as f64;
-    let new_by_load: Option<&dyn Fn(usize) -> f64> = place_new_by_load.then_some(&load);
-    if let Some(c) =
-        class.select(key_hash, affinity, now_s, bounded, |c| healthy(c) && has_room(c), new_by_load)
-    {
-        return Ok(c);
-    }
-    if class.pick(key_hash, healthy).is_some() {
-        Err(NoCandidate::Saturated)
-    } else {
-        Err(NoCandidate::Unavailable)
     }
 }
 
@@ -496,10 +432,8 @@ fn classify_info<'a>(
         None => Vec::new(),
     };
     let residency = header_str(&RESIDENCY_HEADER)?.map(str::trim).filter(|r| !r.is_empty());
-    let priority = match header_str(&PRIORITY_HEADER)? {
-        Some(p) => Priority::parse(p).map_err(|e| ProxyError::BadRequest(e.to_string()))?,
-        None => Priority::Normal,
-    };
+    let priority = Priority::from_header(header_str(&PRIORITY_HEADER)?)
+        .map_err(|e| ProxyError::BadRequest(e.to_string()))?;
     let mut session = None;
     for name in &SESSION_HEADERS {
         if let Some(v) = header_str(name)? {
@@ -541,13 +475,14 @@ fn build_upstream<'a>(
 ) -> Result<UpstreamRequest<'a>, ProxyError> {
     let engine = &installed.engines[engine_idx];
     let target = engine
+        .origin
         .upstream_uri(uri.path_and_query())
         .map_err(|e| ProxyError::BadRequest(format!("request path cannot be forwarded: {e}")))?;
     // Hop-by-hop headers are left out as the request is written (`upstream` owns the wire).
     Ok(UpstreamRequest {
         method: Method::POST,
         uri: target,
-        host: engine.host_header(),
+        host: engine.origin.host_header(),
         headers,
         extra: None,
         body,
@@ -575,13 +510,6 @@ fn route_header(
     HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("engine=?"))
 }
 
-/// Where to remember the id of a response an engine stores (a successful Responses request).
-pub struct ResponseStore {
-    /// The engine's affinity tag.
-    pub tag: u32,
-    pub now_s: u32,
-}
-
 fn stream_back(
     shared: &Shared,
     response: Response<EngineBody>,
@@ -602,16 +530,4 @@ fn stream_back(
         body.learn_response_id(stored);
     }
     Response::from_parts(parts, ProxyBody::Upstream(Box::new(body)))
-}
-
-/// The error and its causes on one line (top-level messages are terse).
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }

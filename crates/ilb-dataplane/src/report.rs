@@ -7,11 +7,12 @@
 //! Reporting is best effort and off the request path: a control plane that is down only means
 //! reports are dropped; routing goes on with the installed snapshot.
 
-use crate::admission::PRIORITIES;
-use crate::server::Shared;
+use crate::clock;
+use crate::shared::Shared;
 use bytes::Bytes;
 use http::{header, Request};
 use http_body_util::Full;
+use ilb_core::priority::{PerPriority, Priority};
 use ilb_core::report::{ClassDemand, EngineObservation, PriorityRps, Report};
 use ilb_core::{ClassId, EngineId, ModelName};
 use std::collections::HashMap;
@@ -19,40 +20,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
-use tokio::time::Instant;
 
-/// Where and how often to report.
-#[derive(Clone, Debug)]
-pub struct ReportConfig {
-    /// `POST` target, e.g. `http://cp:7000/v1/reports`.
-    pub url: String,
-    /// More targets, one per further control-plane replica: every report goes to each, so
-    /// every replica plans from the same demand.
-    pub also: Vec<String>,
-    pub interval: Duration,
-    /// Names this data-plane instance among the cluster's replicas.
-    pub instance: String,
-    /// Bearer token, if the control plane requires one.
-    pub token: Option<String>,
-    /// Time constant of the demand EWMA.
-    pub smoothing: Duration,
-    /// Engines whose round trip is measured per period (round robin over all).
-    pub rtt_probes_per_period: usize,
-}
-
-impl ReportConfig {
-    pub fn new(url: String, instance: String) -> ReportConfig {
-        ReportConfig {
-            url,
-            also: Vec::new(),
-            interval: Duration::from_secs(1),
-            instance,
-            token: None,
-            smoothing: Duration::from_secs(5),
-            rtt_probes_per_period: 16,
-        }
-    }
-}
+pub use crate::config::ReportConfig;
 
 #[derive(Default, Clone, Copy)]
 struct EngineMark {
@@ -72,9 +41,9 @@ struct ClassMark {
     arrivals: u64,
     shed: u64,
     rps: Option<f64>,
-    /// Arrivals and smoothed rate per priority, lowest first.
-    by_priority: [u64; PRIORITIES],
-    priority_rps: Option<[f64; PRIORITIES]>,
+    /// Arrivals and smoothed rate per priority.
+    by_priority: PerPriority<u64>,
+    priority_rps: Option<PerPriority<f64>>,
 }
 
 /// The smoothed rate after a period with `rate`: the first period's rate as it is.
@@ -92,7 +61,7 @@ pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch:
     let mut rtt: HashMap<EngineId, f64> = HashMap::new();
     let mut next_probe = 0usize;
     let mut sequence = 0u64;
-    let mut last = Instant::now();
+    let mut last = clock::now();
     let mut interval = tokio::time::interval(config.interval);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     interval.tick().await;
@@ -102,7 +71,7 @@ pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch:
             _ = shutdown.changed() => return,
         }
         let Some(installed) = shared.routing.load() else { continue };
-        let now = Instant::now();
+        let now = clock::now();
         let period = now.duration_since(last);
         last = now;
         let secs = period.as_secs_f64().max(1e-3);
@@ -112,7 +81,7 @@ pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch:
         let n = installed.engines.len();
         for i in 0..config.rtt_probes_per_period.min(n) {
             let engine = &installed.engines[(next_probe + i) % n];
-            if let Some(ms) = measure_rtt(&shared, &engine.base_url).await {
+            if let Some(ms) = measure_rtt(&shared, &engine.origin.base_url).await {
                 let e = rtt.entry(engine.id.clone()).or_insert(ms);
                 *e += 0.3 * (ms - *e);
             }
@@ -124,8 +93,7 @@ pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch:
             for class in &model.classes {
                 let state = &installed.classes[class.seq];
                 let (arrivals, shed) = (state.arrivals.load(Relaxed), state.shed.load(Relaxed));
-                let by_priority: [u64; PRIORITIES] =
-                    std::array::from_fn(|p| state.priority.priority_arrivals[p].load(Relaxed));
+                let by_priority = state.priority.arrivals.map(|count| count.load(Relaxed));
                 let mark = classes.entry((model.name.clone(), class.id.clone())).or_insert(ClassMark {
                     arrivals,
                     shed,
@@ -135,7 +103,7 @@ pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch:
                 });
                 let requests = arrivals.saturating_sub(mark.arrivals);
                 let rps = smooth(mark.rps, requests as f64 / secs, alpha);
-                let priority_rps: [f64; PRIORITIES] = std::array::from_fn(|p| {
+                let priority_rps = PerPriority::from_fn(|p: Priority| {
                     let rate = by_priority[p].saturating_sub(mark.by_priority[p]) as f64 / secs;
                     smooth(mark.priority_rps.map(|r| r[p]), rate, alpha)
                 });
@@ -145,7 +113,7 @@ pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch:
                     requests,
                     shed: shed.saturating_sub(mark.shed),
                     rps,
-                    by_priority: Some(PriorityRps::from_array(priority_rps)),
+                    by_priority: Some(PriorityRps::from_array(priority_rps.0)),
                 });
                 *mark = ClassMark {
                     arrivals,
@@ -247,7 +215,7 @@ async fn send(shared: &Shared, url: &str, config: &ReportConfig, report: &Report
     let response = tokio::time::timeout(Duration::from_secs(5), shared.control_plane_client.request(request))
         .await
         .map_err(|_| "timed out".to_owned())?
-        .map_err(|e| crate::sources::error_chain(&e))?;
+        .map_err(|e| crate::error::error_chain(&e))?;
     if !response.status().is_success() {
         return Err(format!("status {}", response.status()));
     }
@@ -257,9 +225,9 @@ async fn send(shared: &Shared, url: &str, config: &ReportConfig, report: &Report
 /// Round trip of `GET /health`, ms.
 async fn measure_rtt(shared: &Shared, base_url: &str) -> Option<f64> {
     let request = Request::get(format!("{base_url}/health")).body(Full::new(Bytes::new())).ok()?;
-    let started = Instant::now();
+    let started = clock::now();
     let response =
         tokio::time::timeout(Duration::from_secs(1), shared.client.request(request)).await.ok()?.ok()?;
-    let ms = started.elapsed().as_secs_f64() * 1000.0;
+    let ms = clock::since(started).as_secs_f64() * 1000.0;
     response.status().is_success().then_some(ms)
 }

@@ -1,20 +1,15 @@
 //! The HTTP front: the accept loop, per-connection limits, and the dispatch of paths to the
 //! proxy, `/v1/models`, `/health` and `/debug/route`.
 
-use crate::body::ProxyBody;
-use crate::config::DataPlaneConfig;
-use crate::engines::EngineState;
+use crate::body::{json_response, ProxyBody};
+use crate::clock;
 use crate::error::ProxyError;
-use crate::state::{InstallError, RoutingState};
+use crate::shared::Shared;
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use ilb_core::classify::Endpoint;
-use ilb_core::snapshot::Snapshot;
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
@@ -23,158 +18,6 @@ use std::task::{Context, Poll, Wake, Waker};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::time::Instant;
-
-/// The background tasks' HTTP client (probes, discovery, snapshots, reports): http, or https
-/// with one of the data plane's client TLS configs.
-pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
-
-/// State shared by every connection and background task of one data plane.
-pub struct Shared {
-    pub config: DataPlaneConfig,
-    pub routing: RoutingState,
-    /// For engines: probes, quick-mode discovery, round trips.
-    pub client: HttpClient,
-    /// For the control plane: snapshots and reports.
-    pub control_plane_client: HttpClient,
-    /// TLS to https engines on the request path.
-    pub engine_tls: ilb_tls::ClientTls,
-    pub budget: crate::budget::RetryBudget,
-    pub waiters: crate::admission::Waiters,
-    epoch: Instant,
-    requests: AtomicU64,
-    pub snapshot_installs: AtomicU64,
-    pub snapshot_rejections: AtomicU64,
-    /// Distinguishes this process's generated trace ids from other data planes'.
-    pub trace_seed: u64,
-    /// Coarse time for the idle connection pools, advanced by the prober (see `now_ms`).
-    pub pool_clock: crate::upstream::CoarseClock,
-    /// Which engine served each affinity key last; kept across snapshot installs.
-    pub affinity: ilb_core::affinity::AffinityTable,
-    /// Which engine stored each response id this data plane proxied (Responses API), so that
-    /// a request naming it as `previous_response_id` goes there.
-    pub responses: ilb_core::affinity::AffinityTable,
-}
-
-impl Shared {
-    pub fn new(config: DataPlaneConfig) -> Shared {
-        // No roots: an https peer without configured trust fails its handshake (unknown issuer).
-        let untrusting = || {
-            ilb_tls::ClientTls::new(&ilb_tls::ClientOptions::default())
-                .expect("an empty client config builds")
-        };
-        let engine_tls = config.engine_tls.clone().unwrap_or_else(untrusting);
-        let control_plane_tls = config.control_plane_tls.clone().unwrap_or_else(untrusting);
-        let client = http_client(&config, &engine_tls);
-        let control_plane_client = http_client(&config, &control_plane_tls);
-        let affinity = ilb_core::affinity::AffinityTable::new(
-            config.affinity_entries,
-            config.affinity_ttl.as_secs().min(u64::from(u32::MAX)) as u32,
-        );
-        let responses = ilb_core::affinity::AffinityTable::new(
-            config.affinity_entries,
-            config.response_ttl.as_secs().min(u64::from(u32::MAX)) as u32,
-        );
-        Shared {
-            responses,
-            budget: crate::budget::RetryBudget::new(config.retry_budget.clone()),
-            waiters: crate::admission::Waiters::default(),
-            config,
-            routing: RoutingState::default(),
-            client,
-            control_plane_client,
-            engine_tls,
-            epoch: Instant::now(),
-            requests: AtomicU64::new(0),
-            snapshot_installs: AtomicU64::new(0),
-            snapshot_rejections: AtomicU64::new(0),
-            trace_seed: ilb_core::slots::mix(crate::clock::unix_ms() ^ u64::from(std::process::id()) << 32),
-            pool_clock: Default::default(),
-            affinity,
-        }
-    }
-
-    /// Installs a snapshot, logging the outcome (not on the request path).
-    pub fn install(&self, snapshot: &Snapshot) -> Result<(), InstallError> {
-        if self.config.https_only {
-            if let Some(plain) = snapshot.engines.iter().find(|e| !e.url.starts_with("https://")) {
-                self.snapshot_rejections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                return Err(InstallError::PlainEngine {
-                    engine: plain.id.to_string(),
-                    url: plain.url.clone(),
-                });
-            }
-        }
-        let expected = self.config.cluster.as_ref().map(|c| c.as_str());
-        let installed = match self.routing.install(snapshot, expected, crate::clock::unix_ms()) {
-            Ok(installed) => installed,
-            Err(e) => {
-                self.snapshot_rejections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                return Err(e);
-            }
-        };
-        self.snapshot_installs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        tracing::debug!(
-            version = %installed.table.version,
-            engines = installed.table.engines.len(),
-            models = installed.table.model_names().len(),
-            "snapshot installed"
-        );
-        Ok(())
-    }
-
-    /// Milliseconds since this data plane started (monotonic).
-    pub fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
-    }
-
-    /// Time since this data plane started (monotonic).
-    pub fn uptime(&self) -> std::time::Duration {
-        self.epoch.elapsed()
-    }
-
-    pub fn next_request_id(&self) -> u64 {
-        self.requests.fetch_add(1, Relaxed)
-    }
-
-    pub fn requests_total(&self) -> u64 {
-        self.requests.load(Relaxed)
-    }
-
-    /// A failed attempt: the local guard may eject the engine.
-    pub fn engine_failed(&self, engine: &EngineState) {
-        let under_cap = || {
-            self.routing.load().is_none_or(|installed| {
-                // As Envoy does, one engine may always be ejected, whatever the fraction.
-                let ejected = installed.engines.iter().filter(|e| e.is_ejected()).count();
-                ejected == 0
-                    || (ejected + 1) as f64
-                        <= self.config.guard.max_ejected_fraction * installed.engines.len() as f64
-            })
-        };
-        if engine.record_failure(self.now_ms(), &self.config.guard, under_cap) {
-            tracing::warn!(engine = %engine.id, "engine ejected after consecutive failures");
-        }
-    }
-}
-
-/// A keep-alive client for http and https URLs, trusting what `tls` trusts.
-fn http_client(config: &DataPlaneConfig, tls: &ilb_tls::ClientTls) -> HttpClient {
-    let mut http = HttpConnector::new();
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(config.timeouts.connect));
-    http.enforce_http(false);
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls.config_without_alpn())
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(std::time::Duration::from_secs(90))
-        .pool_max_idle_per_host(1024)
-        .pool_timer(TokioTimer::new())
-        .timer(TokioTimer::new())
-        .build(connector)
-}
 
 /// Accepts connections until `shutdown` flips, then lets open connections finish.
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
@@ -258,7 +101,7 @@ struct Tracked {
 
 impl Drop for Tracked {
     fn drop(&mut self) {
-        let idle_since = self.activity.opened.elapsed().as_nanos() as u64;
+        let idle_since = clock::since(self.activity.opened).as_nanos() as u64;
         self.activity.idle_since.store(idle_since, Relaxed);
         self.activity.finished.fetch_add(1, Relaxed);
     }
@@ -297,7 +140,7 @@ where
 {
     let header_read = shared.config.timeouts.header_read;
     let activity = Arc::new(Activity {
-        opened: Instant::now(),
+        opened: clock::now(),
         started: AtomicU64::new(0),
         finished: AtomicU64::new(0),
         idle_since: AtomicU64::new(0),
@@ -357,7 +200,7 @@ where
         match step {
             Step::Closed => return,
             Step::Idle => {
-                let now = Instant::now();
+                let now = clock::now();
                 match activity.waiting_since() {
                     // Dropping the connection closes it, as hyper's header timeout does.
                     Some(since) if since + header_read <= now => return,
@@ -424,13 +267,6 @@ async fn dispatch(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Proxy
         (&Method::GET, None) if path == "/debug/route" => crate::debug::route(&shared, req.uri().query()),
         _ => ProxyError::NotFound { method: req.method().to_string(), path: path.to_owned() }.into_response(),
     }
-}
-
-pub fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<ProxyBody> {
-    let mut response = Response::new(ProxyBody::from(Bytes::from(value.to_string())));
-    *response.status_mut() = status;
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    response
 }
 
 fn models(shared: &Shared) -> Response<ProxyBody> {

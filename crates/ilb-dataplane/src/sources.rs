@@ -2,7 +2,8 @@
 //! the snapshot poller (HTTP with ETag and long-poll), quick-mode discovery (build a snapshot
 //! from engines' `/v1/models`), and the prober that readmits ejected engines.
 
-use crate::server::Shared;
+use crate::error::error_chain;
+use crate::shared::{HttpClient, Shared};
 use bytes::Bytes;
 use http::{header, Request, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
@@ -15,20 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
-/// Where snapshots come from.
-#[derive(Clone, Debug)]
-pub enum SnapshotSource {
-    /// Only what the embedding program installs through the handle (files are the binary's job).
-    Manual,
-    /// Poll a control plane's `GET /v1/snapshots/{cluster}`; `long_poll` waits server-side for a
-    /// newer version instead of polling on a fixed period.
-    Poll { url: String, interval: Duration, long_poll: bool },
-    /// As `Poll`, over several control-plane replicas: pull from one, move to the next when it
-    /// stops answering (see [`poll`]).
-    Replicas { urls: Vec<String>, interval: Duration, long_poll: bool },
-    /// Quick mode: route to these engines with equal weights, models from their `/v1/models`.
-    Discover { engines: Vec<String>, interval: Duration },
-}
+pub use crate::config::SnapshotSource;
 
 /// Polls the first of `urls` (one per control-plane replica, each a snapshot URL) until
 /// shutdown, installing every new snapshot, and moves to the next replica as soon as the one
@@ -107,7 +95,7 @@ pub async fn poll(
 
 /// GET with `If-None-Match` through `client`; `Ok(None)` on 304.
 pub(crate) async fn fetch(
-    client: &crate::server::HttpClient,
+    client: &HttpClient,
     url: &str,
     etag: Option<&str>,
 ) -> Result<Option<(Bytes, Option<String>)>, String> {
@@ -175,18 +163,6 @@ pub async fn discover(
             _ = shutdown.changed() => return,
         }
     }
-}
-
-/// An error and its sources on one line (a TLS reason sits several sources deep).
-pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    message
 }
 
 fn parse_model_list(body: &[u8]) -> Option<Vec<String>> {
@@ -267,7 +243,7 @@ pub async fn probe_ejected(shared: Arc<Shared>, mut shutdown: watch::Receiver<bo
             engine.probe_failed(now, &shared.config.guard);
             let (shared, engine) = (Arc::clone(&shared), Arc::clone(engine));
             tokio::spawn(async move {
-                let url = format!("{}/health", engine.base_url);
+                let url = format!("{}/health", engine.origin.base_url);
                 let healthy = matches!(
                     tokio::time::timeout(Duration::from_secs(1), fetch(&shared.client, &url, None)).await,
                     Ok(Ok(Some(_)))

@@ -8,6 +8,7 @@
 
 use crate::engines::EngineState;
 use arc_swap::ArcSwapOption;
+use ilb_core::priority::PerPriority;
 use ilb_core::snapshot::{Snapshot, SnapshotError};
 use ilb_core::table::RoutingTable;
 use ilb_core::{ClassId, EngineId, ModelName, SnapshotVersion};
@@ -78,7 +79,16 @@ pub struct ClassState {
     /// Requests that failed after every attempt (engine errors, timeouts, nothing healthy).
     pub failed: AtomicU64,
     /// Arrivals and shed probabilities per priority.
-    pub priority: crate::admission::PriorityCounters,
+    pub priority: PriorityCounters,
+}
+
+/// Cumulative arrivals per priority and the current shed probability per priority of a class
+/// (set by `admission::plan_shedding`).
+#[derive(Debug, Default)]
+pub struct PriorityCounters {
+    pub arrivals: PerPriority<AtomicU64>,
+    /// f64 bits.
+    pub shed_probability: PerPriority<AtomicU64>,
 }
 
 /// The `x-ilb-route` header of one candidate, without and with its attempt count.
@@ -109,7 +119,7 @@ impl RoutePrefix {
 }
 
 impl RoutingState {
-    /// Hot path: one atomic load.
+    /// Hot path: lock-free (`load_full`: an `Arc` clone of the installed state).
     #[inline]
     pub fn load(&self) -> Option<Arc<Installed>> {
         self.current.load_full()
@@ -145,7 +155,7 @@ impl RoutingState {
                 .engines
                 .entry(entry.id.clone())
                 .and_modify(|s| {
-                    if s.base_url != entry.url.trim_end_matches('/') {
+                    if s.origin.base_url != entry.url.trim_end_matches('/') {
                         // Same id, new address: fresh state; the old one drains.
                         s.pool.set_draining(true);
                         *s = Arc::new(EngineState::new(entry.id.clone(), &entry.url));

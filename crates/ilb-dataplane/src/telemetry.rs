@@ -2,7 +2,7 @@
 //! rendered at scrape time from the atomics the request path already keeps; see
 //! `docs/metrics.md` for the list with meanings.
 
-use crate::server::Shared;
+use crate::shared::Shared;
 use ilb_core::metrics::TextWriter;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -150,7 +150,7 @@ pub fn render(shared: &Shared) -> String {
         "Failed TLS handshakes with each https engine, by reason (unknown_issuer, name_mismatch, expired, ...).",
     );
     for e in &installed.engines {
-        for (failure, count) in ilb_tls::Failure::ALL.iter().zip(&e.tls_failures) {
+        for (failure, count) in ilb_tls::Failure::ALL.iter().zip(&e.origin.tls_failures) {
             let count = count.load(Relaxed);
             if count > 0 {
                 w.sample(
@@ -166,8 +166,8 @@ pub fn render(shared: &Shared) -> String {
         "counter",
         "TLS handshakes with each https engine that succeeded, full or resumed.",
     );
-    for e in installed.engines.iter().filter(|e| e.tls_name().is_some()) {
-        for (kind, count) in ["full", "resumed"].iter().zip(&e.tls_handshakes) {
+    for e in installed.engines.iter().filter(|e| e.origin.tls_name().is_some()) {
+        for (kind, count) in ["full", "resumed"].iter().zip(&e.origin.tls_handshakes) {
             w.sample(
                 "ilb_dataplane_engine_tls_handshakes_total",
                 &[("engine", e.id.as_str()), ("kind", kind)],

@@ -630,7 +630,8 @@ async fn idle_connections_close_on_shutdown_and_after_header_read() {
 /// `x-ilb-affinity-key`, and rejects a non-ASCII value only in a header it uses.
 #[test]
 fn classification_headers_first_value_and_session_precedence() {
-    use ilb_core::classify::{Endpoint, Priority};
+    use ilb_core::classify::Endpoint;
+    use ilb_core::priority::Priority;
     use ilb_dataplane::proxy::classify_request;
     let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
     let mut headers = http::HeaderMap::new();

@@ -89,8 +89,8 @@ async fn https_engines_stream_and_reuse_one_handshake() {
     }
     let idx = engine_index(&dp, routed.as_deref().unwrap());
     let state = Arc::clone(&dp.installed().unwrap().engines[idx]);
-    let full = state.tls_handshakes[0].load(Relaxed);
-    let resumed = state.tls_handshakes[1].load(Relaxed);
+    let full = state.origin.tls_handshakes[0].load(Relaxed);
+    let resumed = state.origin.tls_handshakes[1].load(Relaxed);
     assert_eq!(full + resumed, 1, "30 sequential requests share one TLS connection");
 
     // Streaming over TLS, through to [DONE].
@@ -102,11 +102,15 @@ async fn https_engines_stream_and_reuse_one_handshake() {
     assert!(metrics.contains("ilb_dataplane_engine_tls_handshakes_total{engine=\""), "{metrics}");
 
     // A reconnect resumes: drop the idle connections, then send again.
-    let before = state.tls_handshakes[1].load(Relaxed);
+    let before = state.origin.tls_handshakes[1].load(Relaxed);
     state.pool.sweep(u64::MAX, &Default::default());
     let req = post(&dp.url(), "/v1/chat/completions", &sim_body("same", false, 4), &[("x-session-id", "s1")]);
     assert_eq!(send(&client, req).await.0, 200);
-    assert_eq!(state.tls_handshakes[1].load(Relaxed), before + 1, "the new connection resumed the session");
+    assert_eq!(
+        state.origin.tls_handshakes[1].load(Relaxed),
+        before + 1,
+        "the new connection resumed the session"
+    );
     dp.shutdown().await;
 }
 

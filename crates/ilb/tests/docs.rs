@@ -12,8 +12,8 @@ fn root() -> PathBuf {
 
 /// (source file, struct, TOML table it is read from)
 const SECTIONS: &[(&str, &str, &str)] = &[
-    ("crates/ilb/src/config.rs", "DataPlaneSection", "[data_plane]"),
-    ("crates/ilb/src/config.rs", "TimeoutsSection", "[data_plane.timeouts]"),
+    ("crates/ilb-dataplane/src/config.rs", "DataPlaneSection", "[data_plane]"),
+    ("crates/ilb-dataplane/src/config.rs", "TimeoutsSection", "[data_plane.timeouts]"),
     ("crates/ilb/src/tls.rs", "ListenerTlsSection", "[data_plane.tls] and [control_plane.tls]"),
     (
         "crates/ilb/src/tls.rs",

@@ -66,7 +66,7 @@ impl Conn {
         timeout: Duration,
     ) -> Result<Conn, UpstreamError> {
         let timed_out = || UpstreamError::ConnectTimeout(timeout.as_millis() as u64);
-        let deadline = tokio::time::Instant::now() + timeout;
+        let deadline = crate::clock::now() + timeout;
         let tcp = match tokio::time::timeout_at(deadline, TcpStream::connect((host, port))).await {
             Ok(Ok(stream)) => stream,
             Ok(Err(e)) => return Err(UpstreamError::Connect(e)),

@@ -1,8 +1,7 @@
 //! Loopback tests of the engine-side client: connection reuse after a clean body only, the
 //! resend on an idle connection the engine closed, and body framing over a real socket.
 
-use super::{send, EngineBody, PoolConfig, UpstreamError, UpstreamRequest};
-use crate::engines::EngineState;
+use super::{send, EngineBody, Origin, Pool, PoolConfig, UpstreamError, UpstreamRequest};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Response};
 use http_body::Body;
@@ -24,7 +23,8 @@ enum Then {
 
 /// A scripted engine: answers request `i` (counted over all connections) with `script(i)`.
 struct ScriptedEngine {
-    engine: EngineState,
+    origin: Origin,
+    pool: Pool,
     connections: Arc<AtomicUsize>,
     /// Connections the client closed (end of input seen by the engine).
     closed_by_client: Arc<AtomicUsize>,
@@ -48,8 +48,8 @@ impl ScriptedEngine {
                 tokio::spawn(serve(stream, script, closed, requests));
             }
         });
-        let engine = EngineState::new(EngineId::new("e"), &format!("http://{addr}"));
-        ScriptedEngine { engine, connections, closed_by_client, requests }
+        let origin = Origin::new(EngineId::new("e"), &format!("http://{addr}"));
+        ScriptedEngine { origin, pool: Pool::default(), connections, closed_by_client, requests }
     }
 
     async fn send(&self, body: &'static str) -> Result<Response<EngineBody>, UpstreamError> {
@@ -58,13 +58,14 @@ impl ScriptedEngine {
         let request = UpstreamRequest {
             method: Method::POST,
             uri: "/v1/completions".parse().unwrap(),
-            host: self.engine.host_header(),
+            host: self.origin.host_header(),
             headers: &headers,
             extra: None,
             body: Bytes::from_static(body.as_bytes()),
         };
         let tls = ilb_tls::ClientTls::new(&Default::default()).unwrap();
-        send(&self.engine, 0, &PoolConfig::default(), Duration::from_secs(5), &tls, &request).await
+        send(&self.pool, &self.origin, 0, &PoolConfig::default(), Duration::from_secs(5), &tls, &request)
+            .await
     }
 }
 
@@ -135,8 +136,8 @@ async fn read_to_end(response: Response<EngineBody>) -> (Vec<u8>, Option<super::
 }
 
 async fn eventually(mut condition: impl FnMut() -> bool) -> bool {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while tokio::time::Instant::now() < deadline {
+    let deadline = crate::clock::now() + Duration::from_secs(5);
+    while crate::clock::now() < deadline {
         if condition() {
             return true;
         }
@@ -163,7 +164,7 @@ async fn a_connection_is_reused_after_a_clean_body() {
     assert_eq!(frame.into_data().unwrap(), "first");
     assert!(body.is_end_stream());
     let conn = body.take_reusable_conn().expect("reusable");
-    e.engine.pool.push(conn, 0, &PoolConfig::default());
+    e.pool.push(conn, 0, &PoolConfig::default());
 
     let (second, conn) = read_to_end(e.send("again").await.unwrap()).await;
     assert_eq!(second, b"second");
@@ -188,7 +189,7 @@ async fn a_body_dropped_early_closes_its_connection() {
     assert!(body.take_reusable_conn().is_none(), "half-read");
     drop(body);
     assert!(eventually(|| e.closed_by_client.load(SeqCst) == 1).await, "the engine sees the close");
-    assert_eq!(e.engine.pool.idle_len(), 0);
+    assert_eq!(e.pool.idle_len(), 0);
     let (next, _) = read_to_end(e.send("").await.unwrap()).await;
     assert_eq!(next, b"next");
     assert_eq!(e.connections.load(SeqCst), 2);
@@ -219,7 +220,7 @@ async fn an_idle_connection_closed_by_the_engine_is_resent_on_a_new_one() {
     })
     .await;
     let (_, conn) = read_to_end(e.send("").await.unwrap()).await;
-    e.engine.pool.push(conn.unwrap(), 0, &PoolConfig::default());
+    e.pool.push(conn.unwrap(), 0, &PoolConfig::default());
     let (body, _) = read_to_end(e.send("").await.unwrap()).await;
     assert_eq!(body, b"fine");
     assert_eq!(e.connections.load(SeqCst), 2);
@@ -239,11 +240,11 @@ async fn a_new_connection_closed_without_an_answer_is_an_error() {
 async fn idle_connections_the_engine_closed_are_dropped() {
     let e = ScriptedEngine::start(|_| (ok("bye").0, Then::Close)).await;
     let (_, conn) = read_to_end(e.send("").await.unwrap()).await;
-    e.engine.pool.push(conn.expect("no close announced: looks reusable"), 0, &PoolConfig::default());
+    e.pool.push(conn.expect("no close announced: looks reusable"), 0, &PoolConfig::default());
     assert!(
         eventually(|| {
-            e.engine.pool.sweep(0, &PoolConfig::default());
-            e.engine.pool.idle_len() == 0
+            e.pool.sweep(0, &PoolConfig::default());
+            e.pool.idle_len() == 0
         })
         .await
     );

@@ -25,11 +25,12 @@ mod codec_tests;
 mod conn;
 #[cfg(test)]
 mod conn_tests;
+mod origin;
 
 pub use codec::{CodecError, MAX_HEAD_BYTES};
 pub use conn::{BodyError, Conn, EngineBody};
+pub use origin::Origin;
 
-use crate::engines::EngineState;
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Response, Uri};
@@ -208,8 +209,8 @@ impl Pool {
     }
 }
 
-/// Sends `request` to `engine` on an idle connection, or a new one, and reads the response
-/// head. The caller reads the body, and gives the connection back with [`Pool::push`] once
+/// Sends `request` to the engine at `origin` on an idle connection of its `pool`, or a new
+/// one, and reads the response head. The caller reads the body, and gives the connection back with [`Pool::push`] once
 /// [`EngineBody::take_reusable_conn`] returns it. Hot path.
 ///
 /// A pooled connection may have been closed by the engine while idle without this process
@@ -222,41 +223,42 @@ impl Pool {
 /// not written, which a close racing the write defeats. A new connection is never retried
 /// here: the caller's retry rules (budget, another engine) apply.
 ///
-/// An https engine is connected to with `tls`; a handshake that fails is recorded on the
-/// engine (its reason shows in `/debug/route` and the metrics) and logged when the reason
+/// An https engine is connected to with `tls`; a handshake that fails is recorded on its
+/// origin (its reason shows in `/debug/route` and the metrics) and logged when the reason
 /// changes.
 pub async fn send(
-    engine: &EngineState,
+    pool: &Pool,
+    origin: &Origin,
     now_ms: u64,
     config: &PoolConfig,
     connect_timeout: Duration,
     tls: &ilb_tls::ClientTls,
     request: &UpstreamRequest<'_>,
 ) -> Result<Response<EngineBody>, UpstreamError> {
-    if let Some(conn) = engine.pool.pop(now_ms, config) {
+    if let Some(conn) = pool.pop(now_ms, config) {
         match conn.round_trip(request).await {
             Ok(response) => return Ok(response),
             Err(failed) if failed.unanswered => {
                 let error = &failed.error;
-                tracing::debug!(engine = %engine.id, %error, "idle engine connection closed; resending");
+                tracing::debug!(engine = %origin.id, %error, "idle engine connection closed; resending");
             }
             Err(failed) => return Err(failed.error),
         }
     }
-    let (host, port) = engine.connect_addr();
-    let conn = match Conn::connect(host, port, engine.tls_name(), tls, connect_timeout).await {
+    let (host, port) = origin.connect_addr();
+    let conn = match Conn::connect(host, port, origin.tls_name(), tls, connect_timeout).await {
         Ok(conn) => conn,
         Err(error) => {
             if let Some(failure) = error.tls_failure() {
-                if engine.record_tls_failure(failure) {
-                    tracing::warn!(engine = %engine.id, url = %engine.base_url, reason = failure.label(), %failure, "tls handshake with engine failed");
+                if origin.record_tls_failure(failure) {
+                    tracing::warn!(engine = %origin.id, url = %origin.base_url, reason = failure.label(), %failure, "tls handshake with engine failed");
                 }
             }
             return Err(error);
         }
     };
     if let Some(resumed) = conn.tls_resumed() {
-        engine.tls_handshakes[usize::from(resumed)].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        origin.tls_handshakes[usize::from(resumed)].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     conn.round_trip(request).await.map_err(|failed| failed.error)
 }

@@ -4,9 +4,10 @@
 //! a file (`--snapshot FILE`, reloaded when it changes), or quick mode (`--engine URL ...`,
 //! equal weights, models discovered from each engine's `/v1/models`).
 
-use crate::config::{self, DataPlaneSection};
+use crate::config::{self, DataPlaneTls};
 use anyhow::{bail, Context};
 use ilb_core::snapshot::Snapshot;
+use ilb_dataplane::config::{DataPlaneSection, UrlList, Validated};
 use ilb_dataplane::report::ReportConfig;
 use ilb_dataplane::{DataPlane, DataPlaneConfig, SnapshotSource};
 use std::net::SocketAddr;
@@ -72,9 +73,12 @@ pub struct DataPlaneArgs {
 }
 
 pub fn run(args: DataPlaneArgs) -> anyhow::Result<()> {
-    let mut section = match &args.config {
-        Some(path) => config::load(path)?.data_plane.unwrap_or_default(),
-        None => DataPlaneSection::default(),
+    let (mut section, mut tls) = match &args.config {
+        Some(path) => {
+            let file = config::load(path)?;
+            (file.data_plane.unwrap_or_default(), file.data_plane_tls)
+        }
+        None => (DataPlaneSection::default(), DataPlaneTls::default()),
     };
     // Flags override the file.
     if let Some(listen) = args.listen {
@@ -87,52 +91,40 @@ pub fn run(args: DataPlaneArgs) -> anyhow::Result<()> {
         section.snapshot_file = Some(path.clone());
     }
     if !args.control_plane.is_empty() {
-        section.control_plane = Some(config::UrlList::Many(args.control_plane.clone()));
+        section.control_plane = Some(UrlList::Many(args.control_plane.clone()));
     }
     if let Some(cluster) = &args.cluster {
         section.cluster = Some(cluster.clone());
     }
     if args.tls_cert.is_some() {
-        section.tls.cert = args.tls_cert.clone();
-        section.tls.key = args.tls_key.clone();
+        tls.tls.cert = args.tls_cert.clone();
+        tls.tls.key = args.tls_key.clone();
     }
     if args.engine_ca.is_some() {
-        section.engine_tls.ca = args.engine_ca.clone();
+        tls.engine_tls.ca = args.engine_ca.clone();
     }
     if args.engine_ca_only {
-        section.engine_tls.ca_only = Some(true);
+        tls.engine_tls.ca_only = Some(true);
     }
     if args.engine_cert.is_some() {
-        section.engine_tls.cert = args.engine_cert.clone();
-        section.engine_tls.key = args.engine_key.clone();
+        tls.engine_tls.cert = args.engine_cert.clone();
+        tls.engine_tls.key = args.engine_key.clone();
     }
     if args.control_plane_ca.is_some() {
-        section.control_plane_tls.ca = args.control_plane_ca.clone();
+        tls.control_plane_tls.ca = args.control_plane_ca.clone();
     }
     if args.client_cert.is_some() {
-        section.control_plane_tls.cert = args.client_cert.clone();
-        section.control_plane_tls.key = args.client_key.clone();
+        tls.control_plane_tls.cert = args.client_cert.clone();
+        tls.control_plane_tls.key = args.client_key.clone();
     }
     if args.https_only {
         section.https_only = Some(true);
     }
     // TLS files are read here, before any port is bound; a bad file stops the start.
-    let listener = section.tls.build("data_plane.tls", false)?;
-    let engine_tls = section.engine_tls.build("data_plane.engine_tls")?;
-    let control_plane_tls = section.control_plane_tls.build("data_plane.control_plane_tls")?;
-    let control_planes = section.control_plane.as_ref().map(|c| c.urls()).unwrap_or_default();
-    let reports = control_planes.first().map(|cp| {
-        let instance = format!("{}-{}", section.cluster.as_deref().unwrap_or("local"), std::process::id());
-        let mut reports = ReportConfig::new(format!("{}/v1/reports", cp.trim_end_matches('/')), instance);
-        reports.also =
-            control_planes[1..].iter().map(|cp| format!("{}/v1/reports", cp.trim_end_matches('/'))).collect();
-        reports.token = section.token.clone();
-        if let Some(ms) = section.report_interval_ms {
-            reports.interval = Duration::from_millis(ms.max(100));
-        }
-        reports
-    });
-    let (mut config, source, file) = section.validate()?;
+    let listener = tls.tls.build("data_plane.tls", false)?;
+    let engine_tls = tls.engine_tls.build("data_plane.engine_tls")?;
+    let control_plane_tls = tls.control_plane_tls.build("data_plane.control_plane_tls")?;
+    let Validated { mut config, source, snapshot_file: file, reports } = section.validate()?;
     config.engine_tls = Some(engine_tls);
     config.control_plane_tls = Some(control_plane_tls);
     config.listener_tls = listener.as_ref().map(|l| l.tls.clone());
@@ -196,131 +188,4 @@ fn modified(path: &Path) -> Option<std::time::SystemTime> {
 pub fn load_snapshot(path: &Path) -> anyhow::Result<Snapshot> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     Snapshot::from_json(&bytes).with_context(|| format!("invalid snapshot in {}", path.display()))
-}
-
-impl DataPlaneSection {
-    /// Checks the section and turns it into the library's typed config.
-    pub fn validate(self) -> anyhow::Result<(DataPlaneConfig, SnapshotSource, Option<PathBuf>)> {
-        let listen: SocketAddr = self
-            .listen
-            .as_deref()
-            .unwrap_or("127.0.0.1:8080")
-            .parse()
-            .context("data_plane.listen: expected host:port, e.g. 127.0.0.1:8080")?;
-        let mut config = DataPlaneConfig::new(listen);
-        config.cluster = self.cluster.clone().map(ilb_core::ClusterId::new);
-        if let Some(b) = self.max_body_bytes {
-            if b == 0 {
-                bail!("data_plane.max_body_bytes: must be positive");
-            }
-            config.max_body_bytes = b;
-        }
-        if let Some(a) = self.max_attempts {
-            if a == 0 {
-                bail!("data_plane.max_attempts: must be at least 1");
-            }
-            config.max_attempts = a;
-        }
-        if let Some(c) = self.max_connections {
-            config.max_connections = c.max(1);
-        }
-        if let Some(ms) = self.queue_wait_ms {
-            config.queue_wait = Duration::from_millis(ms);
-        }
-        if let Some(n) = self.max_waiting {
-            config.max_waiting = n;
-        }
-        if let Some(n) = self.affinity_entries {
-            if n > 1 << 26 {
-                bail!("data_plane.affinity_entries: at most 67108864 (512 MiB of table)");
-            }
-            config.affinity_entries = n;
-        }
-        if let Some(ms) = self.affinity_ttl_ms {
-            if !(1000..=65_535_000).contains(&ms) {
-                bail!("data_plane.affinity_ttl_ms: must be between 1000 and 65535000 (the table counts seconds in 16 bits)");
-            }
-            config.affinity_ttl = Duration::from_millis(ms);
-        }
-        if let Some(on) = self.place_new_keys_by_load {
-            config.place_new_keys_by_load = on;
-        }
-        if let Some(ms) = self.response_ttl_ms {
-            if !(1000..=65_535_000).contains(&ms) {
-                bail!("data_plane.response_ttl_ms: must be between 1000 and 65535000 (the table counts seconds in 16 bits)");
-            }
-            config.response_ttl = Duration::from_millis(ms);
-        }
-        if let Some(t) = self.create_traceparent {
-            config.create_traceparent = t;
-        }
-        config.https_only = self.https_only.unwrap_or(false);
-        let budget = &mut config.retry_budget;
-        for (name, value, slot) in [
-            ("retry_ratio", self.retry_ratio, &mut budget.ratio),
-            ("retry_floor_ratio", self.retry_floor_ratio, &mut budget.floor_ratio),
-            ("retry_min_per_sec", self.retry_min_per_sec, &mut budget.min_per_sec),
-        ] {
-            if let Some(v) = value {
-                if !(v.is_finite() && v >= 0.0) {
-                    bail!("data_plane.{name}: must be a non-negative number");
-                }
-                *slot = v;
-            }
-        }
-        if budget.floor_ratio > budget.ratio {
-            bail!("data_plane.retry_floor_ratio: must not exceed retry_ratio");
-        }
-        let t = &mut config.timeouts;
-        for (name, value, slot) in [
-            ("connect_ms", self.timeouts.connect_ms, &mut t.connect),
-            ("first_byte_ms", self.timeouts.first_byte_ms, &mut t.first_byte),
-            ("idle_ms", self.timeouts.idle_ms, &mut t.idle),
-            ("client_body_ms", self.timeouts.client_body_ms, &mut t.client_body),
-            ("header_read_ms", self.timeouts.header_read_ms, &mut t.header_read),
-        ] {
-            if let Some(ms) = value {
-                if ms == 0 {
-                    bail!("data_plane.timeouts.{name}: must be positive");
-                }
-                *slot = Duration::from_millis(ms);
-            }
-        }
-        let sources = [!self.engines.is_empty(), self.snapshot_file.is_some(), self.control_plane.is_some()];
-        let source = match sources {
-            [true, false, false] => {
-                for url in &self.engines {
-                    ilb_core::snapshot::check_engine_url(url)
-                        .map_err(|why| anyhow::anyhow!("engine url '{url}' {why}"))?;
-                    if config.https_only && !url.starts_with("https://") {
-                        bail!("engine url '{url}' is plain http and data_plane.https_only is set");
-                    }
-                }
-                SnapshotSource::Discover { engines: self.engines, interval: Duration::from_secs(30) }
-            }
-            [false, true, false] => SnapshotSource::Manual,
-            [false, false, true] => {
-                let cluster = self
-                    .cluster
-                    .as_deref()
-                    .context("--control-plane needs --cluster (data_plane.cluster)")?;
-                let urls: Vec<String> = self
-                    .control_plane
-                    .map(|c| c.urls())
-                    .unwrap_or_default()
-                    .iter()
-                    .map(|base| format!("{}/v1/snapshots/{cluster}", base.trim_end_matches('/')))
-                    .collect();
-                if urls.is_empty() {
-                    bail!("data_plane.control_plane: needs at least one URL");
-                }
-                SnapshotSource::Replicas { urls, interval: Duration::from_secs(1), long_poll: true }
-            }
-            [false, false, false] => {
-                bail!("no snapshot source: give --engine URL, --snapshot FILE or --control-plane URL")
-            }
-            _ => bail!("give only one snapshot source: --engine, --snapshot or --control-plane"),
-        };
-        Ok((config, source, self.snapshot_file))
-    }
 }

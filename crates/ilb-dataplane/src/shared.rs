@@ -1,0 +1,165 @@
+//! The state shared by every connection and background task of one data plane: its config,
+//! the installed routing state, the HTTP clients of the background tasks, the retry budget,
+//! the slot waiters, the affinity tables and the data plane's own counters.
+
+use crate::clock;
+use crate::config::DataPlaneConfig;
+use crate::engines::EngineState;
+use crate::state::{InstallError, RoutingState};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use ilb_core::snapshot::Snapshot;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use tokio::time::Instant;
+
+/// The background tasks' HTTP client (probes, discovery, snapshots, reports): http, or https
+/// with one of the data plane's client TLS configs.
+pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// State shared by every connection and background task of one data plane.
+pub struct Shared {
+    pub config: DataPlaneConfig,
+    pub routing: RoutingState,
+    /// For engines: probes, quick-mode discovery, round trips.
+    pub client: HttpClient,
+    /// For the control plane: snapshots and reports.
+    pub control_plane_client: HttpClient,
+    /// TLS to https engines on the request path.
+    pub engine_tls: ilb_tls::ClientTls,
+    pub budget: crate::budget::RetryBudget,
+    pub waiters: crate::admission::Waiters,
+    epoch: Instant,
+    requests: AtomicU64,
+    pub snapshot_installs: AtomicU64,
+    pub snapshot_rejections: AtomicU64,
+    /// Distinguishes this process's generated trace ids from other data planes'.
+    pub trace_seed: u64,
+    /// Coarse time for the idle connection pools, advanced by the prober (see `now_ms`).
+    pub pool_clock: crate::upstream::CoarseClock,
+    /// Which engine served each affinity key last; kept across snapshot installs.
+    pub affinity: ilb_core::affinity::AffinityTable,
+    /// Which engine stored each response id this data plane proxied (Responses API), so that
+    /// a request naming it as `previous_response_id` goes there.
+    pub responses: ilb_core::affinity::AffinityTable,
+}
+
+impl Shared {
+    pub fn new(config: DataPlaneConfig) -> Shared {
+        // No roots: an https peer without configured trust fails its handshake (unknown issuer).
+        let untrusting = || {
+            ilb_tls::ClientTls::new(&ilb_tls::ClientOptions::default())
+                .expect("an empty client config builds")
+        };
+        let engine_tls = config.engine_tls.clone().unwrap_or_else(untrusting);
+        let control_plane_tls = config.control_plane_tls.clone().unwrap_or_else(untrusting);
+        let client = http_client(&config, &engine_tls);
+        let control_plane_client = http_client(&config, &control_plane_tls);
+        let affinity = ilb_core::affinity::AffinityTable::new(
+            config.affinity_entries,
+            config.affinity_ttl.as_secs().min(u64::from(u32::MAX)) as u32,
+        );
+        let responses = ilb_core::affinity::AffinityTable::new(
+            config.affinity_entries,
+            config.response_ttl.as_secs().min(u64::from(u32::MAX)) as u32,
+        );
+        Shared {
+            responses,
+            budget: crate::budget::RetryBudget::new(config.retry_budget.clone()),
+            waiters: crate::admission::Waiters::default(),
+            config,
+            routing: RoutingState::default(),
+            client,
+            control_plane_client,
+            engine_tls,
+            epoch: clock::now(),
+            requests: AtomicU64::new(0),
+            snapshot_installs: AtomicU64::new(0),
+            snapshot_rejections: AtomicU64::new(0),
+            trace_seed: ilb_core::slots::mix(crate::clock::unix_ms() ^ u64::from(std::process::id()) << 32),
+            pool_clock: Default::default(),
+            affinity,
+        }
+    }
+
+    /// Installs a snapshot, logging the outcome (not on the request path).
+    pub fn install(&self, snapshot: &Snapshot) -> Result<(), InstallError> {
+        if self.config.https_only {
+            if let Some(plain) = snapshot.engines.iter().find(|e| !e.url.starts_with("https://")) {
+                self.snapshot_rejections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                return Err(InstallError::PlainEngine {
+                    engine: plain.id.to_string(),
+                    url: plain.url.clone(),
+                });
+            }
+        }
+        let expected = self.config.cluster.as_ref().map(|c| c.as_str());
+        let installed = match self.routing.install(snapshot, expected, crate::clock::unix_ms()) {
+            Ok(installed) => installed,
+            Err(e) => {
+                self.snapshot_rejections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                return Err(e);
+            }
+        };
+        self.snapshot_installs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::debug!(
+            version = %installed.table.version,
+            engines = installed.table.engines.len(),
+            models = installed.table.model_names().len(),
+            "snapshot installed"
+        );
+        Ok(())
+    }
+
+    /// Milliseconds since this data plane started (monotonic).
+    pub fn now_ms(&self) -> u64 {
+        clock::since(self.epoch).as_millis() as u64
+    }
+
+    /// Time since this data plane started (monotonic).
+    pub fn uptime(&self) -> std::time::Duration {
+        clock::since(self.epoch)
+    }
+
+    pub fn next_request_id(&self) -> u64 {
+        self.requests.fetch_add(1, Relaxed)
+    }
+
+    pub fn requests_total(&self) -> u64 {
+        self.requests.load(Relaxed)
+    }
+
+    /// A failed attempt: the local guard may eject the engine.
+    pub fn engine_failed(&self, engine: &EngineState) {
+        let max_fraction = self.config.guard.max_ejected_fraction;
+        let under_cap = || {
+            self.routing
+                .load()
+                .is_none_or(|installed| crate::engines::may_eject(&installed.engines, max_fraction))
+        };
+        if engine.record_failure(self.now_ms(), &self.config.guard, under_cap) {
+            tracing::warn!(engine = %engine.id, "engine ejected after consecutive failures");
+        }
+    }
+}
+
+/// A keep-alive client for http and https URLs, trusting what `tls` trusts.
+fn http_client(config: &DataPlaneConfig, tls: &ilb_tls::ClientTls) -> HttpClient {
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(config.timeouts.connect));
+    http.enforce_http(false);
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls.config_without_alpn())
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(std::time::Duration::from_secs(90))
+        .pool_max_idle_per_host(1024)
+        .pool_timer(TokioTimer::new())
+        .timer(TokioTimer::new())
+        .build(connector)
+}
