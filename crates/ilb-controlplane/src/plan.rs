@@ -14,16 +14,13 @@
 use crate::config::ClassRule;
 use crate::fleet::{ClassKey, Fleet, Now};
 use crate::profile::LatencyProfile;
-use ilb_core::classify::Priority;
+use ilb_core::priority::Priority;
 use ilb_core::constraint::satisfies;
 use ilb_core::snapshot::{ClassRoutes, EngineEntry, EngineWeight, ModelRoutes, Snapshot, FORMAT};
 use ilb_core::{ClassId, ClusterId, EngineId, ModelName, SnapshotVersion};
 use ilb_optimizer::{Class, Engine, Latency, NetworkMatrix, Problem, Solution, SolverOptions};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
-
-/// Priorities, lowest first: the order of [`ilb_core::report::PriorityRps::to_array`].
-pub const PRIORITIES: [Priority; 4] = [Priority::Low, Priority::Normal, Priority::High, Priority::Critical];
 
 /// A priority with less than this share of its class's demand is planned with the class's
 /// largest priority instead of as a part of its own: a trickle of one priority should not
@@ -161,7 +158,7 @@ fn priority_parts(measured: [f64; 4], floor: f64) -> Vec<(Priority, f64)> {
         let into = if share >= MIN_PART_SHARE { p } else { largest };
         shares[into] += share;
     }
-    (0..4).filter(|&p| shares[p] > 0.0).map(|p| (PRIORITIES[p], planned * shares[p])).collect()
+    Priority::ALL.into_iter().filter(|p| shares[p.index()] > 0.0).map(|p| (p, planned * shares[p.index()])).collect()
 }
 
 /// The problem's id for a part of class `key`: `cluster/class`, with `@priority` for parts

@@ -4,7 +4,6 @@
 //! dashboard; rebuilt after every solve.
 
 use crate::fleet::{Fleet, Now};
-use crate::plan::PRIORITIES;
 use crate::planner::Round;
 use serde::Serialize;
 
@@ -248,8 +247,7 @@ pub fn build(fleet: &Fleet, now: Now, round: &Round, version: u64, solved_unix_m
                         .iter()
                         .map(|&(priority, planned, price, shed)| PriorityView {
                             priority: priority.as_str(),
-                            measured_demand_rps: c.measured_by_priority
-                                [PRIORITIES.iter().position(|&p| p == priority).unwrap_or(1)],
+                            measured_demand_rps: c.measured_by_priority[priority.index()],
                             planned_demand_rps: planned,
                             shed_price_ms: price,
                             shed_rps: shed,

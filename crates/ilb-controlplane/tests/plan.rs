@@ -4,7 +4,7 @@
 use ilb_controlplane::config::FleetConfig;
 use ilb_controlplane::fleet::Fleet;
 use ilb_controlplane::plan;
-use ilb_core::classify::Priority;
+use ilb_core::priority::Priority;
 use ilb_core::report::{ClassDemand, PriorityRps, Report};
 use ilb_core::{ClassId, ClusterId, ModelName};
 use ilb_optimizer::Solver;

@@ -6,13 +6,14 @@ use crate::model::Nanos;
 use tokio::time::Instant;
 
 /// Current tokio instant.
+#[allow(clippy::disallowed_methods)]
 pub fn now() -> Instant {
     Instant::now()
 }
 
 /// Model time of `now()` relative to `epoch`.
 pub fn model_now(epoch: Instant) -> Nanos {
-    Instant::now().saturating_duration_since(epoch).as_nanos() as Nanos
+    now().saturating_duration_since(epoch).as_nanos() as Nanos
 }
 
 /// Seconds since the Unix epoch (0 if the system clock is before it).

@@ -15,8 +15,7 @@ use crate::scenario::{EventKind, Scenario};
 use crate::workload::{demand_rps, Session};
 use crate::SimError;
 use events::{Event, Queue};
-use ilb_controlplane::plan::PRIORITIES;
-use ilb_core::classify::Priority;
+use ilb_core::priority::Priority;
 use ilb_core::report::{ClassDemand, PriorityRps, Report};
 use ilb_core::{ClassId, ClusterId, ModelName};
 use ilb_engine_sim::{Nanos, Outcome, Request};
@@ -342,7 +341,7 @@ impl Sim<'_> {
                 // A stream has one priority: its whole rate is that priority's.
                 let priority = Priority::parse(&self.scenario.streams[s].priority).unwrap_or_default();
                 let mut by_priority = [0.0; 4];
-                by_priority[PRIORITIES.iter().position(|&p| p == priority).unwrap_or(1)] = rps;
+                by_priority[priority.index()] = rps;
                 demand.push(ClassDemand {
                     model: ModelName::new(&self.topology.stream_model[s]),
                     class: ClassId::new(&self.topology.stream_class[s]),
