@@ -41,8 +41,9 @@ pub struct DataPlaneConfig {
     /// 18 hours (65,535 s); default 4 hours.
     pub response_ttl: Duration,
     /// Place a key the affinity table has never seen (a new conversation) on the less loaded,
-    /// per unit of weight, of the hash's first two candidates (`ilb_core::table::ClassTable::select`).
-    /// Off by default: see that function's doc for why.
+    /// per unit of weight, of the hash's first two candidates, and let a follow-up leave an
+    /// engine far more loaded per unit of weight than its hash pick
+    /// (`ilb_core::table::ClassTable::select`). Default true; false hashes new keys blindly.
     pub place_new_keys_by_load: bool,
     /// TLS to https engines (requests, probes, discovery, round trips): trust roots and an
     /// optional client certificate. `None`: no trusted roots, so every https engine fails its
@@ -102,7 +103,7 @@ impl DataPlaneConfig {
             affinity_entries: ilb_core::affinity::DEFAULT_ENTRIES,
             affinity_ttl: Duration::from_secs(u64::from(ilb_core::affinity::DEFAULT_TTL_S)),
             response_ttl: Duration::from_secs(4 * 3600),
-            place_new_keys_by_load: false,
+            place_new_keys_by_load: true,
             engine_tls: None,
             control_plane_tls: None,
             listener_tls: None,

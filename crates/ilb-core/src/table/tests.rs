@@ -265,3 +265,33 @@ proptest::proptest! {
         proptest::prop_assert_eq!(class.pick_by_load(key, |_| true, |c| proportional[c]), Some(hash));
     }
 }
+
+/// A follow-up stays on its engine while that engine keeps a fair part of the plan, even idle
+/// beside busier ones; it leaves an engine the plan cut to a sliver (the grey engine at 1 %),
+/// which the load bound alone keeps admitting whenever it is idle; without placement by load
+/// the remembered engine is kept as before.
+#[test]
+fn follow_ups_leave_an_engine_cut_to_a_sliver_and_stay_otherwise() {
+    let affinity = AffinityTable::new(1 << 12, 600);
+    let loads = [2.0, 0.0, 2.0];
+    let load = |c: usize| loads[c];
+    for (weights, stays) in [([0.495, 0.01, 0.495], false), ([0.4, 0.2, 0.4], true)] {
+        let t = weighted(&weights);
+        let class = &t.model("m").unwrap().classes[0];
+        let mut checked = 0;
+        for k in 0..200u64 {
+            let key = crate::slots::mix(k);
+            let home = class.pick(key, |_| true).unwrap().candidate;
+            if home == 1 {
+                continue;
+            }
+            class.remember(&affinity, key, 1, 10);
+            let by_load = class.select(key, &affinity, 10, |_| true, |_| true, Some(&load));
+            assert_eq!(by_load, Some(if stays { 1 } else { home }), "weights {weights:?}, key {k}");
+            let by_hash = class.select(key, &affinity, 10, |_| true, |_| true, None);
+            assert_eq!(by_hash, Some(1));
+            checked += 1;
+        }
+        assert!(checked > 50);
+    }
+}
