@@ -38,7 +38,9 @@ pub const LOAD_SLACK: f64 = 3.0;
 /// ratio costs 0.8–1.8 points of hit rate against blind hashing and 4 gave the same hit rate
 /// and lower TTFT; but with 4, after a grey engine recovered, the conversations that had left
 /// it came back too slowly (the grey-engine test missed its regain in 4 of 8 runs against
-/// none in 12 with 2).
+/// none in 12 with 2). Not yet understood: with this rule the data plane's overload test (one
+/// affinity key for every request, 2× capacity) served 67–71 of 123 req/s, and without it 132
+/// of 131; that is why placing by load stays off by default.
 pub const AFFINITY_KEEP_RATIO: f64 = 2.0;
 
 /// Whether a candidate with `in_flight` requests and normalised `weight` is within its load

@@ -69,8 +69,8 @@ pub struct DataPlaneSection {
     pub response_ttl_ms: Option<u64>,
     /// Place new conversations (keys the affinity table has never seen) on the less loaded of
     /// the hash's two first candidates, per unit of weight, and let a follow-up leave an engine
-    /// more than twice as loaded per unit of weight as its hash pick; default true (false:
-    /// new conversations go where the hash says).
+    /// more than twice as loaded per unit of weight as its hash pick; default false (new
+    /// conversations go where the hash says).
     pub place_new_keys_by_load: Option<bool>,
     /// Create a W3C `traceparent` for requests without one; default true.
     pub create_traceparent: Option<bool>,

@@ -4,7 +4,7 @@
 //! are picked with the data plane's own
 //! [`ClassTable::select`](ilb_core::table::ClassTable::select): the engine the key's
 //! [`AffinityTable`] remembers, else for a new key the less loaded of the hash's first two
-//! candidates (unless `[control] place_new_keys_by_load = false`), else weighted consistent
+//! candidates (with `[control] place_new_keys_by_load`), else weighted consistent
 //! hashing under the bounded-load rule.
 
 use super::{Decision, Load, Topology};
