@@ -140,6 +140,7 @@ pub fn topology(scenario: &Scenario, capacity_rps: &[f64]) -> Topology {
                 max_in_flight: 0,
             })
             .collect(),
+        place_new_keys_by_load: scenario.file.control.place_new_keys_by_load,
     }
 }
 

@@ -3,7 +3,9 @@
 //! [`RoutingTable::compile`] (slot layouts carried over from the previous table), and requests
 //! are picked with the data plane's own
 //! [`ClassTable::select`](ilb_core::table::ClassTable::select): the engine the key's
-//! [`AffinityTable`] remembers, else weighted consistent hashing under the bounded-load rule.
+//! [`AffinityTable`] remembers, else for a new key the less loaded of the hash's first two
+//! candidates (with `[control] place_new_keys_by_load`), else weighted consistent
+//! hashing under the bounded-load rule.
 
 use super::{Decision, Load, Topology};
 use ilb_core::affinity::{self, AffinityTable};
@@ -101,8 +103,9 @@ impl DataPlanes {
 
     /// Picks an engine for one request with the data plane's own `ClassTable::select`, as
     /// `ilb_dataplane::proxy::choose` does with its defaults: the engine that served the key
-    /// last while it is within its load bound, else hashing within
-    /// `ilb_core::table::within_load_bound` (the stream's in-flight count on each), then
+    /// last while it is within its load bound, else (a new key, with `place_new_keys_by_load`)
+    /// the less loaded per unit of weight of the hash's first two candidates, else hashing
+    /// within `ilb_core::table::within_load_bound` (the stream's in-flight count on each), then
     /// without the bound.
     /// Candidates that are down or violate the stream's constraints are never admitted.
     /// Requests are shed first with the class's planned `shed_fraction`. Hot path.
@@ -141,7 +144,14 @@ impl DataPlanes {
         };
         let affinity = &self.affinity[c];
         let now_s = (now / 1_000_000_000) as u32;
-        match class.select(key_hash, affinity, now_s, bounded, usable, None) {
+        // As the data plane's `proxy::choose`: the stream's (class's) requests on the candidate.
+        let in_flight = |candidate: usize| {
+            let j = installed.engine_map[class.candidates[candidate].engine_idx];
+            f64::from(load.stream_engine_in_flight[stream * n + j])
+        };
+        let new_by_load: Option<&dyn Fn(usize) -> f64> =
+            topology.place_new_keys_by_load.then_some(&in_flight);
+        match class.select(key_hash, affinity, now_s, bounded, usable, new_by_load) {
             Some(candidate) => {
                 class.remember(affinity, key_hash, candidate, now_s);
                 Decision::Engine(installed.engine_map[class.candidates[candidate].engine_idx])

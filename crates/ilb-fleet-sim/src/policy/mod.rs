@@ -46,6 +46,8 @@ pub struct Topology {
     pub engine_model: Vec<String>,
     /// What a snapshot says about each engine.
     pub engine_entries: Vec<ilb_core::snapshot::EngineEntry>,
+    /// Whether data planes place new conversations by load (`[control]`).
+    pub place_new_keys_by_load: bool,
 }
 
 /// The fleet's load as data planes see it.

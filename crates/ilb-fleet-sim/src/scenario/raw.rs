@@ -303,6 +303,10 @@ pub struct ControlSpec {
     /// on `global-day` the kinked curves raised weight churn and oscillation more than they
     /// improved the steady-state prediction on `three-regions` (8.5 % → 7.4 % error).
     pub measured_curves: bool,
+    /// The data planes place new conversations by load (`data_plane.place_new_keys_by_load`,
+    /// `ilb_core::table::ClassTable::select`). Default false, as in the data plane: new
+    /// conversations are hashed blindly.
+    pub place_new_keys_by_load: bool,
 }
 
 impl Default for ControlSpec {
@@ -323,6 +327,7 @@ impl Default for ControlSpec {
             calibration_s: 60.0,
             sample_period_s: None,
             measured_curves: false,
+            place_new_keys_by_load: false,
         }
     }
 }
