@@ -323,7 +323,13 @@ impl Recorder {
     /// Declares the transient of scenario event `event` (in the order of the events).
     pub fn add_transient(&mut self, event: usize, kind: &str, at_s: f64, window_s: f64) {
         self.transients.push(TransientSums {
-            stats: TransientStats { event, kind: kind.to_owned(), at_s, window_s, ..TransientStats::default() },
+            stats: TransientStats {
+                event,
+                kind: kind.to_owned(),
+                at_s,
+                window_s,
+                ..TransientStats::default()
+            },
             ..TransientSums::default()
         });
     }

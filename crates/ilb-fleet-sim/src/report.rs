@@ -141,7 +141,8 @@ pub fn seeds(runs: &[Comparison]) -> String {
         "| policy | e2e mean ms | e2e p99 ms | ttft mean ms | cache hit | churn/period | reversals/h | shed | failed |"
     );
     let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    let per = |name: &str| -> Vec<&PolicyResult> { runs.iter().filter_map(|c| c.policies.get(name)).collect() };
+    let per =
+        |name: &str| -> Vec<&PolicyResult> { runs.iter().filter_map(|c| c.policies.get(name)).collect() };
     let show = |rs: &[&PolicyResult], f: fn(&PolicyResult) -> f64, scale: f64, d: usize, unit: &str| {
         Spread::of(rs.iter().map(|r| f(r))).map_or_else(|| "—".to_owned(), |s| s.show(scale, d, unit))
     };
@@ -165,11 +166,8 @@ pub fn seeds(runs: &[Comparison]) -> String {
     }
     let events = runs.iter().flat_map(|c| c.policies.values()).map(|r| r.transients.len()).max().unwrap_or(0);
     for e in 0..events {
-        let Some(label) = runs
-            .iter()
-            .flat_map(|c| c.policies.values())
-            .find_map(|r| r.transients.get(e))
-            .map(event_label)
+        let Some(label) =
+            runs.iter().flat_map(|c| c.policies.values()).find_map(|r| r.transients.get(e)).map(event_label)
         else {
             continue;
         };
@@ -198,7 +196,8 @@ pub fn seeds(runs: &[Comparison]) -> String {
                 }
             };
             let val = |f: fn(&TransientStats) -> f64, scale: f64, d: usize, unit: &str| {
-                Spread::of(ts.iter().map(|(_, t)| f(t))).map_or_else(|| "—".to_owned(), |s| s.show(scale, d, unit))
+                Spread::of(ts.iter().map(|(_, t)| f(t)))
+                    .map_or_else(|| "—".to_owned(), |s| s.show(scale, d, unit))
             };
             let _ = writeln!(
                 out,
@@ -228,7 +227,8 @@ pub fn versus(runs: &[Comparison], a: &str, b: &str) -> String {
         return format!("`{name}`: no runs with both {a} and {b}");
     }
     let mean = |rs: &mut dyn Iterator<Item = f64>| Spread::of(rs).map_or(0.0, |s| s.mean);
-    let (ma, mb) = (mean(&mut pairs.iter().map(|p| p.0.e2e_ms.mean)), mean(&mut pairs.iter().map(|p| p.1.e2e_ms.mean)));
+    let (ma, mb) =
+        (mean(&mut pairs.iter().map(|p| p.0.e2e_ms.mean)), mean(&mut pairs.iter().map(|p| p.1.e2e_ms.mean)));
     let lower_mean = pairs.iter().filter(|p| p.0.e2e_ms.mean < p.1.e2e_ms.mean).count();
     let lower_p99 = pairs.iter().filter(|p| p.0.e2e_ms.p99 < p.1.e2e_ms.p99).count();
     format!(

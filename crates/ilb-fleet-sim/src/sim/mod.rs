@@ -16,13 +16,13 @@ use crate::scenario::{EventKind, Scenario};
 use crate::workload::{demand_rps, Session};
 use crate::SimError;
 use events::{Event, Queue};
-use transients::{Reflects, Watch};
 use ilb_core::report::{ClassDemand, Report};
 use ilb_core::{ClassId, ClusterId, ModelName};
 use ilb_engine_sim::{Nanos, Outcome, Request};
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64Mcg;
 use std::collections::HashMap;
+use transients::{Reflects, Watch};
 
 /// How long and with what seed one run goes.
 #[derive(Clone, Copy, Debug)]
