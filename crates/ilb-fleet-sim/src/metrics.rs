@@ -10,6 +10,25 @@ use std::collections::BTreeMap;
 /// oscillation (zig-zag threshold).
 pub const OSCILLATION_THRESHOLD: f64 = 0.1;
 
+/// Seconds after a scenario event whose arrivals count as its transient, unless the event sets
+/// `window_s`, is a surge with a duration, or the next event or the end of the run comes first.
+pub const TRANSIENT_WINDOW_S: f64 = 60.0;
+
+/// A plan reflects a surge once it has moved this share of the surged clusters' traffic
+/// (weighted by their demand just before the surge) away from the plan in force at the surge.
+pub const REFLECT_MOVE: f64 = 0.10;
+
+/// A plan reflects a slowdown once the slowed engines' share of traffic (weighted by the demand
+/// before the event) has fallen by this fraction of their share at the event.
+pub const REFLECT_SHARE_DROP: f64 = 0.25;
+
+/// Traffic has settled at the first plan (at or after the re-plan) followed by
+/// [`SETTLE_PLANS`] plans that each move less than this share of traffic from the one before.
+pub const SETTLE_MOVE: f64 = 0.01;
+
+/// See [`SETTLE_MOVE`].
+pub const SETTLE_PLANS: usize = 5;
+
 #[derive(Clone, Copy, Debug, Default, Serialize, PartialEq)]
 pub struct LatencySummary {
     pub mean: f64,
@@ -116,8 +135,66 @@ pub struct PolicyResult {
     pub by_priority: BTreeMap<String, PriorityStats>,
     /// Where the traffic went and how it fared, per hardware class of engine.
     pub by_hardware: BTreeMap<String, HardwareStats>,
+    /// One entry per scenario event: how fast the plan followed it and what latency the
+    /// requests arriving during it saw.
+    pub transients: Vec<TransientStats>,
+    /// Whether the policy has a control loop that publishes plans (`feedback`, `ilb`); the
+    /// baselines route on the fleet's state directly and have no `replan_s`.
+    pub plans: bool,
     #[serde(skip)]
     pub series: Series,
+}
+
+/// What one scenario event did to one policy.
+///
+/// `replan_s` is the time from the event to the first plan installed in the data planes that
+/// reflects it: for a failure or an outage, a plan giving the failed engines no traffic; for a
+/// recovery, one giving the recovered engines traffic again; for a slowdown, one in which the
+/// slowed engines' traffic share fell by [`REFLECT_SHARE_DROP`] of itself (rose, for a
+/// speed-up); for a surge, one that moved [`REFLECT_MOVE`] of the surged clusters' traffic.
+/// `settle_s` is the time from the event to the plan at which traffic settled (see
+/// [`SETTLE_MOVE`]), looked for until the next event or the end of the run. Both are `None`
+/// for policies without a control loop and when it never happened.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct TransientStats {
+    /// Index into the scenario's `[[events]]`.
+    pub event: usize,
+    /// The event's kind, as in the scenario (`region_outage`, `slowdown`, `surge`, …).
+    pub kind: String,
+    pub at_s: f64,
+    /// Arrivals in `[at_s, at_s + window_s)` are the transient's.
+    pub window_s: f64,
+    pub replan_s: Option<f64>,
+    pub settle_s: Option<f64>,
+    /// Latency of the requests that arrived in the window, ms (network included).
+    pub e2e_ms: LatencySummary,
+    pub ttft_ms: LatencySummary,
+    /// Latency of the requests that arrived in the `window_s` before the event (after the
+    /// warm-up), for comparison.
+    pub before_e2e_ms: LatencySummary,
+    /// Requests that arrived in the window, and those of them shed or lost (lost: no engine,
+    /// refused; plus the requests in flight on engines failed by this event).
+    pub arrivals: u64,
+    pub shed: u64,
+    pub failed: u64,
+}
+
+/// Accumulates one transient.
+#[derive(Clone, Debug, Default)]
+struct TransientSums {
+    stats: TransientStats,
+    e2e: Vec<f32>,
+    ttft: Vec<f32>,
+    before: Vec<f32>,
+}
+
+impl TransientSums {
+    fn during(&self, t_s: f64) -> bool {
+        t_s >= self.stats.at_s && t_s < self.stats.at_s + self.stats.window_s
+    }
+    fn just_before(&self, t_s: f64, warmup_s: f64) -> bool {
+        t_s >= warmup_s && t_s < self.stats.at_s && t_s >= self.stats.at_s - self.stats.window_s
+    }
 }
 
 /// Time series for plots.
@@ -166,11 +243,14 @@ pub struct Recorder {
     hardware: Vec<HardwareSums>,
     /// Follow-up turns routed, and those routed to another engine than the turn before.
     follow_ups: (u64, u64),
+    transients: Vec<TransientSums>,
 }
 
 /// One finished request.
 pub struct Completion {
     pub stream: usize,
+    /// When the request was routed (reached the engine), seconds.
+    pub arrived_s: f64,
     pub engine: usize,
     pub finished_s: f64,
     pub ttft_ms: f64,
@@ -230,6 +310,7 @@ impl Recorder {
             predicted: (0.0, 0),
             hardware: vec![HardwareSums::default(); hardware_names.len()],
             follow_ups: (0, 0),
+            transients: Vec::new(),
             hardware_names,
             engine_hardware,
         }
@@ -239,7 +320,45 @@ impl Recorder {
         t_s >= self.warmup_s
     }
 
+    /// Declares the transient of scenario event `event` (in the order of the events).
+    pub fn add_transient(&mut self, event: usize, kind: &str, at_s: f64, window_s: f64) {
+        self.transients.push(TransientSums {
+            stats: TransientStats {
+                event,
+                kind: kind.to_owned(),
+                at_s,
+                window_s,
+                ..TransientStats::default()
+            },
+            ..TransientSums::default()
+        });
+    }
+
+    /// The plan timing of transient `i` (index in the order declared).
+    pub fn transient_plan(&mut self, i: usize, replan_s: Option<f64>, settle_s: Option<f64>) {
+        if let Some(t) = self.transients.get_mut(i) {
+            t.stats.replan_s = replan_s;
+            t.stats.settle_s = settle_s;
+        }
+    }
+
+    /// `n` requests in flight were lost to scenario event `event`.
+    pub fn transient_lost(&mut self, event: usize, n: u64) {
+        for t in self.transients.iter_mut().filter(|t| t.stats.event == event) {
+            t.stats.failed += n;
+        }
+    }
+
+    fn transient_count(&mut self, t_s: f64, arrival: bool, shed: bool, failed: bool) {
+        for t in self.transients.iter_mut().filter(|t| t.during(t_s)) {
+            t.stats.arrivals += u64::from(arrival);
+            t.stats.shed += u64::from(shed);
+            t.stats.failed += u64::from(failed);
+        }
+    }
+
     pub fn arrival(&mut self, stream: usize, t_s: f64) {
+        self.transient_count(t_s, true, false, false);
         if self.measured(t_s) {
             self.result.arrivals += 1;
             self.arrivals_by_priority[self.stream_priority[stream]] += 1;
@@ -247,6 +366,7 @@ impl Recorder {
     }
 
     pub fn shed(&mut self, stream: usize, t_s: f64) {
+        self.transient_count(t_s, false, true, false);
         if self.measured(t_s) {
             self.result.shed += 1;
             self.shed_by_priority[self.stream_priority[stream]] += 1;
@@ -254,12 +374,14 @@ impl Recorder {
     }
 
     pub fn no_engine(&mut self, t_s: f64) {
+        self.transient_count(t_s, false, false, true);
         if self.measured(t_s) {
             self.result.failed_no_engine += 1;
         }
     }
 
     pub fn refused(&mut self, t_s: f64) {
+        self.transient_count(t_s, false, false, true);
         if self.measured(t_s) {
             self.result.failed_refused += 1;
         }
@@ -285,6 +407,15 @@ impl Recorder {
     pub fn complete(&mut self, c: &Completion) {
         self.bin.0 += c.e2e_ms;
         self.bin.1 += 1;
+        let warmup_s = self.warmup_s;
+        for t in &mut self.transients {
+            if t.during(c.arrived_s) {
+                t.e2e.push(c.e2e_ms as f32);
+                t.ttft.push(c.ttft_ms as f32);
+            } else if t.just_before(c.arrived_s, warmup_s) {
+                t.before.push(c.e2e_ms as f32);
+            }
+        }
         if !self.measured(c.finished_s) {
             return;
         }
@@ -429,6 +560,17 @@ impl Recorder {
                 },
             );
         }
+        r.transients = self
+            .transients
+            .iter_mut()
+            .map(|t| {
+                let mut stats = t.stats.clone();
+                stats.e2e_ms = LatencySummary::of(&mut t.e2e);
+                stats.ttft_ms = LatencySummary::of(&mut t.ttft);
+                stats.before_e2e_ms = LatencySummary::of(&mut t.before);
+                stats
+            })
+            .collect();
         let first_measured = r.series.t_s.iter().position(|&t| t >= self.warmup_s).unwrap_or(0);
         r.oscillation = oscillation(&r.series.share[first_measured..], window / 3600.0);
         r.series.final_weights = self.previous_weights.take().unwrap_or_default();

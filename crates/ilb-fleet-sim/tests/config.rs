@@ -17,6 +17,11 @@ fn bundled_scenarios_parse() {
         include_str!("../../../scenarios/global-day.toml"),
         include_str!("../../../scenarios/region-outage.toml"),
         include_str!("../../../scenarios/overload.toml"),
+        include_str!("../../../scenarios/far-regions.toml"),
+        include_str!("../../../scenarios/hot-residency.toml"),
+        include_str!("../../../scenarios/surge.toml"),
+        include_str!("../../../scenarios/grey-engine.toml"),
+        include_str!("../../../scenarios/peak-outage.toml"),
         BASE,
     ] {
         Scenario::from_toml(text).expect("valid");
@@ -41,6 +46,10 @@ fn errors_name_the_field() {
     check(
         |t| format!("{t}\n[[events]]\nat_s = 10.0\nkind = \"engine_failure\"\n"),
         "events[0]: needs `group` or `region`",
+    );
+    check(
+        |t| format!("{t}\n[[events]]\nat_s = 10.0\nkind = \"surge\"\nfactor = 2.0\nwindow_s = 0.0\n"),
+        "events[0].window_s",
     );
     check(
         |t| t.replace("policies", "x").replace("seed = 9", "seed = 9\npolicies = [\"magic\"]"),

@@ -376,6 +376,11 @@ pub struct EventSpec {
     /// Surge only: how long it lasts, seconds. Default: to the end.
     #[serde(default)]
     pub duration_s: Option<f64>,
+    /// Requests arriving this many seconds after the event are its transient in the report
+    /// (latency during it). Default: a surge's `duration_s`, else 60; never past the next
+    /// event or the end of the run.
+    #[serde(default)]
+    pub window_s: Option<f64>,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
@@ -387,4 +392,18 @@ pub enum EventKind {
     RegionRecovery,
     Slowdown,
     Surge,
+}
+
+impl EventKind {
+    /// The name used in scenario files.
+    pub fn name(self) -> &'static str {
+        match self {
+            EventKind::EngineFailure => "engine_failure",
+            EventKind::EngineRecovery => "engine_recovery",
+            EventKind::RegionOutage => "region_outage",
+            EventKind::RegionRecovery => "region_recovery",
+            EventKind::Slowdown => "slowdown",
+            EventKind::Surge => "surge",
+        }
+    }
 }

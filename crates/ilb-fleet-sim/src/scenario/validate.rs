@@ -446,6 +446,9 @@ fn validate_events(
         if let Some(d) = e.duration_s {
             positive(&format!("{f}.duration_s"), d)?;
         }
+        if let Some(w) = e.window_s {
+            positive(&format!("{f}.window_s"), w)?;
+        }
     }
     Ok(())
 }

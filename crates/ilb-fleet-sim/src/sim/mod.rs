@@ -5,11 +5,12 @@
 //! O(log n) per event; deterministic for a seed.
 
 mod events;
+mod transients;
 
 pub use events::{nanos, seconds};
 
 use crate::engines::SimEngine;
-use crate::metrics::{Completion, PolicyResult, Recorder};
+use crate::metrics::{Completion, PolicyResult, Recorder, TRANSIENT_WINDOW_S};
 use crate::policy::{Decision, Load, Policy, Topology};
 use crate::scenario::{EventKind, Scenario};
 use crate::workload::{demand_rps, Session};
@@ -22,6 +23,7 @@ use ilb_engine_sim::{Nanos, Outcome, Request};
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64Mcg;
 use std::collections::HashMap;
+use transients::{Reflects, Watch};
 
 /// How long and with what seed one run goes.
 #[derive(Clone, Copy, Debug)]
@@ -64,6 +66,8 @@ struct Sim<'a> {
     last_sample: Nanos,
     /// Arrivals per stream after the warm-up.
     measured_arrivals: Vec<u64>,
+    /// Per scenario event (policies with a control loop): its plan watch.
+    watches: Vec<(usize, Watch)>,
 }
 
 /// Runs `policy` over `scenario` and returns what was measured.
@@ -107,6 +111,7 @@ pub fn run(
         failures: Vec::new(),
         last_sample: 0,
         measured_arrivals: vec![0; n_streams],
+        watches: Vec::new(),
     };
     sim.start();
     sim.run_loop();
@@ -120,6 +125,11 @@ pub fn run(
         .map(|f| f.2.unwrap_or(f64::INFINITY))
         .fold(None, |acc: Option<f64>, x| Some(acc.map_or(x, |a| a.max(x))));
     let replan = if sim.policy.period_s().is_some() { replan } else { None };
+    for (i, w) in std::mem::take(&mut sim.watches) {
+        let since = |t: Option<Nanos>| t.map(|t| seconds(t - w.at));
+        sim.recorder.transient_plan(i, since(w.replan), since(w.settled));
+    }
+    sim.recorder.result.plans = sim.policy.period_s().is_some();
     Ok(sim.recorder.finish(spec.duration_s, replan))
 }
 
@@ -139,7 +149,53 @@ impl Sim<'_> {
         self.queue.push(nanos(self.spec.sample_period_s), Event::Sample);
         for (i, e) in self.scenario.file.events.iter().enumerate() {
             self.queue.push(nanos(e.at_s), Event::Scenario(i));
+            let window = e
+                .window_s
+                .or(if e.kind == EventKind::Surge { e.duration_s } else { None })
+                .unwrap_or(TRANSIENT_WINDOW_S)
+                .min(self.next_event_s(e.at_s) - e.at_s);
+            self.recorder.add_transient(i, e.kind.name(), e.at_s, window);
         }
+    }
+
+    /// The time of the first scenario event after `t_s`, or the end of the run.
+    fn next_event_s(&self, t_s: f64) -> f64 {
+        let events = self.scenario.file.events.iter().map(|e| e.at_s).filter(|&at| at > t_s);
+        events.fold(self.spec.duration_s, f64::min)
+    }
+
+    /// The current intended split, stream-major.
+    fn plan(&self) -> Vec<f64> {
+        let mut weights = vec![0.0; self.scenario.streams.len() * self.topology.n_engines];
+        self.policy.weights(self.topology, &self.load, &mut weights);
+        weights
+    }
+
+    fn demand_at(&self, t_s: f64) -> Vec<f64> {
+        (0..self.scenario.streams.len()).map(|s| demand_rps(self.scenario, s, t_s)).collect()
+    }
+
+    /// A plan was installed at `now`: every watch still looking sees it.
+    fn watch_plans(&mut self, now: Nanos) {
+        if !self.watches.iter().any(|(_, w)| w.at <= now && now <= w.until && w.settled.is_none()) {
+            return;
+        }
+        let (plan, demand) = (self.plan(), self.demand_at(seconds(now)));
+        for (_, w) in &mut self.watches {
+            w.observe(now, &plan, &demand);
+        }
+    }
+
+    /// Starts watching the plans after scenario event `i` (before it takes effect).
+    fn watch(&mut self, now: Nanos, i: usize, reflects: Reflects) {
+        if self.policy.period_s().is_none() {
+            return;
+        }
+        let t_s = seconds(now);
+        let until = nanos(self.next_event_s(t_s));
+        let before = self.demand_at((t_s - 1e-6).max(0.0));
+        let watch = Watch::new(now, until, reflects, self.topology.n_engines, self.plan(), before);
+        self.watches.push((i, watch));
     }
 
     fn run_loop(&mut self) {
@@ -160,7 +216,10 @@ impl Sim<'_> {
                 Event::Scrape => self.scrape(now),
                 Event::Report => self.report(now),
                 Event::Tick => self.tick(now),
-                Event::PolicyWake => self.policy.on_wake(now, self.topology),
+                Event::PolicyWake => {
+                    self.policy.on_wake(now, self.topology);
+                    self.watch_plans(now);
+                }
                 Event::Sample => self.sample(now),
                 Event::Scenario(i) => self.scenario_event(now, i),
             }
@@ -282,6 +341,7 @@ impl Sim<'_> {
             output_tokens: o.output_tokens,
             prompt_tokens: o.prompt_tokens,
             cached_tokens: o.cached_tokens,
+            arrived_s: seconds(o.arrival),
         });
         if let Some((next, think_s)) = live.session.next_turn(&self.scenario.file.workload) {
             let at = (o.finished_at + nanos(live.net_ms / 1e3 + think_s)).max(now);
@@ -418,6 +478,9 @@ impl Sim<'_> {
         match e.kind {
             EventKind::EngineFailure | EventKind::RegionOutage => {
                 let failing: Vec<usize> = engines.into_iter().filter(|&j| self.engines[j].up).collect();
+                if !failing.is_empty() {
+                    self.watch(now, i, Reflects::Excludes(failing.clone()));
+                }
                 for &j in &failing {
                     self.advance(j, now);
                 }
@@ -428,6 +491,7 @@ impl Sim<'_> {
                     .map(|(&id, _)| id)
                     .collect();
                 self.recorder.failed_in_flight(lost.len() as u64);
+                self.recorder.transient_lost(i, lost.len() as u64);
                 for id in lost {
                     if let Some(l) = self.live.remove(&id) {
                         self.release(l.engine, l.session.stream);
@@ -446,19 +510,32 @@ impl Sim<'_> {
                 }
             }
             EventKind::EngineRecovery | EventKind::RegionRecovery => {
+                self.watch(now, i, Reflects::Includes(engines.clone()));
                 for j in engines {
                     self.engines[j].up = true;
                     self.load.up[j] = true;
                 }
             }
             EventKind::Slowdown => {
+                let factor = e.factor.unwrap_or(1.0);
+                if factor != 1.0 {
+                    self.watch(now, i, Reflects::Share(engines.clone(), factor > 1.0));
+                }
                 for j in engines {
                     self.advance(j, now);
                     self.engines[j].model.set_slowdown(e.factor.unwrap_or(1.0));
                     self.reschedule(j, now);
                 }
             }
-            EventKind::Surge => {}
+            EventKind::Surge => {
+                let streams: Vec<usize> = (0..self.scenario.streams.len())
+                    .filter(|&s| {
+                        let cluster = &self.scenario.clusters[self.topology.stream_cluster[s]].0;
+                        e.cluster.as_ref().is_none_or(|c| c == cluster)
+                    })
+                    .collect();
+                self.watch(now, i, Reflects::Moved(streams));
+            }
         }
     }
 }

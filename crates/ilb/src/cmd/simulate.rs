@@ -1,15 +1,27 @@
 //! `ilb simulate SCENARIO.toml`: runs a fleet scenario in virtual time with every routing
 //! policy it lists, prints the comparison table, and optionally writes the JSON results and
-//! SVG plots. The simulator itself (`ilb-fleet-sim`) does no IO; this module reads the
-//! scenario file and writes the outputs.
+//! SVG plots. With several scenarios or `--seeds`, runs every scenario with every seed and
+//! prints, per scenario, Markdown tables of mean (min–max) over the seeds. The simulator
+//! itself (`ilb-fleet-sim`) does no IO; this module reads the scenario files and writes the
+//! outputs.
 
 use anyhow::Context;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 #[derive(clap::Args)]
 pub struct SimulateArgs {
-    /// Scenario file (TOML; see docs/simulate.md).
-    scenario: PathBuf,
+    /// Scenario files (TOML; see docs/simulate.md), e.g. `scenarios/*.toml`.
+    #[arg(required = true)]
+    scenarios: Vec<PathBuf>,
+    /// Run every scenario with each of these seeds (comma-separated) and print mean (min–max)
+    /// tables over them (default: each scenario's own `seed`, one run).
+    #[arg(long, value_delimiter = ',')]
+    seeds: Option<Vec<u64>>,
+    /// Runs in parallel (each run is single-threaded). Default 1.
+    #[arg(long, default_value_t = 1)]
+    jobs: usize,
     /// Write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -28,10 +40,11 @@ pub struct SimulateArgs {
 }
 
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(&args.scenario)
-        .with_context(|| format!("reading scenario {}", args.scenario.display()))?;
-    let scenario = ilb_fleet_sim::Scenario::from_toml(&text)
-        .with_context(|| format!("scenario {}", args.scenario.display()))?;
+    if args.scenarios.len() > 1 || args.seeds.is_some() {
+        return run_many(args);
+    }
+    let path = &args.scenarios[0];
+    let scenario = read(path)?;
     let options = ilb_fleet_sim::Options {
         duration_s: args.duration,
         seed: args.seed,
@@ -50,6 +63,75 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             let path = dir.join(name);
             std::fs::write(&path, svg).with_context(|| format!("writing {}", path.display()))?;
         }
+    }
+    Ok(())
+}
+
+fn read(path: &PathBuf) -> anyhow::Result<ilb_fleet_sim::Scenario> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading scenario {}", path.display()))?;
+    ilb_fleet_sim::Scenario::from_toml(&text).with_context(|| format!("scenario {}", path.display()))
+}
+
+/// Every scenario × every seed, `jobs` runs at a time; Markdown tables per scenario on stdout,
+/// each run's wall-clock time on stderr.
+fn run_many(args: SimulateArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.plots.is_none(), "--plots needs a single scenario and seed");
+    anyhow::ensure!(args.seed.is_none() || args.seeds.is_none(), "give --seed or --seeds, not both");
+    let scenarios = args.scenarios.iter().map(read).collect::<anyhow::Result<Vec<_>>>()?;
+    let mut jobs = Vec::new();
+    for (i, scenario) in scenarios.iter().enumerate() {
+        let seeds = args.seeds.clone().unwrap_or_else(|| vec![args.seed.unwrap_or(scenario.file.seed)]);
+        for seed in seeds {
+            jobs.push((i, seed));
+        }
+    }
+    let results: Mutex<Vec<Option<anyhow::Result<ilb_fleet_sim::Comparison>>>> =
+        Mutex::new(jobs.iter().map(|_| None).collect());
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..args.jobs.clamp(1, jobs.len().max(1)) {
+            scope.spawn(|| loop {
+                let k = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&(i, seed)) = jobs.get(k) else { break };
+                let options = ilb_fleet_sim::Options {
+                    duration_s: args.duration,
+                    seed: Some(seed),
+                    policies: args.policies.clone(),
+                    calibration_s: None,
+                };
+                let watch = ilb_fleet_sim::clock::Stopwatch::start();
+                let result = ilb_fleet_sim::simulate(&scenarios[i], &options)
+                    .with_context(|| format!("{} seed {seed}", args.scenarios[i].display()));
+                eprintln!(
+                    "{} seed {seed}: {:.1} s wall clock{}",
+                    scenarios[i].file.name,
+                    watch.elapsed_s(),
+                    if result.is_ok() { "" } else { " (failed)" }
+                );
+                if let Ok(mut slots) = results.lock() {
+                    slots[k] = Some(result);
+                }
+            });
+        }
+    });
+    let results = results.into_inner().map_err(|_| anyhow::anyhow!("a simulation thread panicked"))?;
+    let mut by_scenario: Vec<Vec<ilb_fleet_sim::Comparison>> = scenarios.iter().map(|_| Vec::new()).collect();
+    for ((i, _), result) in jobs.iter().zip(results) {
+        let result = result.ok_or_else(|| anyhow::anyhow!("a simulation thread panicked"))?;
+        by_scenario[*i].push(result?);
+    }
+    for runs in &by_scenario {
+        println!("{}", ilb_fleet_sim::report::seeds(runs));
+    }
+    println!("Summary (mean over seeds of each run's mean end-to-end latency):\n");
+    for runs in &by_scenario {
+        println!("- {}", ilb_fleet_sim::report::versus(runs, "ilb", "feedback"));
+    }
+    if let Some(path) = &args.json {
+        let all: Vec<&ilb_fleet_sim::Comparison> = by_scenario.iter().flatten().collect();
+        let json = serde_json::to_string_pretty(&all)?;
+        std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }

@@ -1,0 +1,133 @@
+//! Scenarios where planning should matter (issue 14, item 4), each run with seeds 1, 2 and 3
+//! at the bundled file's own (short) duration and calibration, and each asserting what the
+//! scenario is for: `ilb` against the policies the scenario is built to beat, on every seed.
+//! The fleets are six small engines so that a seed runs in seconds in a debug build; the
+//! tables over all policies are in crates/ilb-fleet-sim/README.md (`ilb simulate --seeds`).
+
+use ilb_fleet_sim::metrics::TransientStats;
+use ilb_fleet_sim::{simulate, Comparison, Options, PolicyResult, Scenario};
+
+const SEEDS: [u64; 3] = [1, 2, 3];
+
+fn runs(text: &str, policies: &[&str]) -> Vec<Comparison> {
+    let scenario = Scenario::from_toml(text).expect("bundled scenario is valid");
+    SEEDS
+        .iter()
+        .map(|&seed| {
+            let options = Options {
+                seed: Some(seed),
+                policies: Some(policies.iter().map(|p| (*p).to_owned()).collect()),
+                ..Options::default()
+            };
+            simulate(&scenario, &options).expect("simulation runs")
+        })
+        .collect()
+}
+
+/// `ilb`'s mean end-to-end latency is below each of `others`' on every seed.
+fn ilb_mean_below(runs: &[Comparison], others: &[&str], of: fn(&PolicyResult) -> f64, what: &str) {
+    for c in runs {
+        let ilb = of(&c.policies["ilb"]);
+        for name in others {
+            let other = of(&c.policies[*name]);
+            assert!(ilb < other, "{} seed {}: {what} ilb {ilb:.1} vs {name} {other:.1}", c.scenario, c.seed);
+        }
+    }
+}
+
+fn transient<'a>(c: &'a Comparison, policy: &str) -> &'a TransientStats {
+    c.policies[policy].transients.first().expect("the scenario has an event")
+}
+
+#[test]
+fn far_regions_ilb_keeps_short_requests_near_home() {
+    let runs = runs(include_str!("../../../scenarios/far-regions.toml"), &["nearest", "feedback", "ilb"]);
+    // Network-blind `feedback` sends requests across oceans; `nearest` queues the EU's excess.
+    ilb_mean_below(&runs, &["feedback", "nearest"], |r| r.e2e_ms.mean, "mean e2e");
+    ilb_mean_below(&runs, &["feedback", "nearest"], |r| r.ttft_ms.mean, "mean ttft");
+    for c in &runs {
+        assert_eq!(c.policies["ilb"].failed, 0, "seed {}", c.seed);
+    }
+}
+
+#[test]
+fn hot_residency_ilb_keeps_the_bound_traffic_home_and_spills_the_free_traffic() {
+    let runs = runs(include_str!("../../../scenarios/hot-residency.toml"), &["nearest", "feedback", "ilb"]);
+    ilb_mean_below(&runs, &["feedback", "nearest"], |r| r.e2e_ms.mean, "mean e2e");
+    for c in &runs {
+        for (name, r) in &c.policies {
+            assert_eq!(r.residency_violations, 0, "{name} seed {}", c.seed);
+        }
+        assert_eq!(c.policies["ilb"].failed, 0, "seed {}", c.seed);
+    }
+}
+
+#[test]
+fn surge_ilb_replans_from_the_demand_reports_and_has_the_lowest_latency_during_the_surge() {
+    let runs = runs(include_str!("../../../scenarios/surge.toml"), &["nearest", "feedback", "ilb"]);
+    for c in &runs {
+        let ilb = transient(c, "ilb");
+        let replan = ilb.replan_s.expect("ilb re-planned for the surge");
+        // The data planes' demand is smoothed over 5 s, solves run every 2 s and snapshots are
+        // pulled 1 s later: a plan reflecting a 2.5 × surge within 10 s.
+        assert!(replan <= 10.0, "seed {}: ilb re-planned after {replan} s", c.seed);
+        for name in ["feedback", "nearest"] {
+            let other = transient(c, name);
+            assert!(
+                ilb.e2e_ms.mean < other.e2e_ms.mean,
+                "seed {}: mean e2e during the surge: ilb {:.1} vs {name} {:.1}",
+                c.seed,
+                ilb.e2e_ms.mean,
+                other.e2e_ms.mean
+            );
+        }
+    }
+}
+
+/// Does not hold on main at the time of writing (seeds 1–3, release build): ilb cut the grey
+/// engine's share by a quarter after 9–15 s against `feedback`'s 3–7 s, and the mean e2e
+/// latency of the requests arriving in the minute after the slowdown was 874–1042 ms against
+/// `feedback`'s 759–991 ms (ilb behind on every seed). Run with `--ignored` after planner
+/// changes (issue 14).
+#[test]
+#[ignore = "ilb is behind feedback on every seed; see the doc comment and issue 14"]
+fn grey_engine_ilb_moves_traffic_off_the_slow_engine_and_beats_feedback_during_it() {
+    let runs = runs(include_str!("../../../scenarios/grey-engine.toml"), &["round-robin", "feedback", "ilb"]);
+    for c in &runs {
+        let ilb = transient(c, "ilb");
+        let replan = ilb.replan_s.expect("ilb moved traffic off the grey engine");
+        assert!(replan <= 30.0, "seed {}: ilb cut the grey engine's share after {replan} s", c.seed);
+        for name in ["feedback", "round-robin"] {
+            let other = transient(c, name);
+            assert!(
+                ilb.e2e_ms.mean < other.e2e_ms.mean,
+                "seed {}: mean e2e after the slowdown: ilb {:.1} vs {name} {:.1}",
+                c.seed,
+                ilb.e2e_ms.mean,
+                other.e2e_ms.mean
+            );
+        }
+    }
+}
+
+#[test]
+fn peak_outage_ilb_replans_at_once_loses_only_in_flight_requests_and_beats_feedback_during_it() {
+    let runs = runs(include_str!("../../../scenarios/peak-outage.toml"), &["nearest", "feedback", "ilb"]);
+    for c in &runs {
+        let ilb = &c.policies["ilb"];
+        let outage = transient(c, "ilb");
+        let replan = outage.replan_s.expect("ilb re-planned around the outage");
+        // The next solve (every 2 s) plus the snapshot pull (1 s).
+        assert!(replan <= 3.0 + 1e-9, "seed {}: re-planned after {replan} s", c.seed);
+        assert_eq!(ilb.failed, ilb.failed_in_flight, "seed {}: lost beyond the in-flight requests", c.seed);
+        assert!(c.policies["nearest"].failed_no_engine > 0, "nearest has nowhere to send b's traffic");
+        let feedback = transient(c, "feedback");
+        assert!(
+            outage.e2e_ms.mean < feedback.e2e_ms.mean,
+            "seed {}: mean e2e during the outage: ilb {:.1} vs feedback {:.1}",
+            c.seed,
+            outage.e2e_ms.mean,
+            feedback.e2e_ms.mean
+        );
+    }
+}
