@@ -14,8 +14,8 @@
 use crate::config::ClassRule;
 use crate::fleet::{ClassKey, Fleet, Now};
 use crate::profile::LatencyProfile;
-use ilb_core::priority::Priority;
 use ilb_core::constraint::satisfies;
+use ilb_core::priority::Priority;
 use ilb_core::snapshot::{ClassRoutes, EngineEntry, EngineWeight, ModelRoutes, Snapshot, FORMAT};
 use ilb_core::{ClassId, ClusterId, EngineId, ModelName, SnapshotVersion};
 use ilb_optimizer::{Class, Engine, Latency, NetworkMatrix, Problem, Solution, SolverOptions};
@@ -158,7 +158,11 @@ fn priority_parts(measured: [f64; 4], floor: f64) -> Vec<(Priority, f64)> {
         let into = if share >= MIN_PART_SHARE { p } else { largest };
         shares[into] += share;
     }
-    Priority::ALL.into_iter().filter(|p| shares[p.index()] > 0.0).map(|p| (p, planned * shares[p.index()])).collect()
+    Priority::ALL
+        .into_iter()
+        .filter(|p| shares[p.index()] > 0.0)
+        .map(|p| (p, planned * shares[p.index()]))
+        .collect()
 }
 
 /// The problem's id for a part of class `key`: `cluster/class`, with `@priority` for parts

@@ -126,6 +126,10 @@ pub fn topology(scenario: &Scenario, capacity_rps: &[f64]) -> Topology {
             .iter()
             .map(|s| s.class_rule.and_then(|r| scenario.file.classes[r].residency.clone()))
             .collect(),
+        stream_priority: streams
+            .iter()
+            .map(|s| ilb_core::priority::Priority::parse(&s.priority).unwrap_or_default())
+            .collect(),
         cluster_ids: scenario.clusters.iter().map(|(id, _)| id.clone()).collect(),
         engine_model: scenario.engines.iter().map(|e| scenario.models[e.model].clone()).collect(),
         engine_entries: scenario

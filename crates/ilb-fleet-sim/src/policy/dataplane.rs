@@ -5,10 +5,14 @@
 //! [`ClassTable::select`](ilb_core::table::ClassTable::select): the engine the key's
 //! [`AffinityTable`] remembers, else for a new key the less loaded of the hash's first two
 //! candidates (with `[control] place_new_keys_by_load`), else weighted consistent
-//! hashing under the bounded-load rule.
+//! hashing under the bounded-load rule. Planned shedding is the data plane's own
+//! ([`ilb_core::admission`]): each class's per-priority arrival rates, re-planned every
+//! [`SHED_PLAN_PERIOD`], turn its `shed_fraction` into shed probabilities, lowest priority first.
 
 use super::{Decision, Load, Topology};
+use ilb_core::admission::{self, ClassShedding, SHED_PLAN_PERIOD};
 use ilb_core::affinity::{self, AffinityTable};
+use ilb_core::priority::PerPriority;
 use ilb_core::snapshot::Snapshot;
 use ilb_core::table::{Constraints, RoutingTable};
 use ilb_engine_sim::Nanos;
@@ -33,10 +37,39 @@ pub struct DataPlanes {
     pub rejected: u64,
     /// Per cluster: the data plane's memory of which engine served each key.
     affinity: Vec<AffinityTable>,
+    /// Per stream: its traffic class (cluster, model, class), an index into `shedding`.
+    stream_group: Vec<usize>,
+    shedding: Vec<Shedding>,
 }
+
+/// A class's planned shedding, as the data plane's background task keeps it.
+struct Shedding {
+    arrivals: PerPriority<u64>,
+    state: ClassShedding,
+    probability: PerPriority<f64>,
+    next_plan: Nanos,
+}
+
+/// After this many shedding periods without an arrival the rates start from zero again
+/// (the data plane's task would have decayed them to nearly that).
+const IDLE_PERIODS: u32 = 64;
 
 impl DataPlanes {
     pub fn new(topology: &Topology) -> DataPlanes {
+        let mut groups: Vec<(usize, &str, &str)> = Vec::new();
+        let stream_group = (0..topology.stream_cluster.len())
+            .map(|s| {
+                let key = (
+                    topology.stream_cluster[s],
+                    topology.stream_model[s].as_str(),
+                    topology.stream_class[s].as_str(),
+                );
+                groups.iter().position(|g| *g == key).unwrap_or_else(|| {
+                    groups.push(key);
+                    groups.len() - 1
+                })
+            })
+            .collect();
         DataPlanes {
             installed: (0..topology.n_clusters).map(|_| None).collect(),
             pending: VecDeque::new(),
@@ -50,7 +83,48 @@ impl DataPlanes {
             affinity: (0..topology.n_clusters)
                 .map(|_| AffinityTable::new(affinity::DEFAULT_ENTRIES, affinity::DEFAULT_TTL_S))
                 .collect(),
+            stream_group,
+            shedding: (0..groups.len())
+                .map(|_| Shedding {
+                    arrivals: PerPriority::default(),
+                    state: ClassShedding::new(PerPriority::default()),
+                    probability: PerPriority::default(),
+                    next_plan: SHED_PLAN_PERIOD.as_nanos() as Nanos,
+                })
+                .collect(),
         }
+    }
+
+    /// Counts one arrival of `stream` in its class and says whether the data plane's planned
+    /// shedding sheds it: the class's shed probabilities are re-planned every
+    /// [`SHED_PLAN_PERIOD`] from its arrivals, as the data plane's background task does.
+    fn shed(
+        &mut self,
+        now: Nanos,
+        topology: &Topology,
+        stream: usize,
+        shed_fraction: f64,
+        rng: &mut Pcg64Mcg,
+    ) -> bool {
+        let period = SHED_PLAN_PERIOD.as_nanos() as Nanos;
+        let s = &mut self.shedding[self.stream_group[stream]];
+        if now >= s.next_plan {
+            let periods = (now - s.next_plan) / period + 1;
+            if periods > Nanos::from(IDLE_PERIODS) {
+                s.state = ClassShedding::new(s.arrivals);
+                s.probability = admission::shed_probabilities(shed_fraction, s.state.rates());
+            } else {
+                for _ in 0..periods {
+                    s.probability = s.state.plan(s.arrivals, shed_fraction);
+                }
+            }
+            s.next_plan += periods * period;
+        }
+        let priority = topology.stream_priority[stream];
+        s.arrivals[priority] += 1;
+        // The draw only when shedding is planned, so runs without it keep their random streams.
+        let p = s.probability[priority];
+        p > 0.0 && admission::shed(p, rng.gen::<f64>())
     }
 
     /// Snapshots published now, installed by data planes at `at`.
@@ -108,9 +182,9 @@ impl DataPlanes {
     /// within `ilb_core::table::within_load_bound` (the stream's in-flight count on each), then
     /// without the bound.
     /// Candidates that are down or violate the stream's constraints are never admitted.
-    /// Requests are shed first with the class's planned `shed_fraction`. Hot path.
+    /// Requests are first shed as the data plane sheds them (lowest priority first). Hot path.
     pub fn route(
-        &self,
+        &mut self,
         now: Nanos,
         topology: &Topology,
         load: &Load,
@@ -126,9 +200,17 @@ impl DataPlanes {
         let Some(class) = installed.stream_class[stream].map(|i| &model.classes[i]) else {
             return Decision::NoEngine;
         };
-        if class.shed_fraction > 0.0 && rng.gen::<f64>() < class.shed_fraction {
+        let shed_fraction = class.shed_fraction;
+        if self.shed(now, topology, stream, shed_fraction, rng) {
             return Decision::Shed;
         }
+        let Some(installed) = &self.installed[c] else { return Decision::NoEngine };
+        let Some(model) = installed.table.model(&topology.stream_model[stream]) else {
+            return Decision::NoEngine;
+        };
+        let Some(class) = installed.stream_class[stream].map(|i| &model.classes[i]) else {
+            return Decision::NoEngine;
+        };
         let n = topology.n_engines;
         let mask = &topology.allowed_mask[stream];
         let class_load = f64::from(load.stream_in_flight[stream]);

@@ -41,6 +41,8 @@ pub struct Topology {
     pub stream_class: Vec<String>,
     pub stream_require: Vec<Vec<String>>,
     pub stream_residency: Vec<Option<String>>,
+    /// Per stream: its priority (`x-ilb-priority`).
+    pub stream_priority: Vec<ilb_core::priority::Priority>,
     pub cluster_ids: Vec<String>,
     /// Per engine: the model it serves.
     pub engine_model: Vec<String>,
