@@ -291,8 +291,9 @@ impl<'m, 'p> Run<'m, 'p> {
             if gap <= target || eps <= eps_min || out_of_steps {
                 break;
             }
-            if self.pass.residual > FINE_TOLERANCE && converged {
-                // Not converged enough for the certificate: tighten first.
+            if self.pass.residual > FINE_TOLERANCE && converged && smoothing < 0.5 * gap {
+                // The smoothing explains less than half of the gap: the residual is what is
+                // left, so tighten first (otherwise tightening would not help: shrink ε).
                 tolerance = (self.pass.residual * 0.01).max(FINE_TOLERANCE);
             } else {
                 let factor = (smoothing / (0.5 * target)).clamp(2.0, 50.0);
