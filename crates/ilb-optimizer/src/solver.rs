@@ -243,7 +243,7 @@ impl<'m, 'p> Run<'m, 'p> {
     /// small the residual is driven down until the certificate passes.
     pub fn solve(&mut self, u: Vec<f64>, eps_start: f64) -> (Repaired, f64) {
         self.u = u;
-        self.radius = 2.0 * eps_start;
+        self.radius = (2.0 * eps_start).max(0.02 * self.scale);
         let rho = self.model.rho;
         let target = self.options.gap_target;
         let eps_min = 1e-6 * self.scale;
@@ -477,12 +477,5 @@ impl<'m, 'p> Run<'m, 'p> {
 }
 
 fn clone_lists(c: &Candidates) -> Candidates {
-    Candidates {
-        start: c.start.clone(),
-        class: c.class.clone(),
-        net: c.net.clone(),
-        prev: c.prev.clone(),
-        base_u: c.base_u.clone(),
-        width: c.width,
-    }
+    c.clone_lists()
 }
