@@ -228,7 +228,7 @@ impl<'m, 'p> Run<'m, 'p> {
 
     /// Candidate window for smoothing `eps`: 2ερ plus twice the drift budget.
     fn width(&self, eps: f64) -> f64 {
-        2.0 * eps * self.model.rho + 2.0 * (2.0 * eps).max(0.01 * self.scale)
+        2.0 * eps * self.model.rho + 2.0 * (2.0 * eps).max(0.0025 * self.scale)
     }
 
     fn lists_valid(cand: &Candidates, u: &[f64], eps: f64, rho: f64) -> bool {
