@@ -171,13 +171,14 @@ pub(crate) fn repair(
 /// used instead and the bound stays valid.
 fn lower_bound(model: &Model, cand: &Candidates, pass: &Pass, u: &[f64], eps: f64) -> f64 {
     let outside_margin = cand.width - 2.0 * cand.drift(u) - eps * model.rho;
+    let best_route = pass.best_routes(model, cand);
     let mut bound = 0.0;
     for k in 0..model.n_classes() {
         if !model.class_on[k] {
             continue;
         }
         let outside = u[k] + outside_margin;
-        bound += model.bound_term(k, pass.best_route[k].min(outside));
+        bound += model.bound_term(k, best_route[k].min(outside));
     }
     for j in 0..model.n_engines() {
         if model.engine_on[j] {

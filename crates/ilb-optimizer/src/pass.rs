@@ -168,6 +168,8 @@ pub(crate) struct Candidates {
     pub prev: Vec<f64>,
     pub base_u: Vec<f64>,
     pub width: f64,
+    /// Scratch for one engine's window during a rebuild.
+    window: Vec<u32>,
 }
 
 impl Candidates {
@@ -182,18 +184,36 @@ impl Candidates {
         self.width = width;
         let n = model.n_classes();
         let have_prev = !prev.start.is_empty();
+        // A few classes per engine are typical: reserving avoids most regrowth (and its copies).
+        let expected = prev.class.len() + 4 * model.n_engines();
+        self.start.reserve(model.n_engines() + 1);
+        self.class.reserve(expected);
+        self.net.reserve(expected);
+        self.prev.reserve(expected);
         self.start.push(0);
-        for j in 0..model.n_engines() {
+        let m = model.n_engines();
+        for j in 0..m {
+            if j == m / 32 && j > 0 {
+                // Extrapolate from the first engines (plus an eighth) and reserve once more.
+                let estimate = self.class.len() * m / j + self.class.len() * m / j / 8;
+                let extra = estimate.saturating_sub(self.class.len());
+                self.class.reserve(extra);
+                self.net.reserve(extra);
+                self.prev.reserve(extra);
+            }
             if model.engine_on[j] && n > 0 {
                 let column = model.network.engine_column(j);
                 // Forbidden pairs are +∞ and classes without demand have u = −∞.
                 let threshold = best_reduced_cost(u, column) - width;
                 let (p_lo, p_hi) = if have_prev { (prev.start[j], prev.start[j + 1]) } else { (0, 0) };
                 let allowed = |k: usize| column[k].is_finite() && model.class_on[k];
+                // The classes within the window, ascending (one compare per pair, the few that
+                // pass are checked).
+                window_classes(u, column, threshold, &mut self.window);
                 if p_lo == p_hi {
-                    // Hot: one compare per pair, the few that pass are checked.
-                    for k in 0..n {
-                        if u[k] - column[k] >= threshold && allowed(k) {
+                    for &k in &self.window {
+                        let k = k as usize;
+                        if allowed(k) {
                             self.class.push(k as u32);
                             self.net.push(column[k]);
                             self.prev.push(0.0);
@@ -202,6 +222,7 @@ impl Candidates {
                 } else {
                     // Merge the pairs within the window with the previous routes (both by class).
                     let mut p = p_lo;
+                    let window = std::mem::take(&mut self.window);
                     let emit = |cand: &mut Self, k: usize, x_prev: f64| {
                         if allowed(k) {
                             cand.class.push(k as u32);
@@ -209,10 +230,8 @@ impl Candidates {
                             cand.prev.push(x_prev);
                         }
                     };
-                    for k in 0..n {
-                        if u[k] - column[k] < threshold {
-                            continue;
-                        }
+                    for &k in &window {
+                        let k = k as usize;
                         while p < p_hi && (prev.class[p] as usize) < k {
                             if prev.rps[p] > 0.0 {
                                 emit(self, prev.class[p] as usize, prev.rps[p]);
@@ -231,9 +250,23 @@ impl Candidates {
                             emit(self, prev.class[p] as usize, prev.rps[p]);
                         }
                     }
+                    self.window = window;
                 }
             }
             self.start.push(self.class.len());
+        }
+    }
+
+    /// A copy of the lists (not of the scratch).
+    pub fn clone_lists(&self) -> Candidates {
+        Candidates {
+            start: self.start.clone(),
+            class: self.class.clone(),
+            net: self.net.clone(),
+            prev: self.prev.clone(),
+            base_u: self.base_u.clone(),
+            width: self.width,
+            window: Vec::new(),
         }
     }
 
@@ -244,6 +277,31 @@ impl Candidates {
             .filter(|(a, _)| a.is_finite())
             .map(|(a, b)| (a - b).abs())
             .fold(0.0, f64::max)
+    }
+}
+
+/// The classes k with u_k − n_kj ≥ `threshold` in one engine's column, ascending, into `out`:
+/// eight compares form a mask (branch-free, so the compiler can vectorise them) and only the set
+/// bits are visited, since few pairs pass.
+fn window_classes(u: &[f64], column: &[f64], threshold: f64, out: &mut Vec<u32>) {
+    out.clear();
+    let (cu, cc) = (u.chunks_exact(8), column.chunks_exact(8));
+    let (ru, rc) = (cu.remainder(), cc.remainder());
+    for (chunk, (a, b)) in cu.zip(cc).enumerate() {
+        let mut mask = 0u32;
+        for i in 0..8 {
+            mask |= ((a[i] - b[i] >= threshold) as u32) << i;
+        }
+        while mask != 0 {
+            out.push((chunk * 8) as u32 + mask.trailing_zeros());
+            mask &= mask - 1;
+        }
+    }
+    let tail = u.len() - ru.len();
+    for (i, (a, b)) in ru.iter().zip(rc).enumerate() {
+        if a - b >= threshold {
+            out.push((tail + i) as u32);
+        }
     }
 }
 
@@ -279,8 +337,6 @@ pub(crate) struct Pass {
     pub flow: Vec<f64>,
     pub shed: Vec<f64>,
     pub grad: Vec<f64>,
-    /// min over candidate engines of n_kj + q_j (for the bound and for idle classes).
-    pub best_route: Vec<f64>,
     /// Smoothed dual value.
     pub dual: f64,
     /// Σ_k |grad_k| / Σ_k d_k.
@@ -288,14 +344,25 @@ pub(crate) struct Pass {
     /// The smoothing terms at the pass's flows: Σ_j ε/(2c_j)·Σ_k (x_kj − x⁰_kj)² plus shedding's.
     /// At the smoothed optimum this bounds how far smoothing keeps the routing from optimal.
     pub smoothing: f64,
-    scratch: Vec<f64>,
+    /// The entries with positive flow, engine by engine (CSR over engines): the Newton matrix
+    /// needs only these, and they are a small fraction of the candidate lists.
+    active_start: Vec<usize>,
+    active: Vec<u32>,
+    /// r'_i of each candidate entry (see `solve_engine`), reused within the engine's solve.
+    reduced: Vec<f64>,
+    /// One engine's classes that can receive flow: (r'_i, entry), r' descending once sorted.
+    scratch: Vec<(f64, u32)>,
 }
 
 impl Pass {
     pub fn run(&mut self, model: &Model, cand: &Candidates, u: &[f64], eps: f64) {
         let (n, m) = (model.n_classes(), model.n_engines());
+        let entries = cand.class.len();
         self.x.clear();
-        self.x.resize(cand.class.len(), 0.0);
+        self.x.resize(entries, 0.0);
+        if self.reduced.len() < entries {
+            self.reduced.resize(entries, 0.0);
+        }
         self.q.resize(m, 0.0);
         self.load.clear();
         self.load.resize(m, 0.0);
@@ -303,42 +370,65 @@ impl Pass {
         self.slope.resize(m, 0.0);
         self.flow.clear();
         self.flow.resize(n, 0.0);
-        self.best_route.clear();
-        self.best_route.resize(n, f64::INFINITY);
+        self.active.clear();
+        self.active_start.clear();
+        self.active_start.push(0);
         let mut engines_value = 0.0;
         let mut smoothing = 0.0;
         for j in 0..m {
             if !model.engine_on[j] {
+                self.active_start.push(self.active.len());
                 continue;
             }
             let (lo, hi) = (cand.start[j], cand.start[j + 1]);
             let curve = &model.curves[j];
             let k_j = model.capacity[j] / eps;
-            let (q, slope) = solve_engine(
-                curve,
-                k_j,
-                u,
-                &cand.class[lo..hi],
-                &cand.net[lo..hi],
-                &cand.prev[lo..hi],
-                self.q[j],
-                &mut self.scratch,
-            );
+            let inv_k = eps / model.capacity[j];
+            // r'_i = u_k − n_kj + x⁰_i/k_j for every entry, their top, and Σ (x⁰_i)².
+            let (class, net, prev) = (&cand.class[lo..hi], &cand.net[lo..hi], &cand.prev[lo..hi]);
+            let reduced = &mut self.reduced[lo..hi];
+            let (mut top, mut prev_sq) = (f64::NEG_INFINITY, 0.0);
+            for i in 0..class.len() {
+                let r = u[class[i] as usize] - net[i] + prev[i] * inv_k;
+                reduced[i] = r;
+                top = if r > top { r } else { top };
+                prev_sq += prev[i] * prev[i];
+            }
+            let base = curve.base_price();
+            // Only classes within cap/k_j (= ερ) of the best can get flow: x_top = k_j (top − q) ≤ cap.
+            // The rest keep x = 0 and are not looked at again in this pass.
+            self.scratch.clear();
+            let (q, slope) = if top <= base {
+                (base, curve.response(base).1)
+            } else {
+                let floor = (top - curve.cap() * inv_k).max(base);
+                for (i, &r) in reduced.iter().enumerate() {
+                    if r > floor {
+                        self.scratch.push((r, (lo + i) as u32));
+                    }
+                }
+                self.scratch.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
+                solve_engine(curve, k_j, &self.scratch, self.q[j])
+            };
             let mut load = 0.0;
             let mut value = 0.0;
-            let mut quad = 0.0;
-            for e in lo..hi {
-                let k = cand.class[e] as usize;
-                let r = u[k] - cand.net[e];
-                let x = (k_j * (r + cand.prev[e] / k_j - q)).max(0.0);
-                self.x[e] = x;
-                load += x;
-                self.flow[k] += x;
-                let d = x - cand.prev[e];
-                value += r * x;
-                quad += d * d;
-                self.best_route[k] = self.best_route[k].min(cand.net[e] + q);
+            // Σ (x − x⁰)² = Σ (x⁰)² + Σ over flows of (x² − 2·x·x⁰).
+            let mut quad = prev_sq;
+            for &(r, e) in &self.scratch {
+                let x = k_j * (r - q);
+                if x > 0.0 {
+                    let e = e as usize;
+                    let k = cand.class[e] as usize;
+                    self.x[e] = x;
+                    load += x;
+                    self.flow[k] += x;
+                    value += (u[k] - cand.net[e]) * x;
+                    quad += x * (x - 2.0 * cand.prev[e]);
+                    self.active.push(e as u32);
+                }
             }
+            self.active_start.push(self.active.len());
+            let quad = quad.max(0.0);
             value -= curve.cost(load) + 0.5 * quad / k_j;
             smoothing += 0.5 * quad / k_j;
             engines_value += value;
@@ -371,28 +461,39 @@ impl Pass {
         self.residual = if total > 0.0 { abs_grad / total } else { 0.0 };
     }
 
+    /// min over candidate engines of n_kj + q_j, per class (for the bound).
+    pub fn best_routes(&self, model: &Model, cand: &Candidates) -> Vec<f64> {
+        let mut best = vec![f64::INFINITY; model.n_classes()];
+        for j in 0..model.n_engines() {
+            if !model.engine_on[j] {
+                continue;
+            }
+            let q = self.q[j];
+            for e in cand.start[j]..cand.start[j + 1] {
+                let k = cand.class[e] as usize;
+                best[k] = best[k].min(cand.net[e] + q);
+            }
+        }
+        best
+    }
+
     /// Adds −∇²(smoothed dual) to `h` (n × n, row-major, zeroed by the caller).
     pub fn add_hessian(&self, model: &Model, cand: &Candidates, u: &[f64], eps: f64, h: &mut [f64]) {
         let n = model.n_classes();
-        let mut active: Vec<usize> = Vec::new();
         for j in 0..model.n_engines() {
-            if self.load[j] <= 0.0 {
+            let active = &self.active[self.active_start[j]..self.active_start[j + 1]];
+            if active.is_empty() {
                 continue;
             }
-            active.clear();
-            active.extend(
-                (cand.start[j]..cand.start[j + 1])
-                    .filter(|&e| self.x[e] > 0.0)
-                    .map(|e| cand.class[e] as usize),
-            );
             let k_j = model.capacity[j] / eps;
             // Derivative of the water-filling: dx_a/du_b = k_j (δ_ab − α), α = 1/(|A| + γ/k_j).
             let alpha = 1.0 / (active.len() as f64 + self.slope[j] / k_j);
             let off = k_j * alpha;
-            for &a in &active {
+            for &ea in active {
+                let a = cand.class[ea as usize] as usize;
                 h[a * n + a] += k_j;
-                for &b in &active {
-                    h[a * n + b] -= off;
+                for &eb in active {
+                    h[a * n + cand.class[eb as usize] as usize] -= off;
                 }
             }
         }
@@ -405,68 +506,49 @@ impl Pass {
 }
 
 /// Solves engine j's water-filling for its price q: load(q) = k_j·Σ_i (r'_i − q)₊ with
-/// r'_i = u_k − n_kj + x⁰_i/k_j, where load(q) is the engine's best response. The reduced costs
-/// are sorted once; the active count is found by walking the breakpoints, and the smooth
-/// equation on that piece is solved by Newton's method kept inside its bracket (O(1) per step
-/// thanks to the prefix sum).
-#[allow(clippy::too_many_arguments)] // one engine's slices of the candidate lists
-fn solve_engine(
-    curve: &Curve,
-    k_j: f64,
-    u: &[f64],
-    class: &[u32],
-    net: &[f64],
-    prev: &[f64],
-    hint: f64,
-    scratch: &mut Vec<f64>,
-) -> (f64, f64) {
+/// r'_i = u_k − n_kj + x⁰_i/k_j, where load(q) is the engine's best response. `sorted` holds the
+/// r'_i that can receive flow, descending (at least one, above the base price); the active count
+/// is found by walking the breakpoints, and the smooth equation on that piece is solved by
+/// Newton's method kept inside its bracket (O(1) per step thanks to the prefix sum).
+fn solve_engine(curve: &Curve, k_j: f64, sorted: &[(f64, u32)], hint: f64) -> (f64, f64) {
     let base = curve.base_price();
-    scratch.clear();
-    scratch.extend((0..class.len()).map(|i| u[class[i] as usize] - net[i] + prev[i] / k_j));
-    let top = scratch.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    if top <= base {
-        return (base, curve.response(base).1);
-    }
-    // Only classes within cap/k_j (= ερ) of the best can get flow: x_top = k_j (top − q) ≤ cap.
-    // Dropping the rest first keeps the sort short when many classes tie at an engine's window.
-    let floor = (top - curve.cap() / k_j).max(base);
-    scratch.retain(|&r| r > floor);
-    scratch.sort_unstable_by(|a, b| b.total_cmp(a));
+    let r = |i: usize| sorted[i].0;
+    let len = sorted.len();
     // Find m ≥ 1 with the root in [max(r_m, base), r_{m−1}] (r sorted descending, r_len = −∞).
     // φ(q) = Y(q) − k_j·Σ_{i<m}(r_i − q) is increasing, so the piece is found by walking the
     // breakpoints; the walk starts at the hint's piece (the previous pass's price), where the
     // root usually still is, instead of at the top: one curve evaluation instead of one per class.
     let phi = |q: f64, m: usize, sum: f64| curve.response(q).0 - k_j * (sum - m as f64 * q);
-    let (mut m, mut sum) = (1, scratch[0]);
+    let (mut m, mut sum) = (1, r(0));
     // The curve at the hint, kept for Newton's first iterate (usually the hint itself).
     let mut at_hint = None;
-    if hint > base && hint < scratch[0] {
-        while m < scratch.len() && scratch[m] > hint {
-            sum += scratch[m];
+    if hint > base && hint < r(0) {
+        while m < len && r(m) > hint {
+            sum += r(m);
             m += 1;
         }
         let response = curve.response(hint);
         at_hint = Some(response);
         if response.0 - k_j * (sum - m as f64 * hint) > 0.0 {
-            while m < scratch.len() && scratch[m] > base && phi(scratch[m], m, sum) > 0.0 {
-                sum += scratch[m];
+            while m < len && r(m) > base && phi(r(m), m, sum) > 0.0 {
+                sum += r(m);
                 m += 1;
             }
         } else {
-            while m > 1 && phi(scratch[m - 1], m, sum) < 0.0 {
+            while m > 1 && phi(r(m - 1), m, sum) < 0.0 {
                 m -= 1;
-                sum -= scratch[m];
+                sum -= r(m);
             }
         }
     } else {
-        while m < scratch.len() && scratch[m] > base && phi(scratch[m], m, sum) > 0.0 {
-            sum += scratch[m];
+        while m < len && r(m) > base && phi(r(m), m, sum) > 0.0 {
+            sum += r(m);
             m += 1;
         }
     }
     let count = m as f64;
-    let mut lo = if m < scratch.len() { scratch[m].max(base) } else { base };
-    let mut hi = scratch[m - 1];
+    let mut lo = if m < len { r(m).max(base) } else { base };
+    let mut hi = r(m - 1);
     let mut q = if hint > lo && hint < hi { hint } else { lo };
     let tolerance = 1e-12 * curve.cap().max(1e-9);
     for _ in 0..100 {
@@ -490,4 +572,29 @@ fn solve_engine(
         }
     }
     (q, curve.response(q).1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, rng_seed: proptest::test_runner::RngSeed::Fixed(12), ..ProptestConfig::default() })]
+
+        /// The masked scan finds exactly the classes a plain filter finds, in ascending order,
+        /// forbidden pairs (+∞) and classes without a price (−∞) included.
+        #[test]
+        fn window_classes_is_a_filter(
+            values in proptest::collection::vec((-50.0f64..50.0, 0.0f64..60.0, 0u8..10), 0..70),
+            threshold in -60.0f64..60.0,
+        ) {
+            let u: Vec<f64> = values.iter().map(|v| if v.2 == 0 { f64::NEG_INFINITY } else { v.0 }).collect();
+            let column: Vec<f64> = values.iter().map(|v| if v.2 == 1 { f64::INFINITY } else { v.1 }).collect();
+            let mut out = vec![7];
+            window_classes(&u, &column, threshold, &mut out);
+            let expected: Vec<u32> = (0..u.len()).filter(|&k| u[k] - column[k] >= threshold).map(|k| k as u32).collect();
+            prop_assert_eq!(out, expected);
+        }
+    }
 }

@@ -236,7 +236,7 @@ impl<'m, 'p> Run<'m, 'p> {
 
     /// Candidate window for smoothing `eps`: 2ερ plus twice the drift budget.
     fn width(&self, eps: f64) -> f64 {
-        2.0 * eps * self.model.rho + 2.0 * (2.0 * eps).max(0.01 * self.scale)
+        2.0 * eps * self.model.rho + 2.0 * (2.0 * eps).max(0.0025 * self.scale)
     }
 
     fn lists_valid(cand: &Candidates, u: &[f64], eps: f64, rho: f64) -> bool {
@@ -251,7 +251,7 @@ impl<'m, 'p> Run<'m, 'p> {
     /// small the residual is driven down until the certificate passes.
     pub fn solve(&mut self, u: Vec<f64>, eps_start: f64) -> (Repaired, f64) {
         self.u = u;
-        self.radius = 2.0 * eps_start;
+        self.radius = (2.0 * eps_start).max(0.02 * self.scale);
         let rho = self.model.rho;
         let target = self.options.gap_target;
         let eps_min = 1e-6 * self.scale;
@@ -299,8 +299,9 @@ impl<'m, 'p> Run<'m, 'p> {
             if gap <= target || eps <= eps_min || out_of_steps {
                 break;
             }
-            if self.pass.residual > FINE_TOLERANCE && converged {
-                // Not converged enough for the certificate: tighten first.
+            if self.pass.residual > FINE_TOLERANCE && converged && smoothing < 0.5 * gap {
+                // The smoothing explains less than half of the gap: the residual is what is
+                // left, so tighten first (otherwise tightening would not help: shrink ε).
                 tolerance = (self.pass.residual * 0.01).max(FINE_TOLERANCE);
             } else {
                 let factor = (smoothing / (0.5 * target)).clamp(2.0, 50.0);
@@ -484,12 +485,5 @@ impl<'m, 'p> Run<'m, 'p> {
 }
 
 fn clone_lists(c: &Candidates) -> Candidates {
-    Candidates {
-        start: c.start.clone(),
-        class: c.class.clone(),
-        net: c.net.clone(),
-        prev: c.prev.clone(),
-        base_u: c.base_u.clone(),
-        width: c.width,
-    }
+    c.clone_lists()
 }
