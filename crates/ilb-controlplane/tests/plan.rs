@@ -148,3 +148,28 @@ fn overload_sheds_the_cheapest_priority_first() {
     let total: f64 = class.weights.iter().map(|w| w.weight).sum();
     assert!((total - 1.0).abs() < 1e-6, "weights sum to {total}");
 }
+
+/// The planner plans with the demand it planned before while the measurement moves within its
+/// noise band (3 σ of a Poisson EWMA: at 120 req/s with 5 s smoothing, ±10.4 req/s), and takes
+/// the measurement once it leaves the band.
+#[test]
+fn demand_within_its_noise_band_is_held() {
+    let config: FleetConfig = toml::from_str(&worked_example()).unwrap();
+    let mut fleet = Fleet::new(config);
+    let mut planner = ilb_controlplane::planner::Planner::for_config(&fleet.config);
+    let mut planned = |fleet: &mut Fleet, sequence: u64, rps: f64| {
+        let now = Duration::from_secs(sequence);
+        let mut r = report("b", rps);
+        r.sequence = sequence;
+        fleet.on_report(now, r).unwrap();
+        let problems = planner.build(fleet, now);
+        let plan = &problems.plans[0];
+        let b = plan.classes.iter().position(|c| c.key.cluster == "b").unwrap();
+        plan.parts_of(b).map(|i| plan.problem.classes[i].demand_rps).sum::<f64>()
+    };
+    assert_eq!(planned(&mut fleet, 1, 120.0), 120.0);
+    assert_eq!(planned(&mut fleet, 2, 128.0), 120.0, "within the band: held");
+    assert_eq!(planned(&mut fleet, 3, 112.0), 120.0, "within the band: held");
+    assert_eq!(planned(&mut fleet, 4, 135.0), 135.0, "outside the band: taken");
+    assert_eq!(planned(&mut fleet, 5, 90.0), 90.0, "outside the band: taken");
+}

@@ -309,3 +309,33 @@ fn stability_strength_keeps_the_split_until_moving_pays() {
     assert!(optimum.gap <= 1e-3);
     assert!(optimum.routes.iter().zip(&first.routes).any(|(a, b)| a.weight != b.weight));
 }
+
+/// With a relative stability tolerance (and no strength) the solver keeps its split while the
+/// old split's cost on the new problem is within the tolerance of the new optimum's, and its
+/// gap then stays within the tolerance plus the solve's own; a change that costs more moves.
+#[test]
+fn stability_tolerance_keeps_the_split_within_its_cost() {
+    let problem = generate(&GenConfig::new(20, 200, 5));
+    let options = SolverOptions { stability_tolerance: 0.01, ..SolverOptions::default() };
+    let mut solver = Solver::new(options);
+    let first = solver.solve(&problem).unwrap();
+    let changed = perturb_demand(&problem, 3, 0.002);
+    let kept = solver.solve(&changed).unwrap();
+    common::check_invariants(&changed, &kept);
+    let weights = |s: &ilb_optimizer::Solution| -> Vec<_> {
+        s.routes.iter().map(|r| (r.class, r.engine, r.weight)).collect()
+    };
+    assert_eq!(weights(&kept), weights(&first), "a 0.2 % demand change moved traffic");
+    assert!(kept.gap <= 0.01 + 1e-3, "gap {}", kept.gap);
+    let (free, _) = solve(&changed, None, &SolverOptions::default()).unwrap();
+    assert!(kept.objective <= free.objective * 1.01 + 1e-9);
+
+    // Demand up 30 %: the old split no longer fits, so the solver moves.
+    let mut surge = changed.clone();
+    for c in &mut surge.classes {
+        c.demand_rps *= 1.3;
+    }
+    let moved = solver.solve(&surge).unwrap();
+    common::check_invariants(&surge, &moved);
+    assert!(moved.traffic_moved.unwrap() > 0.01);
+}

@@ -23,6 +23,7 @@ use crate::signals::{window, EngineFlavor, EngineSample, WindowStats};
 use crate::smoothing::Ewma;
 use history::LoadHistory;
 use ilb_core::holds::HoldReason;
+use ilb_core::priority::Priority;
 use ilb_core::report::Report;
 use ilb_core::ModelName;
 use std::collections::{BTreeMap, HashMap};
@@ -432,6 +433,8 @@ impl Fleet {
     /// split that does not add up to the class's rate is scaled to it.
     pub fn demand_by_priority(&self, key: &ClassKey) -> [f64; 4] {
         let valid = |x: f64| if x.is_finite() && x > 0.0 { x } else { 0.0 };
+        let mut normal = [0.0; 4];
+        normal[Priority::Normal.index()] = 1.0;
         let mut out = [0.0; 4];
         let reports = self
             .instances
@@ -441,9 +444,9 @@ impl Fleet {
             .filter(|d| d.model.as_str() == key.model && d.class.as_str() == key.class);
         for d in reports {
             let rps = valid(d.rps);
-            let split = d.by_priority.map(|p| p.to_array().map(valid)).unwrap_or([0.0, 1.0, 0.0, 0.0]);
+            let split = d.by_priority.map_or(normal, |p| p.to_array().map(valid));
             let total: f64 = split.iter().sum();
-            let (split, total) = if total > 0.0 { (split, total) } else { ([0.0, 1.0, 0.0, 0.0], 1.0) };
+            let (split, total) = if total > 0.0 { (split, total) } else { (normal, 1.0) };
             for (o, s) in out.iter_mut().zip(split) {
                 *o += rps * s / total;
             }

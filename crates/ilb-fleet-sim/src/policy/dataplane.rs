@@ -176,7 +176,7 @@ impl DataPlanes {
     }
 
     /// Picks an engine for one request with the data plane's own `ClassTable::select`, as
-    /// `ilb_dataplane::proxy::choose` does with its defaults: the engine that served the key
+    /// `ilb_dataplane::pick::choose` does with its defaults: the engine that served the key
     /// last while it is within its load bound, else (a new key, with `place_new_keys_by_load`)
     /// the less loaded per unit of weight of the hash's first two candidates, else hashing
     /// within `ilb_core::table::within_load_bound` (the stream's in-flight count on each), then
@@ -226,7 +226,7 @@ impl DataPlanes {
         };
         let affinity = &self.affinity[c];
         let now_s = (now / 1_000_000_000) as u32;
-        // As the data plane's `proxy::choose`: the stream's (class's) requests on the candidate.
+        // As the data plane's `pick::choose`: the stream's (class's) requests on the candidate.
         let in_flight = |candidate: usize| {
             let j = installed.engine_map[class.candidates[candidate].engine_idx];
             f64::from(load.stream_engine_in_flight[stream * n + j])
