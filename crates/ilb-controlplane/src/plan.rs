@@ -94,17 +94,18 @@ impl ModelPlan {
         }
     }
 
-    /// Class `k` in `solution` (which solves this plan's problem).
-    pub fn outcome(&self, k: usize, solution: &Solution) -> ClassOutcome {
+    /// Class `k` in `solution` (which solves this plan's problem); without one, its demand,
+    /// prices and nothing shed or routed.
+    pub fn outcome(&self, k: usize, solution: Option<&Solution>) -> ClassOutcome {
         let mut out = ClassOutcome::default();
         let mut rps = vec![0.0; self.engines.len()];
         for i in self.parts_of(k) {
             let class = &self.problem.classes[i];
-            let shed = solution.shed_rps.get(i).copied().unwrap_or(0.0);
+            let shed = solution.and_then(|s| s.shed_rps.get(i).copied()).unwrap_or(0.0);
             out.planned_demand_rps += class.demand_rps;
             out.shed_rps += shed;
             out.by_priority.push((self.parts[i].1, class.demand_rps, class.shed_penalty_ms, shed));
-            for r in solution.class_routes(i) {
+            for r in solution.map_or(&[][..], |s| s.class_routes(i)) {
                 rps[r.engine] += r.rps;
             }
         }
@@ -116,23 +117,6 @@ impl ModelPlan {
             .map(|(j, x)| (j, x, x / admitted))
             .collect();
         out
-    }
-
-    /// Demand, shed and price per priority part without a solution (nothing shed).
-    pub fn unsolved_outcome(&self, k: usize) -> ClassOutcome {
-        let by_priority: Vec<_> = self
-            .parts_of(k)
-            .map(|i| {
-                let c = &self.problem.classes[i];
-                (self.parts[i].1, c.demand_rps, c.shed_penalty_ms, 0.0)
-            })
-            .collect();
-        ClassOutcome {
-            routes: Vec::new(),
-            planned_demand_rps: by_priority.iter().map(|p| p.1).sum(),
-            shed_rps: 0.0,
-            by_priority,
-        }
     }
 }
 
@@ -316,7 +300,7 @@ pub fn snapshots(
         for (plan, solution) in plans.iter().zip(solutions) {
             let mut classes = Vec::new();
             for (k, class) in plan.classes.iter().enumerate().filter(|(_, c)| c.key.cluster == cluster.id) {
-                let outcome = solution.map(|s| plan.outcome(k, s));
+                let outcome = solution.map(|s| plan.outcome(k, Some(s)));
                 let mut weights: Vec<EngineWeight> = Vec::new();
                 for (j, &fleet_idx) in plan.engines.iter().enumerate() {
                     let Some(network) = plan.network_ms(k, j) else { continue };

@@ -219,10 +219,7 @@ pub fn build(fleet: &Fleet, now: Now, round: &Round, version: u64, solved_unix_m
                 .iter()
                 .enumerate()
                 .map(|(k, c)| {
-                    let outcome = match solution {
-                        Some(s) => plan.outcome(k, s),
-                        None => plan.unsolved_outcome(k),
-                    };
+                    let outcome = plan.outcome(k, solution);
                     let routes = plan
                         .engines
                         .iter()

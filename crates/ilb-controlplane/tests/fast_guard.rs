@@ -6,6 +6,8 @@
 //! when it recovers. Deadlines only guard against hangs.
 #![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
+mod wait;
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
@@ -123,11 +125,10 @@ async fn held_engines_get_no_requests_without_waiting_for_a_plan() {
         long_poll: true,
     };
     let dp = DataPlane::start(dp_config, source).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while dp.snapshot_version().is_none() {
-        assert!(Instant::now() < deadline, "the data plane never received a snapshot");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait::until("the data plane has a snapshot", 1000, Duration::from_millis(20), || {
+        dp.snapshot_version().is_some()
+    })
+    .await;
     let version = dp.snapshot_version();
     let client: HttpClient = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
     send(&client, &dp.url(), "before", 60).await;

@@ -6,6 +6,8 @@
 //! window), not read from the weights.
 #![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
+mod wait;
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
@@ -210,11 +212,10 @@ async fn grey_engine_loses_its_traffic_and_regains_it() {
     reports.interval = Duration::from_millis(250);
     reports.smoothing = Duration::from_secs(1);
     let dp = DataPlane::start_with_reports(dp_config, source, Some(reports)).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while dp.snapshot_version().is_none() {
-        assert!(Instant::now() < deadline, "the data plane never received a snapshot");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait::until("the data plane has a snapshot", 500, Duration::from_millis(20), || {
+        dp.snapshot_version().is_some()
+    })
+    .await;
 
     let client: HttpClient = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
     let failures = Arc::new(AtomicUsize::new(0));

@@ -4,7 +4,8 @@
 //! plane's `/v1/state` must show the engine as `llamacpp`, with its TTFT, time between tokens and
 //! request rate measured by the data planes (and close to the delays the engine used), while
 //! running and waiting come from the engine.
-#![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
+
+mod wait;
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
@@ -25,7 +26,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 
 const FIRST_CHUNK: Duration = Duration::from_millis(120);
 const GAP: Duration = Duration::from_millis(30);
@@ -159,11 +159,10 @@ profile = "p"
     let mut reports = ReportConfig::new(format!("{}/v1/reports", cp.url()), "a-1".into());
     reports.interval = Duration::from_millis(250);
     let dp = DataPlane::start_with_reports(dp_config, source, Some(reports)).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while dp.snapshot_version().is_none() {
-        assert!(Instant::now() < deadline, "the data plane never received a snapshot");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait::until("the data plane has a snapshot", 1000, Duration::from_millis(20), || {
+        dp.snapshot_version().is_some()
+    })
+    .await;
 
     let client: Client<HttpConnector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build(HttpConnector::new());

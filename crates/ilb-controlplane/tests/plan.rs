@@ -126,7 +126,7 @@ fn overload_sheds_the_cheapest_priority_first() {
     let ids: Vec<&str> = plan.parts_of(b_idx).map(|i| plan.problem.classes[i].id.as_str()).collect();
     assert_eq!(ids, ["b/default@low", "b/default@critical"]);
     let solution = Solver::default().solve(&plan.problem).unwrap();
-    let outcome = plan.outcome(b_idx, &solution);
+    let outcome = plan.outcome(b_idx, Some(&solution));
     let shed =
         |priority: Priority| outcome.by_priority.iter().find(|p| p.0 == priority).map(|p| p.3).unwrap();
     // 430 req/s against 0.95 × 280 = 266 usable: 164 shed, all of b's 150 low first.
@@ -138,7 +138,7 @@ fn overload_sheds_the_cheapest_priority_first() {
         .iter()
         .enumerate()
         .filter(|(k, _)| *k != b_idx)
-        .map(|(k, _)| plan.outcome(k, &solution).shed_rps)
+        .map(|(k, _)| plan.outcome(k, Some(&solution)).shed_rps)
         .sum();
     assert!(others > 10.0, "normal traffic elsewhere is shed before critical ({others} req/s)");
     // The published class sheds half its demand; weights of the admitted half sum to one.

@@ -26,6 +26,26 @@ use tokio::time::Instant;
 
 /// Guards against hangs only; never a performance bound.
 pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// A hang guard counted in polls, not a wall-clock bound: [`DEADLINE`]'s worth of sleeps of
+/// `every`, which a loaded machine only stretches.
+pub struct Polls {
+    left: u128,
+    every: Duration,
+}
+
+impl Polls {
+    pub fn new(every: Duration) -> Polls {
+        Polls { left: DEADLINE.as_millis() / every.as_millis().max(1), every }
+    }
+
+    /// Sleeps one poll; panics with `what` once the polls are used up.
+    pub async fn wait(&mut self, what: &str) {
+        assert!(self.left > 0, "gave up waiting: {what}");
+        self.left -= 1;
+        tokio::time::sleep(self.every).await;
+    }
+}
 pub const SOLVE_MS: u64 = 500;
 pub const TOKEN: &str = "fleet-secret";
 
@@ -164,10 +184,9 @@ impl Stack {
         let mut tasks = tokio::task::JoinSet::new();
         tasks.spawn(watch_installs(Arc::clone(&dp), Arc::clone(&installs), stop_rx.clone()));
         // Traffic starts once a first snapshot is installed.
-        let ready = Instant::now() + DEADLINE;
+        let mut guard = Polls::new(Duration::from_millis(20));
         while dp.installed().is_none_or(|i| i.table.engines.is_empty()) {
-            assert!(Instant::now() < ready, "no snapshot with engines installed");
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            guard.wait("no snapshot with engines installed").await;
         }
         for w in 0..workers {
             tasks.spawn(worker(w, dp.url(), Arc::clone(&recs), stop_rx.clone()));
@@ -187,8 +206,8 @@ impl Stack {
         present: &[String],
         absent: &[String],
     ) -> Instant {
-        let end = Instant::now() + DEADLINE;
         // The version published last when the change was applied: every later one must show it.
+        let mut guard = Polls::new(Duration::from_millis(5));
         let applied_version = loop {
             let view = self.cp.view();
             let members: BTreeSet<&str> = view.membership.engines.iter().map(|m| m.id.as_str()).collect();
@@ -197,12 +216,12 @@ impl Stack {
             {
                 break view.version;
             }
-            assert!(Instant::now() < end, "{change}: the control plane never applied it");
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            guard.wait(&format!("{change}: the control plane never applied it")).await;
         };
         let reflects = |i: &Install| {
             present.iter().all(|e| i.engines.contains(e)) && absent.iter().all(|e| !i.engines.contains(e))
         };
+        let mut guard = Polls::new(Duration::from_millis(20));
         let install = loop {
             let first_after =
                 self.installs.lock().unwrap().iter().find(|i| i.version > applied_version).cloned();
@@ -215,8 +234,7 @@ impl Stack {
                 );
                 break i;
             }
-            assert!(Instant::now() < end, "{change}: no snapshot installed after the change");
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            guard.wait(&format!("{change}: no snapshot installed after the change")).await;
         };
         let installs_after = self
             .installs
@@ -228,7 +246,7 @@ impl Stack {
         // New engines get traffic.
         let mut first_request = Duration::ZERO;
         for engine in present {
-            let end = Instant::now() + DEADLINE;
+            let mut guard = Polls::new(Duration::from_millis(20));
             loop {
                 let first = self
                     .recs
@@ -242,8 +260,7 @@ impl Stack {
                     first_request = first_request.max(t - at);
                     break;
                 }
-                assert!(Instant::now() < end, "{change}: {engine} never got a request");
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                guard.wait(&format!("{change}: {engine} never got a request")).await;
             }
         }
         // Give the removed engines' running streams time to end before counting them.
