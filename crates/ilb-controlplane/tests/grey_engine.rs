@@ -81,6 +81,20 @@ ttft_b_ms = 15.0
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
+/// Conversations live at once, and requests in each.
+const CONVERSATIONS: u64 = 50;
+const TURNS: u64 = 8;
+
+/// The affinity key of request `n`: `CONVERSATIONS` conversations at a time, each of `TURNS`
+/// requests about a second apart, then replaced by new ones. Conversations must end: the data
+/// plane keeps a conversation on the engine that holds its cache for as long as that engine is
+/// within its load bound, so an engine that recovers gets its share back through new
+/// conversations. With the same few hundred keys forever, the regain would hang on how often
+/// the other engines happen to exceed their bounds, which depends on the machine's speed.
+fn session(n: u64) -> String {
+    format!("s-{}-{}", n % CONVERSATIONS, n / (CONVERSATIONS * TURNS))
+}
+
 /// Open-loop Poisson traffic into the data plane until dropped; counts failed requests.
 fn traffic(client: HttpClient, url: String, failures: Arc<AtomicUsize>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
@@ -94,7 +108,7 @@ fn traffic(client: HttpClient, url: String, failures: Arc<AtomicUsize>) -> tokio
             );
             let request = http::Request::post(format!("{url}/v1/chat/completions"))
                 .header("content-type", "application/json")
-                .header("x-session-id", format!("s-{}", n % 500))
+                .header("x-session-id", session(n))
                 .body(Full::new(Bytes::from(body)))
                 .unwrap();
             let (client, failures) = (client.clone(), failures.clone());
@@ -233,7 +247,7 @@ async fn grey_engine_loses_its_traffic_and_regains_it() {
     let penalties: Vec<f64> = view.models[0].engines.iter().map(|e| e.penalty).collect();
     assert!(penalties.iter().all(|&p| p == 0.0), "penalties before any fault: {penalties:?}");
 
-    // Consistent hashing of a few hundred sessions and fitted curves make the measured share
+    // Consistent hashing of fifty conversations at a time and fitted curves make the measured share
     // wander around a third; never count more than a third as what it had to lose.
     let baseline = baseline.min(1.0 / 3.0);
     engines[GREY].set_faults(Faults { slowdown: 3.0, ..Faults::default() }).unwrap();
