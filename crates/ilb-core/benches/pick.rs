@@ -1,4 +1,5 @@
-//! Pick latency at 10 / 1,000 / 5,000 candidates, and slot-table rebuild time.
+//! Pick latency at 10 / 1,000 / 5,000 candidates, and the time to compile a new snapshot
+//! (weights changed, weights unchanged, the slot table alone).
 //! Run: `cargo bench -p ilb-core --bench pick`.
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
@@ -73,6 +74,11 @@ fn bench_pick(c: &mut Criterion) {
         let new = snapshot(n, 0.35);
         group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
             b.iter(|| RoutingTable::compile(black_box(&new), Some(&old)).unwrap())
+        });
+        // A new version of the same plan: the slot table is shared, not rebuilt.
+        let same = snapshot(n, 0.3);
+        group.bench_with_input(BenchmarkId::new("unchanged", n), &n, |b, _| {
+            b.iter(|| RoutingTable::compile(black_box(&same), Some(&old)).unwrap())
         });
         let ids: Vec<EngineId> = class(&old).candidate_ids().to_vec();
         let w: Vec<f64> = (0..n).map(|i| 1.0 + (i % 3) as f64).collect();

@@ -19,6 +19,7 @@
 
 use crate::ids::EngineId;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Smallest table: fine enough that a 1 % weight is 164 slots (±0.3 % quantisation).
 pub const MIN_LOG2_SLOTS: u32 = 14;
@@ -28,10 +29,11 @@ pub const MAX_LOG2_SLOTS: u32 = 22;
 const SLOTS_PER_CANDIDATE: usize = 64;
 const FREE: u32 = u32::MAX;
 
-/// Immutable slot → candidate-index table.
+/// Immutable slot → candidate-index table. Clones share the slots (up to 16 MiB), so a class
+/// whose weights did not change keeps its table across snapshots for the price of a count.
 #[derive(Clone, Debug)]
 pub struct SlotTable {
-    slots: Box<[u32]>,
+    slots: Arc<[u32]>,
     log2: u32,
 }
 
@@ -85,7 +87,12 @@ impl SlotTable {
                 held[candidate] += 1;
             }
         }
-        SlotTable { slots: slots.into_boxed_slice(), log2 }
+        SlotTable { slots: slots.into(), log2 }
+    }
+
+    /// Whether two tables are one (a clone, not merely equal).
+    pub fn is_shared_with(&self, other: &SlotTable) -> bool {
+        Arc::ptr_eq(&self.slots, &other.slots)
     }
 
     pub fn n_slots(&self) -> usize {

@@ -163,11 +163,15 @@ impl RoutingTable {
                         class.weights.iter().map(|w| w.engine.clone()).collect();
                     let weights: Vec<f64> = candidates.iter().map(|c| c.weight).collect();
                     let prev_class = prev_model.and_then(|m| m.classes.iter().find(|c| c.id == class.id));
-                    let slots = SlotTable::build(
-                        &weights,
-                        &candidate_ids,
-                        prev_class.map(|c| (&c.slots, c.candidate_ids.as_slice())),
-                    );
+                    // Unchanged candidates and weights (the plan was kept): the same table, shared.
+                    let slots = match prev_class {
+                        Some(prev) if prev.has_weights(&candidate_ids, &weights) => prev.slots.clone(),
+                        _ => SlotTable::build(
+                            &weights,
+                            &candidate_ids,
+                            prev_class.map(|c| (&c.slots, c.candidate_ids.as_slice())),
+                        ),
+                    };
                     let affinity_tags: Vec<u32> =
                         candidate_ids.iter().map(|id| affinity_tag(id.as_str())).collect();
                     let mut by_affinity_tag: Vec<(u32, u32)> =
@@ -280,6 +284,13 @@ impl ClassTable {
 
     pub fn candidate_ids(&self) -> &[EngineId] {
         &self.candidate_ids
+    }
+
+    /// Whether this class has exactly these candidates with exactly these (normalised) weights,
+    /// so that its slot table would be rebuilt unchanged.
+    fn has_weights(&self, ids: &[EngineId], weights: &[f64]) -> bool {
+        self.candidate_ids == ids
+            && self.candidates.iter().zip(weights).all(|(c, w)| c.weight.to_bits() == w.to_bits())
     }
 
     /// The data plane's selection (the proxy and the fleet simulator both call it): the

@@ -65,6 +65,35 @@ fn recompiling_carries_the_layout_over() {
 }
 
 #[test]
+fn a_class_whose_weights_did_not_change_keeps_its_slot_table() {
+    let mut s = Snapshot::from_json(example_json().as_bytes()).unwrap();
+    let a = RoutingTable::compile(&s, None).unwrap();
+    // A new version of the same plan: only the version, the time and the predictions differ.
+    s.version = SnapshotVersion(s.version.0 + 1);
+    s.created_unix_ms += 1000;
+    s.models[0].classes[0].weights[0].expected_latency_ms = Some(123.0);
+    let b = RoutingTable::compile(&s, Some(&a)).unwrap();
+    fn classes(t: &RoutingTable) -> &[ClassTable] {
+        &t.model("m").unwrap().classes
+    }
+    for (ca, cb) in classes(&a).iter().zip(classes(&b)) {
+        assert!(cb.slots.is_shared_with(&ca.slots), "class {} rebuilt its slots", ca.id);
+    }
+    // The same weights written at another scale normalise to the same bits: still shared.
+    for w in &mut s.models[0].classes[0].weights {
+        w.weight *= 2.0;
+    }
+    let scaled = RoutingTable::compile(&s, Some(&b)).unwrap();
+    assert!(classes(&scaled)[0].slots.is_shared_with(&classes(&b)[0].slots));
+    // A changed weight rebuilds that class only.
+    s.models[0].classes[0].weights[0].weight *= 1.5;
+    let c = RoutingTable::compile(&s, Some(&b)).unwrap();
+    let (cb, cc) = (classes(&b), classes(&c));
+    assert!(!cc[0].slots.is_shared_with(&cb[0].slots));
+    assert!(cc[1..].iter().zip(&cb[1..]).all(|(x, y)| x.slots.is_shared_with(&y.slots)));
+}
+
+#[test]
 fn load_bound_is_relative_plus_noise_slack() {
     // A quarter of 99 + 1 in flight: e = 25, bound ⌈1.25·25 + 3·5⌉ = 47.
     assert!(within_load_bound(46.0, 0.25, 99.0));
