@@ -64,7 +64,7 @@ pub async fn plan_shedding(routing: &RoutingState, mut shutdown: watch::Receiver
             _ = tokio::time::sleep(SHED_PLAN_PERIOD) => {}
             _ = shutdown.changed() => return,
         }
-        let Some(installed) = routing.load() else { continue };
+        let Some(installed) = routing.current() else { continue };
         if version != Some(installed.table.version) {
             // Class indices change meaning with a new table.
             classes.clear();

@@ -30,7 +30,7 @@ fn explain(shared: &Shared, query: &str) -> Result<serde_json::Value, ProxyError
         parse_require(get("require").unwrap_or("")).map_err(|e| ProxyError::BadRequest(e.to_string()))?;
     let residency = get("residency").filter(|r| !r.is_empty());
 
-    let installed = shared.routing.load().ok_or(ProxyError::NoSnapshot)?;
+    let installed = shared.routing.current().ok_or(ProxyError::NoSnapshot)?;
     let model =
         installed.table.model(model_name).ok_or_else(|| ProxyError::UnknownModel(model_name.into()))?;
     let constraints = Constraints { require: &require, residency };

@@ -93,7 +93,7 @@ pub async fn follow(shared: Arc<Shared>, urls: Vec<String>, mut shutdown: watch:
 
 /// Marks the installed engines `holds` names, and clears the others.
 pub fn apply(shared: &Shared, holds: Option<&EngineHolds>) {
-    let Some(installed) = shared.routing.load() else { return };
+    let Some(installed) = shared.routing.current() else { return };
     for engine in installed.engines.iter() {
         let reason =
             holds.and_then(|h| h.held.iter().find(|hold| hold.engine == engine.id)).map(|h| h.reason);

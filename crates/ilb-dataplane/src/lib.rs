@@ -111,12 +111,12 @@ impl DataPlane {
 
     /// The installed snapshot version, if any.
     pub fn snapshot_version(&self) -> Option<ilb_core::SnapshotVersion> {
-        self.shared.routing.load().map(|i| i.table.version)
+        self.shared.routing.current().map(|i| i.table.version)
     }
 
     /// The installed state (for tests, reports and the demo's console).
     pub fn installed(&self) -> Option<Arc<state::Installed>> {
-        self.shared.routing.load()
+        self.shared.routing.current()
     }
 
     /// Stops accepting, lets open connections finish their current response, stops tasks.

@@ -531,3 +531,70 @@ fn stream_back(
     }
     Response::from_parts(parts, ProxyBody::Upstream(Box::new(body)))
 }
+
+#[cfg(test)]
+mod tests {
+    //! ARCHITECTURE.md's one-load rule, counted: a request reads the installed state once, and
+    //! once more for each failed attempt that may eject its engine (to apply the ejection cap
+    //! to the current table).
+
+    use crate::{DataPlane, DataPlaneConfig, SnapshotSource};
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::client::legacy::{connect::HttpConnector, Client};
+    use hyper_util::rt::TokioExecutor;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    #[tokio::test]
+    async fn a_request_loads_the_installed_state_once_and_again_per_failed_attempt() {
+        let config = ilb_engine_sim::EngineConfig {
+            id: ilb_core::EngineId::new("live"),
+            model: ilb_core::ModelName::new("m"),
+            ..ilb_engine_sim::EngineConfig::default()
+        };
+        let live = ilb_engine_sim::spawn(config, "127.0.0.1:0".parse().unwrap()).await.unwrap();
+        // A port nobody listens on: every attempt there fails at connect.
+        let dead = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("http://{}", listener.local_addr().unwrap())
+        };
+        let snapshot = format!(
+            r#"{{"format": 1, "version": 1, "created_unix_ms": 0, "cluster": "a",
+                "engines": [{{"id": "live", "url": "{}"}}, {{"id": "dead", "url": "{dead}"}}],
+                "models": [{{"model": "m", "classes": [{{"id": "default", "weights": [
+                    {{"engine": "live", "weight": 1}}, {{"engine": "dead", "weight": 1}}]}}]}}]}}"#,
+            live.url()
+        );
+        let mut config = DataPlaneConfig::new("127.0.0.1:0".parse().unwrap());
+        // Every failure may eject, so every failed attempt reads the table again.
+        config.guard.consecutive_failures = 1;
+        let dp = DataPlane::start(config, SnapshotSource::Manual).await.unwrap();
+        dp.install(&ilb_core::snapshot::Snapshot::from_json(snapshot.as_bytes()).unwrap()).unwrap();
+        let client: Client<HttpConnector, Full<Bytes>> =
+            Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+
+        let requests = 40;
+        let before = dp.shared.routing.request_loads.load(Relaxed);
+        let mut failed_attempts = 0;
+        for n in 0..requests {
+            let stream = if n % 2 == 0 { r#","stream":true"# } else { "" };
+            let body = format!(
+                r#"{{"model":"m","messages":[{{"role":"user","content":"hi {n}"}}],"max_tokens":3{stream}}}"#
+            );
+            let request = http::Request::post(format!("{}/v1/chat/completions", dp.url()))
+                .header("content-type", "application/json")
+                .header("x-session-id", format!("s{n}"))
+                .body(Full::new(Bytes::from(body)))
+                .unwrap();
+            let response = client.request(request).await.unwrap();
+            assert!(response.status().is_success(), "request {n}: {}", response.status());
+            let route = response.headers()[super::ROUTE_HEADER].to_str().unwrap().to_owned();
+            let attempts: usize = route.split("attempts=").nth(1).unwrap()[..1].parse().unwrap();
+            failed_attempts += attempts - 1;
+            response.into_body().collect().await.unwrap();
+        }
+        let loads = dp.shared.routing.request_loads.load(Relaxed) - before;
+        assert!(failed_attempts > 0, "no request tried the dead engine");
+        assert_eq!(loads, requests + failed_attempts, "{failed_attempts} failed attempts");
+    }
+}

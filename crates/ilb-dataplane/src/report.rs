@@ -70,7 +70,7 @@ pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch:
             _ = interval.tick() => {}
             _ = shutdown.changed() => return,
         }
-        let Some(installed) = shared.routing.load() else { continue };
+        let Some(installed) = shared.routing.current() else { continue };
         let now = clock::now();
         let period = now.duration_since(last);
         last = now;

@@ -272,7 +272,7 @@ async fn dispatch(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Proxy
 fn models(shared: &Shared) -> Response<ProxyBody> {
     let data: Vec<serde_json::Value> = shared
         .routing
-        .load()
+        .current()
         .map(|installed| {
             installed
                 .table
@@ -286,7 +286,7 @@ fn models(shared: &Shared) -> Response<ProxyBody> {
 }
 
 fn health(shared: &Shared) -> Response<ProxyBody> {
-    match shared.routing.load() {
+    match shared.routing.current() {
         Some(installed) => {
             let age_ms = crate::clock::unix_ms().saturating_sub(installed.table.created_unix_ms);
             json_response(

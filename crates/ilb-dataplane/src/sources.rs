@@ -234,7 +234,7 @@ pub async fn probe_ejected(shared: Arc<Shared>, mut shutdown: watch::Receiver<bo
         }
         let now = shared.now_ms();
         shared.pool_clock.set_ms(now);
-        let Some(installed) = shared.routing.load() else { continue };
+        let Some(installed) = shared.routing.current() else { continue };
         for engine in installed.engines.iter() {
             engine.pool.sweep(now, &shared.config.upstream_pool);
         }

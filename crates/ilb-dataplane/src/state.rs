@@ -54,6 +54,9 @@ pub struct RoutingState {
     current: ArcSwapOption<Installed>,
     /// Serialises installs and keeps runtime state alive across them. Never touched by requests.
     registry: Mutex<Registry>,
+    /// Calls of [`RoutingState::load`], for the test of the one-load rule.
+    #[cfg(test)]
+    pub(crate) request_loads: std::sync::atomic::AtomicUsize,
 }
 
 #[derive(Default)]
@@ -119,9 +122,19 @@ impl RoutePrefix {
 }
 
 impl RoutingState {
-    /// Hot path: lock-free (`load_full`: an `Arc` clone of the installed state).
+    /// The installed state for a request: its one load, and a reload after a failed attempt
+    /// (ARCHITECTURE.md's one-load rule; the proxy's tests count the calls). Hot path:
+    /// lock-free (`load_full`: an `Arc` clone of the installed state).
     #[inline]
     pub fn load(&self) -> Option<Arc<Installed>> {
+        #[cfg(test)]
+        self.request_loads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.current.load_full()
+    }
+
+    /// The installed state for everything off the request path (background loops, `/metrics`,
+    /// `/health`, `/v1/models`, `/debug/route`): the same load, not counted as a request's.
+    pub fn current(&self) -> Option<Arc<Installed>> {
         self.current.load_full()
     }
 

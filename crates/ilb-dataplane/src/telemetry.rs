@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 pub fn render(shared: &Shared) -> String {
     let mut w = TextWriter::new();
-    let installed = shared.routing.load();
+    let installed = shared.routing.current();
 
     w.family(
         "ilb_dataplane_snapshot_version",
