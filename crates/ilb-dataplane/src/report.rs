@@ -8,7 +8,9 @@
 //! reports are dropped; routing goes on with the installed snapshot.
 
 use crate::clock;
+use crate::engines::EngineCounters;
 use crate::shared::Shared;
+use crate::state::Installed;
 use bytes::Bytes;
 use http::{header, Request};
 use http_body_util::Full;
@@ -54,12 +56,19 @@ fn smooth(previous: Option<f64>, rate: f64, alpha: f64) -> f64 {
     }
 }
 
+/// What the reporter carries from one period to the next: each engine's and class's counters
+/// as last read, the smoothed rates, the round trips, and the next engines to probe.
+#[derive(Default)]
+struct Marks {
+    engines: HashMap<EngineId, EngineMark>,
+    classes: HashMap<(ModelName, ClassId), ClassMark>,
+    rtt: HashMap<EngineId, f64>,
+    next_probe: usize,
+}
+
 /// Runs until shutdown.
 pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch::Receiver<bool>) {
-    let mut engines: HashMap<EngineId, EngineMark> = HashMap::new();
-    let mut classes: HashMap<(ModelName, ClassId), ClassMark> = HashMap::new();
-    let mut rtt: HashMap<EngineId, f64> = HashMap::new();
-    let mut next_probe = 0usize;
+    let mut marks = Marks::default();
     let mut sequence = 0u64;
     let mut last = clock::now();
     let mut interval = tokio::time::interval(config.interval);
@@ -76,25 +85,54 @@ pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch:
         last = now;
         let secs = period.as_secs_f64().max(1e-3);
         let alpha = 1.0 - (-secs / config.smoothing.as_secs_f64().max(1e-3)).exp();
+        marks.probe_round_trips(&shared, &installed, config.rtt_probes_per_period).await;
+        sequence += 1;
+        let report = Report {
+            cluster: installed.table.cluster.clone(),
+            instance: config.instance.clone(),
+            sequence,
+            period_ms: period.as_millis() as u64,
+            snapshot_version: installed.table.version.0,
+            demand: marks.demand(&installed, secs, alpha),
+            engines: marks.observations(&installed),
+        };
+        // To every replica at once: one that hangs must not delay the others.
+        let sends = std::iter::once(&config.url).chain(&config.also).map(|url| {
+            let (shared, config, report) = (&shared, &config, &report);
+            async move {
+                if let Err(e) = send(shared, url, config, report).await {
+                    tracing::debug!(%url, error = %e, "report not delivered");
+                }
+            }
+        });
+        futures_util::future::join_all(sends).await;
+    }
+}
 
-        // Round trips, a few engines per period.
+impl Marks {
+    /// Measures the round trip to the next `count` engines (a few per period, in turn).
+    async fn probe_round_trips(&mut self, shared: &Shared, installed: &Installed, count: usize) {
         let n = installed.engines.len();
-        for i in 0..config.rtt_probes_per_period.min(n) {
-            let engine = &installed.engines[(next_probe + i) % n];
-            if let Some(ms) = measure_rtt(&shared, &engine.origin.base_url).await {
-                let e = rtt.entry(engine.id.clone()).or_insert(ms);
+        for i in 0..count.min(n) {
+            let engine = &installed.engines[(self.next_probe + i) % n];
+            if let Some(ms) = measure_rtt(shared, &engine.origin.base_url).await {
+                let e = self.rtt.entry(engine.id.clone()).or_insert(ms);
                 *e += 0.3 * (ms - *e);
             }
         }
-        next_probe = (next_probe + config.rtt_probes_per_period) % n.max(1);
+        self.next_probe = (self.next_probe + count) % n.max(1);
+    }
 
+    /// Each class's arrivals and sheds since the last period, and its smoothed rates (in all
+    /// and per priority).
+    fn demand(&mut self, installed: &Installed, secs: f64, alpha: f64) -> Vec<ClassDemand> {
         let mut demand = Vec::new();
         for model in installed.table.models() {
             for class in &model.classes {
                 let state = &installed.classes[class.seq];
                 let (arrivals, shed) = (state.arrivals.load(Relaxed), state.shed.load(Relaxed));
                 let by_priority = state.priority.arrivals.map(|count| count.load(Relaxed));
-                let mark = classes.entry((model.name.clone(), class.id.clone())).or_insert(ClassMark {
+                let mark = self.classes.entry((model.name.clone(), class.id.clone())).or_insert(ClassMark {
                     arrivals,
                     shed,
                     rps: None,
@@ -124,24 +162,17 @@ pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch:
                 };
             }
         }
+        demand
+    }
+
+    /// What the proxy saw of each engine since the last period.
+    fn observations(&mut self, installed: &Installed) -> Vec<EngineObservation> {
         let observations = installed
             .engines
             .iter()
             .map(|engine| {
-                let c = &engine.counters;
-                let current = EngineMark {
-                    attempts: c.attempts.load(Relaxed),
-                    failures: c.failures.load(Relaxed),
-                    ttfb_us: c.ttfb.sum_micros(),
-                    ttfb_n: c.ttfb.count(),
-                    duration_us: c.duration.sum_micros(),
-                    duration_n: c.duration.count(),
-                    first_chunk_us: c.first_chunk.sum_micros(),
-                    first_chunk_n: c.first_chunk.count(),
-                    chunk_gap_us: c.chunk_gap.sum_micros(),
-                    chunk_gap_n: c.chunk_gap.count(),
-                };
-                let before = engines.insert(engine.id.clone(), current).unwrap_or(current);
+                let current = EngineMark::read(&engine.counters);
+                let before = self.engines.insert(engine.id.clone(), current).unwrap_or(current);
                 // An engine that left the snapshot and came back has fresh counters: count
                 // from zero rather than subtract past it.
                 let before = if current.attempts < before.attempts
@@ -172,33 +203,31 @@ pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch:
                         current.chunk_gap_n - before.chunk_gap_n,
                     ),
                     chunk_gaps: current.chunk_gap_n - before.chunk_gap_n,
-                    rtt_ms: rtt.get(&engine.id).copied(),
+                    rtt_ms: self.rtt.get(&engine.id).copied(),
                     in_flight: engine.in_flight.load(Relaxed) as u64,
                 }
             })
             .collect();
         // Forget the marks of engines that left, so they do not pile up as the fleet changes.
-        engines.retain(|id, _| installed.engines.iter().any(|e| e.id == *id));
-        sequence += 1;
-        let report = Report {
-            cluster: installed.table.cluster.clone(),
-            instance: config.instance.clone(),
-            sequence,
-            period_ms: period.as_millis() as u64,
-            snapshot_version: installed.table.version.0,
-            demand,
-            engines: observations,
-        };
-        // To every replica at once: one that hangs must not delay the others.
-        let sends = std::iter::once(&config.url).chain(&config.also).map(|url| {
-            let (shared, config, report) = (&shared, &config, &report);
-            async move {
-                if let Err(e) = send(shared, url, config, report).await {
-                    tracing::debug!(%url, error = %e, "report not delivered");
-                }
-            }
-        });
-        futures_util::future::join_all(sends).await;
+        self.engines.retain(|id, _| installed.engines.iter().any(|e| e.id == *id));
+        observations
+    }
+}
+
+impl EngineMark {
+    fn read(c: &EngineCounters) -> EngineMark {
+        EngineMark {
+            attempts: c.attempts.load(Relaxed),
+            failures: c.failures.load(Relaxed),
+            ttfb_us: c.ttfb.sum_micros(),
+            ttfb_n: c.ttfb.count(),
+            duration_us: c.duration.sum_micros(),
+            duration_n: c.duration.count(),
+            first_chunk_us: c.first_chunk.sum_micros(),
+            first_chunk_n: c.first_chunk.count(),
+            chunk_gap_us: c.chunk_gap.sum_micros(),
+            chunk_gap_n: c.chunk_gap.count(),
+        }
     }
 }
 

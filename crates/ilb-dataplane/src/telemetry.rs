@@ -2,9 +2,13 @@
 //! rendered at scrape time from the atomics the request path already keeps; see
 //! `docs/metrics.md` for the list with meanings.
 
+use crate::engines::{EngineCounters, EngineState};
 use crate::shared::Shared;
-use ilb_core::metrics::TextWriter;
+use ilb_core::metrics::{Histogram, TextWriter};
 use std::sync::atomic::Ordering::Relaxed;
+
+/// Which of an engine's latency histograms a metric shows.
+type HistogramOf = fn(&EngineCounters) -> &Histogram;
 
 pub fn render(shared: &Shared) -> String {
     let mut w = TextWriter::new();
@@ -112,38 +116,27 @@ pub fn render(shared: &Shared) -> String {
             failures as f64,
         );
     }
-    w.family(
+    let gauge = |w: &mut TextWriter, name, help, value: fn(&EngineState) -> f64| {
+        w.family(name, "gauge", help);
+        for e in &installed.engines {
+            w.sample(name, &[("engine", e.id.as_str())], value(e));
+        }
+    };
+    gauge(
+        &mut w,
         "ilb_dataplane_engine_in_flight",
-        "gauge",
         "Requests in flight to each engine (until the last response byte).",
+        |e| e.in_flight.load(Relaxed) as f64,
     );
-    for e in &installed.engines {
-        w.sample(
-            "ilb_dataplane_engine_in_flight",
-            &[("engine", e.id.as_str())],
-            e.in_flight.load(Relaxed) as f64,
-        );
-    }
-    w.family("ilb_dataplane_engine_ejected", "gauge", "1 while the local guard keeps the engine out.");
-    for e in &installed.engines {
-        w.sample(
-            "ilb_dataplane_engine_ejected",
-            &[("engine", e.id.as_str())],
-            if e.is_ejected() { 1.0 } else { 0.0 },
-        );
-    }
-    w.family(
+    gauge(&mut w, "ilb_dataplane_engine_ejected", "1 while the local guard keeps the engine out.", |e| {
+        f64::from(u8::from(e.is_ejected()))
+    });
+    gauge(
+        &mut w,
         "ilb_dataplane_engine_held",
-        "gauge",
         "1 while the control plane's fast guard holds the engine out (asleep, no ready replica, unreachable).",
+        |e| f64::from(u8::from(e.is_held())),
     );
-    for e in &installed.engines {
-        w.sample(
-            "ilb_dataplane_engine_held",
-            &[("engine", e.id.as_str())],
-            if e.is_held() { 1.0 } else { 0.0 },
-        );
-    }
     w.family(
         "ilb_dataplane_engine_tls_failures_total",
         "counter",
@@ -183,49 +176,33 @@ pub fn render(shared: &Shared) -> String {
             e.counters.ejections_total.load(Relaxed) as f64,
         );
     }
-    w.family(
-        "ilb_dataplane_ttfb_seconds",
-        "histogram",
-        "Time from sending a request to an engine to its response headers.",
-    );
-    for e in &installed.engines {
-        w.histogram("ilb_dataplane_ttfb_seconds", &[("engine", e.id.as_str())], &e.counters.ttfb);
-    }
-    w.family(
-        "ilb_dataplane_stream_first_chunk_seconds",
-        "histogram",
-        "Time from sending a request to an engine to the first chunk of its streamed response.",
-    );
-    for e in &installed.engines {
-        w.histogram(
+    let histograms: [(&str, &str, HistogramOf); 4] = [
+        (
+            "ilb_dataplane_ttfb_seconds",
+            "Time from sending a request to an engine to its response headers.",
+            |c| &c.ttfb,
+        ),
+        (
             "ilb_dataplane_stream_first_chunk_seconds",
-            &[("engine", e.id.as_str())],
-            &e.counters.first_chunk,
-        );
-    }
-    w.family(
-        "ilb_dataplane_stream_chunk_gap_seconds",
-        "histogram",
-        "Time between consecutive chunks of an engine's streamed response.",
-    );
-    for e in &installed.engines {
-        w.histogram(
+            "Time from sending a request to an engine to the first chunk of its streamed response.",
+            |c| &c.first_chunk,
+        ),
+        (
             "ilb_dataplane_stream_chunk_gap_seconds",
-            &[("engine", e.id.as_str())],
-            &e.counters.chunk_gap,
-        );
-    }
-    w.family(
-        "ilb_dataplane_request_duration_seconds",
-        "histogram",
-        "Time from sending a request to an engine to the last response byte.",
-    );
-    for e in &installed.engines {
-        w.histogram(
+            "Time between consecutive chunks of an engine's streamed response.",
+            |c| &c.chunk_gap,
+        ),
+        (
             "ilb_dataplane_request_duration_seconds",
-            &[("engine", e.id.as_str())],
-            &e.counters.duration,
-        );
+            "Time from sending a request to an engine to the last response byte.",
+            |c| &c.duration,
+        ),
+    ];
+    for (name, help, histogram) in histograms {
+        w.family(name, "histogram", help);
+        for e in &installed.engines {
+            w.histogram(name, &[("engine", e.id.as_str())], histogram(&e.counters));
+        }
     }
     w.finish()
 }
