@@ -12,12 +12,19 @@
 use ilb_core::classify::{self, BodyInfo, Endpoint, Priority, MAX_REQUIRE_TAGS};
 use libfuzzer_sys::fuzz_target;
 
-const ENDPOINTS: [Endpoint; 3] = [Endpoint::ChatCompletions, Endpoint::Completions, Endpoint::Embeddings];
+/// Each endpoint with a path it is routed from.
+const ENDPOINTS: [(Endpoint, &str); 5] = [
+    (Endpoint::ChatCompletions, "/v1/chat/completions"),
+    (Endpoint::Completions, "/v1/completions"),
+    (Endpoint::Embeddings, "/v1/embeddings"),
+    (Endpoint::Responses, "/v1/responses"),
+    (Endpoint::Other, "/v1/messages"),
+];
 
 fuzz_target!(|data: &[u8]| {
     let Some((&selector, rest)) = data.split_first() else { return };
-    let endpoint = ENDPOINTS[usize::from(selector) % ENDPOINTS.len()];
-    assert_eq!(Endpoint::from_path(endpoint.path()), Some(endpoint));
+    let (endpoint, path) = ENDPOINTS[usize::from(selector) % ENDPOINTS.len()];
+    assert_eq!(Endpoint::from_path(path), Some(endpoint));
 
     if let Ok(info) = classify::parse_body(endpoint, rest) {
         assert!(!info.model.is_empty(), "a classified body names a model");
@@ -28,7 +35,8 @@ fuzz_target!(|data: &[u8]| {
         );
         let fallback = 0x5EED;
         let hash = classify::affinity_hash(None, &info, fallback);
-        if info.user.as_deref().is_none_or(str::is_empty) && info.prefix_hash.is_none() {
+        let named = [&info.prompt_cache_key, &info.user];
+        if named.iter().all(|k| k.as_deref().is_none_or(str::is_empty)) && info.prefix_hash.is_none() {
             assert_eq!(hash, fallback, "nothing to hash falls back to the per-request key");
         }
     }

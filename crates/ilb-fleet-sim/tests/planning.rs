@@ -69,8 +69,10 @@ fn surge_ilb_replans_from_the_demand_reports_and_has_the_lowest_latency_during_t
         let ilb = transient(c, "ilb");
         let replan = ilb.replan_s.expect("ilb re-planned for the surge");
         // The data planes' demand is smoothed over 5 s, solves run every 2 s and snapshots are
-        // pulled 1 s later: a plan reflecting a 2.5 × surge within 10 s.
-        assert!(replan <= 10.0, "seed {}: ilb re-planned after {replan} s", c.seed);
+        // pulled 1 s later: two time constants (86 % of the step) plus a solve and a pull make
+        // 13 s. Measured: 5–7 s hashing new conversations blindly, 5–11 s placing them by load
+        // (whose better-spread local load makes the first spill a little smaller).
+        assert!(replan <= 13.0, "seed {}: ilb re-planned after {replan} s", c.seed);
         for name in ["feedback", "nearest"] {
             let other = transient(c, name);
             assert!(

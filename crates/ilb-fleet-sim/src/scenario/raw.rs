@@ -304,8 +304,8 @@ pub struct ControlSpec {
     /// improved the steady-state prediction on `three-regions` (8.5 % → 7.4 % error).
     pub measured_curves: bool,
     /// The data planes place new conversations by load (`data_plane.place_new_keys_by_load`,
-    /// `ilb_core::table::ClassTable::select`). Default false, as in the data plane: new
-    /// conversations are hashed blindly.
+    /// `ilb_core::table::ClassTable::select`). Default true, as in the data plane; false hashes
+    /// new conversations blindly.
     pub place_new_keys_by_load: bool,
 }
 
@@ -327,7 +327,7 @@ impl Default for ControlSpec {
             calibration_s: 60.0,
             sample_period_s: None,
             measured_curves: false,
-            place_new_keys_by_load: false,
+            place_new_keys_by_load: true,
         }
     }
 }
