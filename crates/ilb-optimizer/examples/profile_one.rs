@@ -38,13 +38,14 @@ fn main() {
         let start = clock();
         let s = measured(&p, None, repeats);
         println!(
-            "cold {:.1} ms gap {:.1e} steps {} passes {} rebuilds {} coarse {:?}",
+            "cold {:.1} ms gap {:.1e} steps {} passes {} rebuilds {} coarse {:?} objective {:e}",
             start.elapsed().as_secs_f64() * 1e3 / repeats as f64,
             s.gap,
             s.newton_steps,
             s.passes,
             s.rebuilds,
-            s.coarse_engines
+            s.coarse_engines,
+            s.objective
         );
         return;
     }
@@ -59,7 +60,7 @@ fn main() {
     let t = measured(&q, Some(&w), repeats);
     let warm_ms = start.elapsed().as_secs_f64() * 1e3 / repeats as f64;
     println!(
-        "cold {cold_ms:.1} ms gap {:.1e} steps {} passes {} rebuilds {}; warm {warm_ms:.1} ms gap {:.1e} steps {} passes {} rebuilds {}",
-        s.gap, s.newton_steps, s.passes, s.rebuilds, t.gap, t.newton_steps, t.passes, t.rebuilds
+        "cold {cold_ms:.1} ms gap {:.1e} steps {} passes {} rebuilds {}; warm {warm_ms:.1} ms gap {:.1e} steps {} passes {} rebuilds {} objective {:e}",
+        s.gap, s.newton_steps, s.passes, s.rebuilds, t.gap, t.newton_steps, t.passes, t.rebuilds, t.objective
     );
 }

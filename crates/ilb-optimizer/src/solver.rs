@@ -5,7 +5,7 @@
 use crate::aggregate::Aggregation;
 use crate::certify::{repair, Repaired};
 use crate::coarse;
-use crate::linalg::cholesky_solve;
+use crate::linalg::Cholesky;
 use crate::pass::{Candidates, Model, Pass, PrevRoutes};
 use crate::problem::{Problem, ProblemError};
 use crate::publish::{publish, RunSummary};
@@ -202,6 +202,7 @@ pub(crate) struct Run<'m, 'p> {
     pub pass: Pass,
     trial: Pass,
     hessian: Vec<f64>,
+    cholesky: Cholesky,
     best: Option<(Repaired, Candidates, Vec<f64>)>,
     /// Step length (ms) the damping aims at; grows while full steps succeed (trust region).
     radius: f64,
@@ -225,6 +226,7 @@ impl<'m, 'p> Run<'m, 'p> {
             pass: Pass::default(),
             trial: Pass::default(),
             hessian: Vec::new(),
+            cholesky: Cholesky::default(),
             best: None,
             radius: 0.05 * scale,
             max_radius: model.penalty.iter().fold(scale, |a, &p| a.max(p)) + 200.0,
@@ -374,7 +376,7 @@ impl<'m, 'p> Run<'m, 'p> {
                     delta[k] = if step >= 0.0 { step.max(reach) } else { step.min(-reach) };
                 }
             }
-            cholesky_solve(&mut self.hessian, &mut delta, n, 1e-12);
+            self.cholesky.solve(&mut self.hessian, &mut delta, n, 1e-12);
             let slope: f64 =
                 (0..n).filter(|&k| self.model.class_on[k]).map(|k| delta[k] * self.pass.grad[k]).sum();
             let mut t = 1.0;
