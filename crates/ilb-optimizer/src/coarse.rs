@@ -88,7 +88,7 @@ pub(crate) fn start(model: &Model, options: &SolverOptions, scale: f64) -> Optio
     let network = NetworkMatrix::from_engine_major(n, clusters.len(), std::mem::take(&mut clusters.values));
     let coarse = Model {
         network: &network,
-        curves,
+        curves: std::sync::Arc::new(curves),
         demand: model.demand.clone(),
         penalty: model.penalty.clone(),
         tier_start: model.tier_start.clone(),

@@ -6,10 +6,10 @@ use crate::aggregate::Aggregation;
 use crate::certify::{repair, Repaired};
 use crate::coarse;
 use crate::linalg::Cholesky;
-use crate::pass::{Candidates, Model, Pass, PrevRoutes};
+use crate::pass::{Candidates, EngineCurves, Model, Pass, PrevRoutes};
 use crate::problem::{Problem, ProblemError};
 use crate::publish::{publish, RunSummary};
-use crate::solution::{Solution, WarmStart};
+use crate::solution::{CurveCache, Solution, WarmStart};
 use crate::stability::{keep_previous, Previous};
 use crate::warm::{cold_prices, map_warm_start};
 
@@ -113,7 +113,8 @@ pub fn solve(
     });
     let hint = warm.filter(|_| same_classes).map(|w| &w.class_group[..]);
     let groups = Aggregation::new(problem, hint);
-    let model = Model::new(problem, &groups);
+    let curves = EngineCurves::for_problem(problem, warm.and_then(|w| w.curves.0.as_ref()));
+    let model = Model::new(problem, &groups, &curves);
     let scale = price_scale(&model);
     let mapped = warm.map(|w| map_warm_start(problem, &model, &groups, w));
     let mut coarse_engines = None;
@@ -159,6 +160,7 @@ pub fn solve(
         share: published.share,
         routes: published.routes,
         epsilon: eps,
+        curves: CurveCache(Some(curves)),
     };
     Ok((solution, warm))
 }
