@@ -14,50 +14,44 @@ use crate::curve::Curve;
 use crate::problem::{Latency, NetworkMatrix, Problem};
 
 /// The engines' processed curves with the inputs they were built from (ρ, and each engine's
-/// capacity and latency). A warm start keeps them, and the next solve reuses them when its
-/// engines are the same bit for bit: building 5,000 curves (convex envelopes of the fitted
+/// capacity and latency, as bits). A warm start keeps them, and the next solve reuses them when
+/// its engines are the same bit for bit: building 5,000 curves (convex envelopes of the fitted
 /// points) was a twelfth of a warm re-solve.
 #[derive(Debug)]
 pub(crate) struct EngineCurves {
-    rho: u64,
-    inputs: Vec<(u64, Latency)>,
+    inputs: Vec<u64>,
     pub curves: Arc<Vec<Curve>>,
 }
 
 impl EngineCurves {
     /// The curves of `problem`'s engines: `previous` ones if they were built from the same input.
     pub fn for_problem(problem: &Problem, previous: Option<&Arc<EngineCurves>>) -> Arc<EngineCurves> {
-        if let Some(previous) = previous.filter(|p| p.fits(problem)) {
+        let inputs = encode_inputs(problem, previous.map_or(0, |p| p.inputs.len()));
+        if let Some(previous) = previous.filter(|p| p.inputs == inputs) {
             return Arc::clone(previous);
         }
-        Arc::new(EngineCurves {
-            rho: problem.rho.to_bits(),
-            inputs: problem.engines.iter().map(|e| (e.capacity_rps.to_bits(), e.latency.clone())).collect(),
-            curves: Arc::new(
-                problem.engines.iter().map(|e| Curve::new(&e.latency, e.capacity_rps, problem.rho)).collect(),
-            ),
-        })
+        let curves =
+            problem.engines.iter().map(|e| Curve::new(&e.latency, e.capacity_rps, problem.rho)).collect();
+        Arc::new(EngineCurves { inputs, curves: Arc::new(curves) })
     }
+}
 
-    fn fits(&self, problem: &Problem) -> bool {
-        let same = |a: f64, b: f64| a.to_bits() == b.to_bits();
-        self.rho == problem.rho.to_bits()
-            && self.inputs.len() == problem.engines.len()
-            && self.inputs.iter().zip(&problem.engines).all(|((capacity, latency), e)| {
-                *capacity == e.capacity_rps.to_bits()
-                    && match (latency, &e.latency) {
-                        (
-                            Latency::Queueing { t0_ms: t0, b_ms: b },
-                            Latency::Queueing { t0_ms: t0_new, b_ms: b_new },
-                        ) => same(*t0, *t0_new) && same(*b, *b_new),
-                        (Latency::Piecewise(p), Latency::Piecewise(p_new)) => {
-                            p.len() == p_new.len()
-                                && p.iter().zip(p_new).all(|(a, b)| same(a[0], b[0]) && same(a[1], b[1]))
-                        }
-                        _ => false,
-                    }
-            })
+/// Everything the curves are built from, as bits: ρ, then per engine its capacity and either
+/// (0, t0, b) or (1, point count, the points).
+fn encode_inputs(problem: &Problem, capacity: usize) -> Vec<u64> {
+    let mut out = Vec::with_capacity(capacity.max(1 + 4 * problem.engines.len()));
+    out.push(problem.rho.to_bits());
+    for e in &problem.engines {
+        out.push(e.capacity_rps.to_bits());
+        match &e.latency {
+            Latency::Queueing { t0_ms, b_ms } => out.extend([0, t0_ms.to_bits(), b_ms.to_bits()]),
+            Latency::Piecewise(points) => {
+                out.extend([1, points.len() as u64]);
+                out.extend(points.iter().flat_map(|p| [p[0].to_bits(), p[1].to_bits()]));
+            }
+        }
     }
+    out
 }
 
 /// Previous routes, engine-major with classes sorted within an engine: the proximal centre.
