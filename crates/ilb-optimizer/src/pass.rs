@@ -589,10 +589,28 @@ fn solve_engine(curve: &Curve, k_j: f64, sorted: &[(f64, u32)], hint: f64) -> (f
         }
     }
     let count = m as f64;
+    // On this piece φ(q) ≤ cap − k_j·(sum − m·q) (the engine full), so the root is at least
+    // that line's zero; where the engine is full there, that is the root (φ is linear there).
+    let q_full = (sum - curve.cap() / k_j) / count;
     let mut lo = if m < len { r(m).max(base) } else { base };
     let mut hi = r(m - 1);
-    let mut q = if hint > lo && hint < hi { hint } else { lo };
-    let tolerance = 1e-12 * curve.cap().max(1e-9);
+    if q_full > lo {
+        lo = q_full.min(hi);
+    }
+    // Without a hint inside the bracket, start from its low end (from the left, Newton on the
+    // concave queueing response does not overshoot), or its middle if that is the base price,
+    // where the response has no slope to follow.
+    let mut q = if hint > lo && hint < hi {
+        hint
+    } else if lo > base {
+        lo
+    } else {
+        0.5 * (lo + hi)
+    };
+    // The residual is computed to about 1e-15 × k_j·(|sum| + m·|q|) (prices near a shed
+    // penalty are thousands of ms): below that, further steps only bounce on rounding.
+    let rounding = 1e-15 * k_j * (sum.abs() + count * hi.abs());
+    let tolerance = (1e-12 * curve.cap().max(1e-9)).max(rounding);
     for _ in 0..100 {
         let (y, dy) = match at_hint.take() {
             Some(response) if q == hint => response,
@@ -608,7 +626,9 @@ fn solve_engine(curve: &Curve, k_j: f64, sorted: &[(f64, u32)], hint: f64) -> (f
             hi = q;
         }
         let newton = q - value / (dy + k_j * count);
-        q = if newton > lo && newton < hi { newton } else { 0.5 * (lo + hi) };
+        // The ends of the bracket count: where the engine is full φ is linear, and Newton lands
+        // exactly on the root `q_full`, which may be the low end.
+        q = if newton >= lo && newton <= hi && newton != q { newton } else { 0.5 * (lo + hi) };
         if hi - lo <= 1e-14 * hi.abs().max(1.0) {
             break;
         }
