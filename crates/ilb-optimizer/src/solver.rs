@@ -312,11 +312,18 @@ impl<'m, 'p> Run<'m, 'p> {
                 None => true,
                 Some((b, _, _)) => gap < b.gap(),
             };
+            let done = gap <= target || eps <= eps_min || out_of_steps;
+            if better && done {
+                // Leaving with the current routing: its lists and prices are already in place
+                // (copying the lists was a few per cent of a warm re-solve).
+                self.best = None;
+                return (repaired, eps);
+            }
             if better {
                 self.best = Some((repaired, clone_lists(&self.cand), self.pass.q.clone()));
                 best_eps = eps;
             }
-            if gap <= target || eps <= eps_min || out_of_steps {
+            if done {
                 break;
             }
             if self.pass.residual > FINE_TOLERANCE && converged && smoothing < 0.5 * gap {
