@@ -1,5 +1,6 @@
 //! Solves one generated instance cold, then warm many times (for profilers):
-//! `profile_one N M [REPEATS] [overloaded] [noisy] [cold]` (`cold`: only the cold solve, REPEATS times).
+//! `profile_one N M [REPEATS] [overloaded] [noisy] [cold] [seed=S]` (`cold`: only the cold solve,
+//! REPEATS times; the seed defaults to 1, or 2 when overloaded).
 //! The solves being measured run inside `measured`, so that an instruction count can be limited
 //! to them: `valgrind --tool=callgrind --toggle-collect='*measured*' target/release/examples/profile_one ...`
 //! (warm: a cold solve and one settling warm solve run outside it, then REPEATS warm re-solves
@@ -27,11 +28,12 @@ fn main() {
     let (n, m) = (args.first().copied().unwrap_or(100), args.get(1).copied().unwrap_or(5000));
     let flag = |f: &str| std::env::args().any(|a| a == f);
     let (overloaded, noisy) = (flag("overloaded"), flag("noisy"));
+    let seed = std::env::args().find_map(|a| a.strip_prefix("seed=").and_then(|s| s.parse().ok()));
     let p = match (noisy, overloaded) {
-        (false, false) => generate(&GenConfig::new(n, m, 1)),
-        (false, true) => generate(&GenConfig::new(n, m, 2).overloaded()),
-        (true, false) => generate(&GenConfig::noisy(n, m, 1)),
-        (true, true) => generate(&GenConfig::noisy(n, m, 2).with_load(1.08)),
+        (false, false) => generate(&GenConfig::new(n, m, seed.unwrap_or(1))),
+        (false, true) => generate(&GenConfig::new(n, m, seed.unwrap_or(2)).overloaded()),
+        (true, false) => generate(&GenConfig::noisy(n, m, seed.unwrap_or(1))),
+        (true, true) => generate(&GenConfig::noisy(n, m, seed.unwrap_or(2)).with_load(1.08)),
     };
     if flag("cold") {
         let repeats = args.get(2).copied().unwrap_or(1);
