@@ -1,6 +1,7 @@
 //! Solves one generated instance cold, then warm many times (for profilers):
-//! `profile_one N M [REPEATS] [overloaded] [noisy] [cold] [seed=S]` (`cold`: only the cold solve,
-//! REPEATS times; the seed defaults to 1, or 2 when overloaded).
+//! `profile_one N M [REPEATS] [overloaded] [noisy] [cold] [chained] [seed=S]` (`cold`: only the
+//! cold solve, REPEATS times; `chained`: see the settling below; the seed defaults to 1, or 2
+//! when overloaded).
 //! The solves being measured run inside `measured`, so that an instruction count can be limited
 //! to them: `valgrind --tool=callgrind --toggle-collect='*measured*' target/release/examples/profile_one ...`
 //! (warm: a cold solve and one settling warm solve run outside it, then REPEATS warm re-solves
@@ -54,7 +55,10 @@ fn main() {
     let start = clock();
     let (s, w) = solve(&p, None, &SolverOptions::default()).expect("valid");
     let cold_ms = start.elapsed().as_secs_f64() * 1e3;
-    // Settle: one warm re-solve of the same problem re-centres the proximal term on the routes.
+    // Settle: one warm re-solve of the same problem re-centres the proximal term on the routes
+    // (`chained`: of a ±1 % change of it instead, so that the measured re-solve follows one like
+    // it, as in a control loop).
+    let p = if flag("chained") { perturb_demand(&p, 6, 0.01) } else { p };
     let (_, w) = solve(&p, Some(&w), &SolverOptions::default()).expect("valid");
     let q = perturb_demand(&p, 7, 0.01);
     let repeats = args.get(2).copied().unwrap_or(20);
