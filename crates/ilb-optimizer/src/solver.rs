@@ -223,10 +223,12 @@ pub(crate) struct Run<'m, 'p> {
 /// Drift budget per unit of ε of a cold solve, whose prices travel far.
 const COLD_DRIFT_PER_EPS: f64 = 2.0;
 
-/// Drift budget per unit of ε of a warm re-solve: prices move little after a small change, and
-/// under overload (where ε stays large because the shed penalties dominate the objective) the
-/// cold budget made the lists five times longer than needed (100 × 5,000 noisy at 108 %: 97 k
-/// entries, warm 77.1 M → 60 M instructions with this budget, the same single rebuild).
+/// Smallest drift budget per unit of ε of a warm re-solve, whose budget is the cold one capped at
+/// twice the floor: prices move little after a small change, and under overload (where ε stays
+/// large because the shed penalties dominate the objective) the cold budget made the lists five
+/// times longer than needed (100 × 5,000 noisy at 108 %: 97 k entries; 0.5ε alone: 55 k, warm
+/// 77.1 M → 60 M instructions, the same single rebuild), while 0.5ε alone made 200 × 20,000
+/// chained warm re-solves rebuild twice (225 M → 247 M; with the cap 209 M).
 const WARM_DRIFT_PER_EPS: f64 = 0.5;
 
 impl<'m, 'p> Run<'m, 'p> {
@@ -253,10 +255,17 @@ impl<'m, 'p> Run<'m, 'p> {
         }
     }
 
-    /// Candidate window for smoothing `eps`: 2ερ plus twice the drift budget
-    /// max(`drift_per_eps`·ε, 0.0025·scale).
+    /// Candidate window for smoothing `eps`: 2ερ plus twice the drift budget: in a cold solve
+    /// max(2ε, 0.0025·scale); in a warm one max(min(2ε, 0.005·scale), 0.5ε, 0.0025·scale).
     fn width(&self, eps: f64) -> f64 {
-        2.0 * eps * self.model.rho + 2.0 * (self.drift_per_eps * eps).max(0.0025 * self.scale)
+        let floor = 0.0025 * self.scale;
+        let budget = if self.drift_per_eps < COLD_DRIFT_PER_EPS {
+            // Warm: the cold budget capped at twice the floor, at least `drift_per_eps`·ε.
+            (COLD_DRIFT_PER_EPS * eps).min(2.0 * floor).max(self.drift_per_eps * eps)
+        } else {
+            self.drift_per_eps * eps
+        };
+        2.0 * eps * self.model.rho + 2.0 * budget.max(floor)
     }
 
     fn lists_valid(cand: &Candidates, u: &[f64], eps: f64, rho: f64) -> bool {
