@@ -1,5 +1,7 @@
 //! Solves one generated instance cold, then warm many times (for profilers):
-//! `profile_one N M [REPEATS] [overloaded] [noisy] [cold]` (`cold`: only the cold solve, REPEATS times).
+//! `profile_one N M [REPEATS] [overloaded] [noisy] [cold] [chained] [seed=S]` (`cold`: only the
+//! cold solve, REPEATS times; `chained`: see the settling below; the seed defaults to 1, or 2
+//! when overloaded).
 //! The solves being measured run inside `measured`, so that an instruction count can be limited
 //! to them: `valgrind --tool=callgrind --toggle-collect='*measured*' target/release/examples/profile_one ...`
 //! (warm: a cold solve and one settling warm solve run outside it, then REPEATS warm re-solves
@@ -27,31 +29,36 @@ fn main() {
     let (n, m) = (args.first().copied().unwrap_or(100), args.get(1).copied().unwrap_or(5000));
     let flag = |f: &str| std::env::args().any(|a| a == f);
     let (overloaded, noisy) = (flag("overloaded"), flag("noisy"));
+    let seed = std::env::args().find_map(|a| a.strip_prefix("seed=").and_then(|s| s.parse().ok()));
     let p = match (noisy, overloaded) {
-        (false, false) => generate(&GenConfig::new(n, m, 1)),
-        (false, true) => generate(&GenConfig::new(n, m, 2).overloaded()),
-        (true, false) => generate(&GenConfig::noisy(n, m, 1)),
-        (true, true) => generate(&GenConfig::noisy(n, m, 2).with_load(1.08)),
+        (false, false) => generate(&GenConfig::new(n, m, seed.unwrap_or(1))),
+        (false, true) => generate(&GenConfig::new(n, m, seed.unwrap_or(2)).overloaded()),
+        (true, false) => generate(&GenConfig::noisy(n, m, seed.unwrap_or(1))),
+        (true, true) => generate(&GenConfig::noisy(n, m, seed.unwrap_or(2)).with_load(1.08)),
     };
     if flag("cold") {
         let repeats = args.get(2).copied().unwrap_or(1);
         let start = clock();
         let s = measured(&p, None, repeats);
         println!(
-            "cold {:.1} ms gap {:.1e} steps {} passes {} rebuilds {} coarse {:?}",
+            "cold {:.1} ms gap {:.1e} steps {} passes {} rebuilds {} coarse {:?} objective {:e}",
             start.elapsed().as_secs_f64() * 1e3 / repeats as f64,
             s.gap,
             s.newton_steps,
             s.passes,
             s.rebuilds,
-            s.coarse_engines
+            s.coarse_engines,
+            s.objective
         );
         return;
     }
     let start = clock();
     let (s, w) = solve(&p, None, &SolverOptions::default()).expect("valid");
     let cold_ms = start.elapsed().as_secs_f64() * 1e3;
-    // Settle: one warm re-solve of the same problem re-centres the proximal term on the routes.
+    // Settle: one warm re-solve of the same problem re-centres the proximal term on the routes
+    // (`chained`: of a ±1 % change of it instead, so that the measured re-solve follows one like
+    // it, as in a control loop).
+    let p = if flag("chained") { perturb_demand(&p, 6, 0.01) } else { p };
     let (_, w) = solve(&p, Some(&w), &SolverOptions::default()).expect("valid");
     let q = perturb_demand(&p, 7, 0.01);
     let repeats = args.get(2).copied().unwrap_or(20);
@@ -59,7 +66,7 @@ fn main() {
     let t = measured(&q, Some(&w), repeats);
     let warm_ms = start.elapsed().as_secs_f64() * 1e3 / repeats as f64;
     println!(
-        "cold {cold_ms:.1} ms gap {:.1e} steps {} passes {} rebuilds {}; warm {warm_ms:.1} ms gap {:.1e} steps {} passes {} rebuilds {}",
-        s.gap, s.newton_steps, s.passes, s.rebuilds, t.gap, t.newton_steps, t.passes, t.rebuilds
+        "cold {cold_ms:.1} ms gap {:.1e} steps {} passes {} rebuilds {}; warm {warm_ms:.1} ms gap {:.1e} steps {} passes {} rebuilds {} objective {:e}",
+        s.gap, s.newton_steps, s.passes, s.rebuilds, t.gap, t.newton_steps, t.passes, t.rebuilds, t.objective
     );
 }

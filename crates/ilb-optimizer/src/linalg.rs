@@ -10,61 +10,175 @@
 /// it is far from dense: the rows are reordered by reverse Cuthill–McKee and the factor is
 /// computed within the envelope of the reordered matrix (entries left of a row's first non-zero
 /// stay zero in the factor), which skips most of the n³/6 work of a dense factorisation.
+#[cfg(test)]
 pub(crate) fn cholesky_solve(h: &mut [f64], rhs: &mut [f64], n: usize, floor_rel: f64) {
-    debug_assert_eq!(h.len(), n * n);
-    debug_assert_eq!(rhs.len(), n);
-    if n <= DENSE_UP_TO {
-        return dense_cholesky_solve(h, rhs, n, floor_rel);
-    }
-    let perm = reverse_cuthill_mckee(h, n);
-    // a = Pᵀ h P, b = Pᵀ rhs: row i of `a` is original row perm[i].
-    let mut a = vec![0.0; n * n];
-    let mut first = vec![0usize; n];
-    for i in 0..n {
-        let src = &h[perm[i] * n..perm[i] * n + n];
-        let row = &mut a[i * n..i * n + n];
-        for (j, &pj) in perm.iter().enumerate() {
-            row[j] = src[pj];
+    Cholesky::default().solve(h, rhs, n, floor_rel);
+}
+
+/// Reusable buffers of [`cholesky_solve`]: a Newton loop factors one matrix per step, and
+/// allocating (and zeroing) an n × n copy each time was a fair part of the coarse problem's cost.
+#[derive(Default)]
+pub(crate) struct Cholesky {
+    /// The reordered matrix, then its factor; only each row's envelope is written or read.
+    a: Vec<f64>,
+    first: Vec<usize>,
+    b: Vec<f64>,
+    perm: Vec<usize>,
+    position: Vec<usize>,
+    /// The non-zero pattern (CSR, without the diagonal) and the breadth-first scratch.
+    adjacency_start: Vec<usize>,
+    adjacency: Vec<usize>,
+    degree: Vec<usize>,
+    visited: Vec<bool>,
+    by_degree: Vec<usize>,
+}
+
+impl Cholesky {
+    /// [`cholesky_solve`] with this workspace's buffers.
+    pub fn solve(&mut self, h: &mut [f64], rhs: &mut [f64], n: usize, floor_rel: f64) {
+        debug_assert_eq!(h.len(), n * n);
+        debug_assert_eq!(rhs.len(), n);
+        if n <= DENSE_UP_TO {
+            return dense_cholesky_solve(h, rhs, n, floor_rel);
         }
-        first[i] = row[..i].iter().position(|&v| v != 0.0).unwrap_or(i);
-    }
-    let mut b: Vec<f64> = perm.iter().map(|&p| rhs[p]).collect();
-    for i in 0..n {
-        let original = a[i * n + i];
-        let (done, rest) = a.split_at_mut(i * n);
-        let row_i = &mut rest[..n];
-        let fi = first[i];
-        for jc in fi..i {
-            let row_j = &done[jc * n..jc * n + n];
-            let lo = fi.max(first[jc]);
-            let d = if lo < jc { dot(&row_i[lo..jc], &row_j[lo..jc]) } else { 0.0 };
-            row_i[jc] = (row_i[jc] - d) / row_j[jc];
+        self.reverse_cuthill_mckee(h, n);
+        let Cholesky { a, first, b, perm, position, adjacency_start, adjacency, .. } = self;
+        // a = Pᵀ h P, b = Pᵀ rhs: row i of `a` is original row perm[i]. Only the envelope of each
+        // row (from its first non-zero left of the diagonal) is filled: nothing reads the rest.
+        position.clear();
+        position.resize(n, 0);
+        for (i, &p) in perm.iter().enumerate() {
+            position[p] = i;
         }
-        let sq = dot(&row_i[fi..i], &row_i[fi..i]);
-        let pivot = row_i[i] - sq;
-        let floor = (original.abs() * floor_rel).max(1e-300);
-        row_i[i] = pivot.max(floor).sqrt();
-    }
-    // Forward substitution L z = b, then back substitution Lᵀ x = z.
-    for i in 0..n {
-        let row = &a[i * n..i * n + n];
-        let fi = first[i];
-        let d = dot(&row[fi..i], &b[fi..i]);
-        b[i] = (b[i] - d) / row[i];
-    }
-    for i in (0..n).rev() {
-        let bi = b[i] / a[i * n + i];
-        b[i] = bi;
-        // Subtract column i of Lᵀ's contribution from the rows above (within their envelope).
-        if bi != 0.0 {
+        a.resize(n * n, 0.0);
+        first.clear();
+        for i in 0..n {
+            let p = perm[i];
+            let src = &h[p * n..p * n + n];
+            let neighbours = &adjacency[adjacency_start[p]..adjacency_start[p + 1]];
+            let fi = neighbours
+                .iter()
+                .filter(|&&w| position[w] < i && src[w] != 0.0)
+                .map(|&w| position[w])
+                .min()
+                .unwrap_or(i);
+            let row = &mut a[i * n..i * n + n];
+            row[fi..i].fill(0.0);
+            for &w in neighbours {
+                let j = position[w];
+                if j >= fi && j < i {
+                    row[j] = src[w];
+                }
+            }
+            row[i] = src[p];
+            first.push(fi);
+        }
+        b.clear();
+        b.extend(perm.iter().map(|&p| rhs[p]));
+        for i in 0..n {
+            let original = a[i * n + i];
+            let (done, rest) = a.split_at_mut(i * n);
+            let row_i = &mut rest[..n];
+            let fi = first[i];
+            for jc in fi..i {
+                let row_j = &done[jc * n..jc * n + n];
+                let lo = fi.max(first[jc]);
+                let d = if lo < jc { dot(&row_i[lo..jc], &row_j[lo..jc]) } else { 0.0 };
+                row_i[jc] = (row_i[jc] - d) / row_j[jc];
+            }
+            let sq = dot(&row_i[fi..i], &row_i[fi..i]);
+            let pivot = row_i[i] - sq;
+            let floor = (original.abs() * floor_rel).max(1e-300);
+            row_i[i] = pivot.max(floor).sqrt();
+        }
+        // Forward substitution L z = b, then back substitution Lᵀ x = z.
+        for i in 0..n {
             let row = &a[i * n..i * n + n];
-            for k in first[i]..i {
-                b[k] -= row[k] * bi;
+            let fi = first[i];
+            let d = dot(&row[fi..i], &b[fi..i]);
+            b[i] = (b[i] - d) / row[i];
+        }
+        for i in (0..n).rev() {
+            let bi = b[i] / a[i * n + i];
+            b[i] = bi;
+            // Subtract column i of Lᵀ's contribution from the rows above (within their envelope).
+            if bi != 0.0 {
+                let row = &a[i * n..i * n + n];
+                for k in first[i]..i {
+                    b[k] -= row[k] * bi;
+                }
             }
         }
+        for (i, &p) in perm.iter().enumerate() {
+            rhs[p] = b[i];
+        }
     }
-    for (i, &p) in perm.iter().enumerate() {
-        rhs[p] = b[i];
+
+    /// Reverse Cuthill–McKee ordering of the non-zero pattern of symmetric `h` into `perm`:
+    /// breadth-first from a lowest-degree vertex of each component, neighbours by ascending
+    /// degree (ties by index), then reversed; new position i holds original row perm[i]. The
+    /// pattern is kept in `adjacency` (CSR) for the reordering.
+    fn reverse_cuthill_mckee(&mut self, h: &[f64], n: usize) {
+        let Cholesky { adjacency_start, adjacency, degree, visited, by_degree, perm, .. } = self;
+        degree.clear();
+        degree.resize(n, 0);
+        for i in 0..n {
+            for j in 0..i {
+                if h[i * n + j] != 0.0 || h[j * n + i] != 0.0 {
+                    degree[i] += 1;
+                    degree[j] += 1;
+                }
+            }
+        }
+        adjacency_start.clear();
+        adjacency_start.push(0);
+        for i in 0..n {
+            adjacency_start.push(adjacency_start[i] + degree[i]);
+        }
+        adjacency.clear();
+        adjacency.resize(adjacency_start[n], 0);
+        // Fill: `by_degree` is the per-row write cursor here.
+        by_degree.clear();
+        by_degree.extend_from_slice(&adjacency_start[..n]);
+        for i in 0..n {
+            for j in 0..i {
+                if h[i * n + j] != 0.0 || h[j * n + i] != 0.0 {
+                    adjacency[by_degree[i]] = j;
+                    by_degree[i] += 1;
+                    adjacency[by_degree[j]] = i;
+                    by_degree[j] += 1;
+                }
+            }
+        }
+        // Keys (degree, index) are distinct, so an unstable sort gives the one order.
+        for i in 0..n {
+            adjacency[adjacency_start[i]..adjacency_start[i + 1]].sort_unstable_by_key(|&v| (degree[v], v));
+        }
+        by_degree.clear();
+        by_degree.extend(0..n);
+        by_degree.sort_unstable_by_key(|&v| (degree[v], v));
+        visited.clear();
+        visited.resize(n, false);
+        perm.clear();
+        for &root in by_degree.iter() {
+            if visited[root] {
+                continue;
+            }
+            visited[root] = true;
+            let mut head = perm.len();
+            perm.push(root);
+            while head < perm.len() {
+                let v = perm[head];
+                head += 1;
+                for &w in &adjacency[adjacency_start[v]..adjacency_start[v + 1]] {
+                    if !visited[w] {
+                        visited[w] = true;
+                        perm.push(w);
+                    }
+                }
+            }
+        }
+        perm.reverse();
     }
 }
 
@@ -117,49 +231,6 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
         rest += x * y;
     }
     (s0 + s1) + (s2 + s3) + rest
-}
-
-/// Reverse Cuthill–McKee ordering of the non-zero pattern of symmetric `h`: breadth-first from a
-/// lowest-degree vertex of each component, neighbours by ascending degree (ties by index), then
-/// reversed. Returns `perm` with new position i holding original row perm[i].
-fn reverse_cuthill_mckee(h: &[f64], n: usize) -> Vec<usize> {
-    let mut adjacency: Vec<Vec<usize>> = vec![Vec::new(); n];
-    for i in 0..n {
-        for j in 0..i {
-            if h[i * n + j] != 0.0 || h[j * n + i] != 0.0 {
-                adjacency[i].push(j);
-                adjacency[j].push(i);
-            }
-        }
-    }
-    let degree: Vec<usize> = adjacency.iter().map(Vec::len).collect();
-    for list in &mut adjacency {
-        list.sort_by_key(|&v| (degree[v], v));
-    }
-    let mut by_degree: Vec<usize> = (0..n).collect();
-    by_degree.sort_by_key(|&v| (degree[v], v));
-    let mut visited = vec![false; n];
-    let mut order = Vec::with_capacity(n);
-    for &root in &by_degree {
-        if visited[root] {
-            continue;
-        }
-        visited[root] = true;
-        let mut head = order.len();
-        order.push(root);
-        while head < order.len() {
-            let v = order[head];
-            head += 1;
-            for &w in &adjacency[v] {
-                if !visited[w] {
-                    visited[w] = true;
-                    order.push(w);
-                }
-            }
-        }
-    }
-    order.reverse();
-    order
 }
 
 #[cfg(test)]

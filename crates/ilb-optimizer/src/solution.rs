@@ -86,6 +86,20 @@ pub struct WarmStart {
     /// Group routes as (group, engine_idx, rps), sorted by engine then group.
     pub(crate) routes: Vec<(u32, u32, f64)>,
     pub(crate) epsilon: f64,
+    /// The engines' processed curves (a cache: not serialised, and ignored by `==`).
+    #[serde(skip)]
+    pub(crate) curves: CurveCache,
+}
+
+/// [`WarmStart`]'s cache of the engines' curves (see `pass::EngineCurves`).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct CurveCache(pub(crate) Option<std::sync::Arc<crate::pass::EngineCurves>>);
+
+impl PartialEq for CurveCache {
+    /// A cache does not change what the state means.
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 impl WarmStart {

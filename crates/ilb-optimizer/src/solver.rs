@@ -5,11 +5,11 @@
 use crate::aggregate::Aggregation;
 use crate::certify::{repair, Repaired};
 use crate::coarse;
-use crate::linalg::cholesky_solve;
-use crate::pass::{Candidates, Model, Pass, PrevRoutes};
+use crate::linalg::Cholesky;
+use crate::pass::{Candidates, EngineCurves, Model, Pass, PrevRoutes};
 use crate::problem::{Problem, ProblemError};
 use crate::publish::{publish, RunSummary};
-use crate::solution::{Solution, WarmStart};
+use crate::solution::{CurveCache, Solution, WarmStart};
 use crate::stability::{keep_previous, Previous};
 use crate::warm::{cold_prices, map_warm_start};
 
@@ -113,7 +113,8 @@ pub fn solve(
     });
     let hint = warm.filter(|_| same_classes).map(|w| &w.class_group[..]);
     let groups = Aggregation::new(problem, hint);
-    let model = Model::new(problem, &groups);
+    let curves = EngineCurves::for_problem(problem, warm.and_then(|w| w.curves.0.as_ref()));
+    let model = Model::new(problem, &groups, &curves);
     let scale = price_scale(&model);
     let mapped = warm.map(|w| map_warm_start(problem, &model, &groups, w));
     let mut coarse_engines = None;
@@ -132,6 +133,9 @@ pub fn solve(
         },
     };
     let mut run = Run::new(&model, options, scale, prev);
+    if lost.is_some() {
+        run.drift_per_eps = WARM_DRIFT_PER_EPS;
+    }
     let (repaired, eps) = run.solve(u, eps_start);
     let summary = RunSummary {
         cand: &run.cand,
@@ -159,6 +163,7 @@ pub fn solve(
         share: published.share,
         routes: published.routes,
         epsilon: eps,
+        curves: CurveCache(Some(curves)),
     };
     Ok((solution, warm))
 }
@@ -202,6 +207,7 @@ pub(crate) struct Run<'m, 'p> {
     pub pass: Pass,
     trial: Pass,
     hessian: Vec<f64>,
+    cholesky: Cholesky,
     best: Option<(Repaired, Candidates, Vec<f64>)>,
     /// Step length (ms) the damping aims at; grows while full steps succeed (trust region).
     radius: f64,
@@ -210,7 +216,20 @@ pub(crate) struct Run<'m, 'p> {
     steps: usize,
     passes: usize,
     rebuilds: usize,
+    /// The candidate lists' drift budget per unit of ε (see `width`).
+    pub drift_per_eps: f64,
 }
+
+/// Drift budget per unit of ε of a cold solve, whose prices travel far.
+const COLD_DRIFT_PER_EPS: f64 = 2.0;
+
+/// Smallest drift budget per unit of ε of a warm re-solve, whose budget is the cold one capped at
+/// twice the floor: prices move little after a small change, and under overload (where ε stays
+/// large because the shed penalties dominate the objective) the cold budget made the lists five
+/// times longer than needed (100 × 5,000 noisy at 108 %: 97 k entries; 0.5ε alone: 55 k, warm
+/// 77.1 M → 60 M instructions, the same single rebuild), while 0.5ε alone made 200 × 20,000
+/// chained warm re-solves rebuild twice (225 M → 247 M; with the cap 209 M).
+const WARM_DRIFT_PER_EPS: f64 = 0.5;
 
 impl<'m, 'p> Run<'m, 'p> {
     pub fn new(model: &'m Model<'p>, options: &'m SolverOptions, scale: f64, prev: PrevRoutes) -> Self {
@@ -225,18 +244,28 @@ impl<'m, 'p> Run<'m, 'p> {
             pass: Pass::default(),
             trial: Pass::default(),
             hessian: Vec::new(),
+            cholesky: Cholesky::default(),
             best: None,
             radius: 0.05 * scale,
             max_radius: model.penalty.iter().fold(scale, |a, &p| a.max(p)) + 200.0,
             steps: 0,
             passes: 0,
             rebuilds: 0,
+            drift_per_eps: COLD_DRIFT_PER_EPS,
         }
     }
 
-    /// Candidate window for smoothing `eps`: 2ερ plus twice the drift budget.
+    /// Candidate window for smoothing `eps`: 2ερ plus twice the drift budget: in a cold solve
+    /// max(2ε, 0.0025·scale); in a warm one max(min(2ε, 0.005·scale), 0.5ε, 0.0025·scale).
     fn width(&self, eps: f64) -> f64 {
-        2.0 * eps * self.model.rho + 2.0 * (2.0 * eps).max(0.0025 * self.scale)
+        let floor = 0.0025 * self.scale;
+        let budget = if self.drift_per_eps < COLD_DRIFT_PER_EPS {
+            // Warm: the cold budget capped at twice the floor, at least `drift_per_eps`·ε.
+            (COLD_DRIFT_PER_EPS * eps).min(2.0 * floor).max(self.drift_per_eps * eps)
+        } else {
+            self.drift_per_eps * eps
+        };
+        2.0 * eps * self.model.rho + 2.0 * budget.max(floor)
     }
 
     fn lists_valid(cand: &Candidates, u: &[f64], eps: f64, rho: f64) -> bool {
@@ -292,11 +321,18 @@ impl<'m, 'p> Run<'m, 'p> {
                 None => true,
                 Some((b, _, _)) => gap < b.gap(),
             };
+            let done = gap <= target || eps <= eps_min || out_of_steps;
+            if better && done {
+                // Leaving with the current routing: its lists and prices are already in place
+                // (copying the lists was a few per cent of a warm re-solve).
+                self.best = None;
+                return (repaired, eps);
+            }
             if better {
                 self.best = Some((repaired, clone_lists(&self.cand), self.pass.q.clone()));
                 best_eps = eps;
             }
-            if gap <= target || eps <= eps_min || out_of_steps {
+            if done {
                 break;
             }
             if self.pass.residual > FINE_TOLERANCE && converged && smoothing < 0.5 * gap {
@@ -374,7 +410,7 @@ impl<'m, 'p> Run<'m, 'p> {
                     delta[k] = if step >= 0.0 { step.max(reach) } else { step.min(-reach) };
                 }
             }
-            cholesky_solve(&mut self.hessian, &mut delta, n, 1e-12);
+            self.cholesky.solve(&mut self.hessian, &mut delta, n, 1e-12);
             let slope: f64 =
                 (0..n).filter(|&k| self.model.class_on[k]).map(|k| delta[k] * self.pass.grad[k]).sum();
             let mut t = 1.0;
