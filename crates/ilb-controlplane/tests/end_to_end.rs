@@ -5,6 +5,8 @@
 //! same setup, and the data planes keep routing when the control plane is gone.
 #![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
+mod wait;
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
@@ -197,11 +199,10 @@ async fn worked_example_end_to_end() {
         data_planes.iter().zip([90.0, 120.0, 40.0]).map(|(dp, rps)| (dp.url(), rps * SCALE)).collect();
     let client: HttpClient = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
 
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while data_planes.iter().any(|dp| dp.snapshot_version().is_none()) {
-        assert!(Instant::now() < deadline, "data planes never received a snapshot");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait::until("every data plane has a snapshot", 500, Duration::from_millis(20), || {
+        data_planes.iter().all(|dp| dp.snapshot_version().is_some())
+    })
+    .await;
 
     // Load until the published plan for B spills about a quarter to C (bounded wait).
     let mut spill = 0.0;
