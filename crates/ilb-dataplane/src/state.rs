@@ -122,8 +122,8 @@ impl RoutePrefix {
 }
 
 impl RoutingState {
-    /// The installed state for a request: its one load, and a reload after a failed attempt
-    /// (ARCHITECTURE.md's one-load rule; the proxy's tests count the calls). Hot path:
+    /// The installed state for a request: its one load, and a reload after a failure that may
+    /// eject its engine (ARCHITECTURE.md's one-load rule; the proxy's tests count the calls). Hot path:
     /// lock-free (`load_full`: an `Arc` clone of the installed state).
     #[inline]
     pub fn load(&self) -> Option<Arc<Installed>> {
