@@ -38,9 +38,11 @@ pub const LOAD_SLACK: f64 = 3.0;
 /// ratio costs 0.8–1.8 points of hit rate against blind hashing and 4 gave the same hit rate
 /// and lower TTFT; but with 4, after a grey engine recovered, the conversations that had left
 /// it came back too slowly (the grey-engine test missed its regain in 4 of 8 runs against
-/// none in 12 with 2). Not yet understood: with this rule the data plane's overload test (one
-/// affinity key for every request, 2× capacity) served 67–71 of 123 req/s, and without it 132
-/// of 131; that is why placing by load stays off by default.
+/// none in 12 with 2). The data plane's overload test (one affinity key for every request, 2×
+/// capacity) once served only 67–71 of 123 req/s with this rule, which kept placing by load
+/// off by default; since the data plane's admission moved to `ilb_core::admission` it serves
+/// 26.1 of 26.5 req/s with it (three runs under two busy loops), and placing by load is the
+/// default.
 pub const AFFINITY_KEEP_RATIO: f64 = 2.0;
 
 /// Whether a candidate with `in_flight` requests and normalised `weight` is within its load
@@ -313,9 +315,8 @@ impl ClassTable {
         new_by_load: Option<&dyn Fn(usize) -> f64>,
     ) -> Option<usize> {
         if let Some(c) = self.remembered(affinity, key_hash, now_s).filter(|&c| bounded(c)) {
-            if new_by_load.is_none_or(|load| self.keeps(key_hash, c, &bounded, load)) {
-                return Some(c);
-            }
+            let leaves_for = new_by_load.and_then(|load| self.leaves_for(key_hash, c, &bounded, load));
+            return Some(leaves_for.unwrap_or(c));
         }
         // The table is read again only when new keys are placed by load.
         let within = match new_by_load {
@@ -329,26 +330,26 @@ impl ClassTable {
         within.or_else(|| self.pick(key_hash, usable).map(|p| p.candidate))
     }
 
-    /// Whether a follow-up stays on `remembered` when keys are placed by load: unless, with it,
-    /// that engine would carry more than [`AFFINITY_KEEP_RATIO`] times the load per unit of
-    /// weight that the key's hash pick would with it. The load bound alone cannot see an
-    /// engine the plan has cut to a sliver: an idle engine passes it whatever its weight, so
-    /// conversations that live there keep coming back long after their engine was slowed
-    /// and penalised (in the grey-engine test 3–5 % of the traffic stayed on an engine
-    /// weighted 1 %, 20 s after the penalty). With loads in proportion to the weights the
-    /// ratio is near one and every follow-up stays.
-    fn keeps(
+    /// Where a follow-up on `remembered` goes when keys are placed by load: to the key's hash
+    /// pick (within the bound) if, with it, `remembered` would carry more than
+    /// [`AFFINITY_KEEP_RATIO`] times the load per unit of weight that the hash pick would with
+    /// it; `None` when it stays. The load bound alone cannot see an engine the plan has cut to
+    /// a sliver: an idle engine passes it whatever its weight, so conversations that live there
+    /// keep coming back long after their engine was slowed and penalised (in the grey-engine
+    /// test 3–5 % of the traffic stayed on an engine weighted 1 %, 20 s after the penalty).
+    /// With loads in proportion to the weights the ratio is near one and every follow-up stays.
+    fn leaves_for(
         &self,
         key_hash: u64,
         remembered: usize,
         bounded: impl Fn(usize) -> bool,
         load: &dyn Fn(usize) -> f64,
-    ) -> bool {
-        let Some(home) = self.pick(key_hash, bounded).filter(|p| !p.fallback).map(|p| p.candidate) else {
-            return true;
-        };
+    ) -> Option<usize> {
+        let home = self.pick(key_hash, bounded).filter(|p| !p.fallback)?.candidate;
         let (wr, wh) = (self.candidates[remembered].weight, self.candidates[home].weight);
-        home == remembered || (load(remembered) + 1.0) * wh <= AFFINITY_KEEP_RATIO * (load(home) + 1.0) * wr
+        let stays = home == remembered
+            || (load(remembered) + 1.0) * wh <= AFFINITY_KEEP_RATIO * (load(home) + 1.0) * wr;
+        (!stays).then_some(home)
     }
 
     /// Weighted power of two choices on the hash: the first two distinct candidates the key's

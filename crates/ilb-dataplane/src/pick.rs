@@ -58,18 +58,19 @@ pub(crate) fn choose(
     // The bound compares like with like: this class's requests on the candidate against the
     // class's share there (the engine's own count also holds other classes').
     let class_engine = &installed.class_engine_in_flight[class.seq];
+    let load = |candidate: usize| class_engine[candidate].load(Relaxed) as f64;
     let bounded = |candidate: usize| {
-        let c = &class.candidates[candidate];
-        let in_flight = class_engine[candidate].load(Relaxed) as f64;
-        within_load_bound(in_flight, c.weight, class_load) && healthy(candidate) && has_room(candidate)
+        within_load_bound(load(candidate), class.candidates[candidate].weight, class_load)
+            && healthy(candidate)
+            && has_room(candidate)
     };
     if let Some(c) = pinned.filter(|&c| healthy(c)) {
         // Only this engine has the stored response: wait for its room rather than go elsewhere.
         return if has_room(c) { Ok(c) } else { Err(NoCandidate::Saturated) };
     }
     // A conversation stays on the engine that holds its KV cache while that engine keeps a
-    // weight and room; only then does the hash decide.
-    let load = |candidate: usize| class_engine[candidate].load(Relaxed) as f64;
+    // weight and room (and, placing by load, is not far more loaded per unit of weight than
+    // its hash pick); only then does the hash decide.
     let new_by_load: Option<&dyn Fn(usize) -> f64> = place_new_by_load.then_some(&load);
     if let Some(c) =
         class.select(key_hash, affinity, now_s, bounded, |c| healthy(c) && has_room(c), new_by_load)

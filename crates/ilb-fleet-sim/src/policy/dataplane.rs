@@ -218,19 +218,20 @@ impl DataPlanes {
             let j = installed.engine_map[class.candidates[candidate].engine_idx];
             load.up[j] && mask[j]
         };
-        let bounded = |candidate: usize| {
-            let cand = &class.candidates[candidate];
-            let j = installed.engine_map[cand.engine_idx];
-            let in_flight = f64::from(load.stream_engine_in_flight[stream * n + j]);
-            ilb_core::table::within_load_bound(in_flight, cand.weight, class_load) && usable(candidate)
-        };
-        let affinity = &self.affinity[c];
-        let now_s = (now / 1_000_000_000) as u32;
         // As the data plane's `pick::choose`: the stream's (class's) requests on the candidate.
         let in_flight = |candidate: usize| {
             let j = installed.engine_map[class.candidates[candidate].engine_idx];
             f64::from(load.stream_engine_in_flight[stream * n + j])
         };
+        let bounded = |candidate: usize| {
+            ilb_core::table::within_load_bound(
+                in_flight(candidate),
+                class.candidates[candidate].weight,
+                class_load,
+            ) && usable(candidate)
+        };
+        let affinity = &self.affinity[c];
+        let now_s = (now / 1_000_000_000) as u32;
         let new_by_load: Option<&dyn Fn(usize) -> f64> =
             topology.place_new_keys_by_load.then_some(&in_flight);
         match class.select(key_hash, affinity, now_s, bounded, usable, new_by_load) {
