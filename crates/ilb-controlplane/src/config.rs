@@ -165,7 +165,11 @@ impl Default for ControlPlaneSettings {
 /// outlier** has a success rate below its model's mean − `success_rate_stdev_factor`·σ (as
 /// Envoy's success-rate outlier detection), from its own failure counters or the data planes'
 /// observed errors, whichever is worse; a **latency outlier** has a mean TTFT at least
-/// `latency_ratio` times what its offline profile predicts at its observed load. A penalty
+/// `latency_ratio` times what its offline profile predicts at its observed load (times the
+/// fleet's median ratio) and what its fitted curve predicts, and decodes `latency_ratio` times
+/// slower than its fitted TBOT curve where it reports TBOT: it became slow, and its workload
+/// does not explain it. Unpenalised engines are also judged between intervals, to be convicted
+/// early. A window in which the engine was unreachable is not judged. A penalty
 /// withholds that share of the engine's capacity from the optimizer; it grows while the engine
 /// stays an outlier and halves every healthy interval.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -192,12 +196,19 @@ pub struct OutlierSettings {
     /// Engines of a model with enough requests needed to compute success-rate statistics.
     /// Default 3.
     pub success_rate_min_engines: usize,
-    /// Observed / profile-predicted TTFT (and TBOT, when the objective uses it) at which an
-    /// engine is a latency outlier, > 1. Default 2.
+    /// Observed / predicted TTFT (offline profile and fitted curve; TBOT too, see above) at
+    /// which an engine is a latency outlier, > 1. Default 2.
     pub latency_ratio: f64,
     /// Largest share of a model's nominal capacity whose engines may be penalised at once,
     /// in [0, 1]. Default 0.15.
     pub max_penalised_share: f64,
+    /// While none of a model's engines is penalised, one may be even if its capacity alone is
+    /// over `max_penalised_share` (as Envoy's `always_eject_one_host`; gRPC always allows one).
+    /// Without it a model of fewer than seven equal engines could never penalise a grey one
+    /// at the default share. Applies to models of at least `success_rate_min_engines`
+    /// engines, where the peer comparison keeps a fleet-wide slowdown from being an outlier.
+    /// Default true.
+    pub always_penalise_one: bool,
     /// Largest penalty, in (0, 1): the share of an engine's capacity that may be withheld.
     /// Default 0.98: an engine that ran at a fifth of its capacity or more then keeps at most
     /// a tenth of its traffic, yet still gets a trickle that shows when it has recovered.
@@ -219,6 +230,7 @@ impl Default for OutlierSettings {
             success_rate_min_engines: 3,
             latency_ratio: 2.0,
             max_penalised_share: 0.15,
+            always_penalise_one: true,
             max_penalty: 0.98,
             min_penalty: 0.05,
         }

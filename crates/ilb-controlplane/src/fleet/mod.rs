@@ -213,6 +213,9 @@ impl Fleet {
             }
         };
         e.last_scrape_ok = Some(now);
+        // The first scrape after failed ones spans the outage: what waited through it is in
+        // its window, so that outlier window is not judged (see `fleet::outliers`).
+        let resumed = e.consecutive_scrape_failures > 0;
         e.consecutive_scrape_failures = 0;
         e.last_scrape_error = None;
         e.last_failure_connect = false;
@@ -239,6 +242,7 @@ impl Fleet {
         if let Some((then, previous)) = e.previous.take() {
             if let Some(w) = window(&previous, &sample, now.saturating_sub(then)) {
                 e.outlier_window.add_scrape(&w);
+                e.outlier_window.disturbed |= resumed;
                 if let Some(rate) = w.request_rate {
                     e.request_rate.update(now, rate);
                 }
@@ -510,6 +514,16 @@ impl Fleet {
     /// different engine still shows: it is the outlier detector's to penalise (and its slow
     /// spell never enters its history).
     pub fn latency_profiles(&self, engines: &[usize]) -> Vec<LatencyProfile> {
+        let objective = self.config.objective();
+        engines
+            .iter()
+            .zip(self.fitted_signals(engines))
+            .map(|(&idx, (ttft, tbot))| combine(&ttft, &tbot, objective, self.nominal_capacity(idx)))
+            .collect()
+    }
+
+    /// The fitted TTFT and TBOT curves of `engines` (see [`Fleet::latency_profiles`]).
+    pub(crate) fn fitted_signals(&self, engines: &[usize]) -> Vec<(LatencyProfile, LatencyProfile)> {
         type TwinKey<'a> = (&'a str, &'a str, u32, Option<u64>);
         let twin_key = |idx: usize| -> TwinKey<'_> {
             let e = &self.config.engines[idx];
@@ -538,7 +552,7 @@ impl Fleet {
                 let history = &self.engines[idx].observations;
                 let ttft = fit_level(&ttft, TWIN_PRIOR_WEIGHT, capacity, &history.ttft());
                 let tbot = fit_level(&tbot, TWIN_PRIOR_WEIGHT, capacity, &history.tbot());
-                combine(&ttft, &tbot, self.config.objective(), capacity)
+                (ttft, tbot)
             })
             .collect()
     }

@@ -4,15 +4,28 @@
 //! requests, TTFT and TBOT histograms) and from the data planes' reports (attempts and errors
 //! seen through the proxy, one period per report). Every `interval_ms`
 //! ([`Fleet::update_penalties`]) each engine with enough requests in its window is judged
-//! against its model's fleet and its own offline profile:
+//! against its model's fleet and its own profiles:
 //!
 //! - **error outlier**: its success rate (the worse of the engine's own counters and the
 //!   proxies' view) is below the model's mean − k·σ over engines with at least `min_requests`
 //!   (Envoy's success-rate outlier detection), and at least `success_rate_min_gap` below it;
-//! - **latency outlier**: its mean TTFT over the window is at least `latency_ratio` times the
-//!   *offline* profile's TTFT at its observed load (and TBOT likewise when the objective counts
-//!   decode time). The offline profile, not the fitted one: the fit refines the curve from
-//!   observations, so it would learn a grey engine's slowness as its normal and stop seeing it.
+//! - **latency outlier**: its mean TTFT over the window, at its observed load, is at least
+//!   `latency_ratio` times its *offline* profile (times the fleet's median ratio, so a
+//!   fleet-wide slowdown is nobody's fault) *and* `latency_ratio` times its *fitted* curve,
+//!   and, where the engine reports time between tokens, its TBOT is at least `latency_ratio`
+//!   times its fitted TBOT curve (TBOT is judged on its own too when the objective counts
+//!   decode time). The offline profile alone would convict an engine whose workload differs
+//!   from its peers' (longer prompts, traffic that lost its cached prefixes after moving to
+//!   it): against its fitted curve such an engine is normal. The fitted curve alone would
+//!   learn a grey engine's slowness as its normal; with both, a latency outlier is an engine
+//!   that became slow, and the penalty keeps its slow spell out of its fit (below). A slow
+//!   first token alone may be the workload; an engine that is slow is slow between tokens too.
+//!
+//! Between intervals (every call) engines that are not penalised are judged early, only to be
+//! convicted: a grey engine is penalised as soon as its open window shows it, not at the end
+//! of an interval that may have begun before it turned slow. A window in which the engine was
+//! down is not judged: requests that waited through the outage finish after it with
+//! latencies that say nothing about the engine's speed.
 //!
 //! A penalty withholds a share of the engine's capacity from the optimizer, so its traffic
 //! moves in a planned way. A new outlier starts at max(0.5, severity) — severity 1 − 1/ratio for
@@ -29,7 +42,10 @@
 //! At most `max_penalised_share` of a model's nominal capacity may belong to penalised engines
 //! at once. When more engines qualify, the most severe are penalised first and the rest wait
 //! (`outlier_waiting`), so a fleet-wide problem never ejects everything; already penalised
-//! engines are not displaced, which would move traffic back and forth.
+//! engines are not displaced, which would move traffic back and forth. While none is
+//! penalised, the most severe may be even when it alone is over the cap
+//! (`always_penalise_one`, as Envoy's `always_eject_one_host`): LLM fleets have few engines per
+//! model, and at 15 % a model of six equal engines could otherwise never penalise one.
 //!
 //! The fit: while an engine is penalised its observations are kept out of its latency profile,
 //! and the observations of the window that got it penalised are dropped. Otherwise the grey
@@ -80,6 +96,10 @@ pub struct OutlierWindow {
     /// TBOT observations (tokens) and their sum, ms.
     pub tbot_count: f64,
     pub tbot_sum_ms: f64,
+    /// The engine was down during this window. Requests that waited through the outage
+    /// finish after it with latencies that say nothing about the engine's speed, so such a
+    /// window is given up at the next interval instead of judged.
+    pub disturbed: bool,
 }
 
 impl OutlierWindow {
@@ -143,6 +163,15 @@ enum Verdict {
     },
 }
 
+/// One signal's latency over an engine's outlier window, as a multiple of what its offline
+/// profile and its fitted curve predict at the window's load.
+struct LatencyRatio {
+    signal: &'static str,
+    offline: f64,
+    fitted: f64,
+    load: f64,
+}
+
 /// The worse success rate of an engine's window and where it comes from.
 fn success_rate(w: &OutlierWindow, required: f64) -> Option<(f64, &'static str)> {
     let engine = (w.finished >= required && w.finished > 0.0)
@@ -165,8 +194,12 @@ fn mean_and_sigma(values: &[f64]) -> (f64, f64) {
 
 impl Fleet {
     /// Judges every engine whose window has enough requests, once per
-    /// `control_plane.outliers.interval_ms` (calls in between do nothing), and updates
-    /// penalties and their reasons. Call it before planning, e.g. on every solve tick.
+    /// `control_plane.outliers.interval_ms`, and updates penalties and their reasons. Calls in
+    /// between judge early, but only engines that are not penalised and only to penalise
+    /// them: a grey engine is penalised as soon as its open window convicts it, instead of at
+    /// the end of an interval that may have begun before it turned slow; healthy verdicts,
+    /// recovery and escalation keep the interval's pace. Call it before planning, e.g. on every
+    /// solve tick.
     pub fn update_penalties(&mut self, now: Now) {
         let settings = self.config.control_plane.outliers.clone();
         if !settings.enabled {
@@ -178,22 +211,30 @@ impl Fleet {
             return;
         }
         let last = self.last_outlier_evaluation.unwrap_or(Duration::ZERO);
-        if now.saturating_sub(last) < Duration::from_millis(settings.interval_ms) {
-            return;
+        let early = now.saturating_sub(last) < Duration::from_millis(settings.interval_ms);
+        if !early {
+            self.last_outlier_evaluation = Some(now);
         }
-        self.last_outlier_evaluation = Some(now);
         let mut models: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         for (idx, engine) in self.config.engines.iter().enumerate() {
             models.entry(engine.model.clone()).or_default().push(idx);
         }
         for engine_idx in models.values() {
-            let verdicts = self.judge_model(engine_idx, now, &settings);
+            let verdicts = self.judge_model(engine_idx, now, &settings, early);
             self.apply(engine_idx, verdicts, now, &settings);
         }
     }
 
-    /// One verdict per engine of one model (same order as `engine_idx`).
-    fn judge_model(&mut self, engine_idx: &[usize], now: Now, s: &OutlierSettings) -> Vec<Verdict> {
+    /// One verdict per engine of one model (same order as `engine_idx`). `early`: between
+    /// intervals, where only an unpenalised engine's conviction counts and every other verdict
+    /// is `Pending` (the window stays open and its interval count does not move).
+    fn judge_model(
+        &mut self,
+        engine_idx: &[usize],
+        now: Now,
+        s: &OutlierSettings,
+        early: bool,
+    ) -> Vec<Verdict> {
         let uses_tbot = matches!(self.config.objective(), Objective::TtftPlusDecode { .. });
         let min_requests = s.min_requests as f64;
         // The fleet's success-rate statistics, over engines with the full volume.
@@ -207,12 +248,14 @@ impl Fleet {
         // A latency outlier is slow against its profile *and* against its peers: when the whole
         // model runs slower than its profiles (a miscalibrated profile, a daily peak), the
         // threshold rises with the fleet's median ratio, so the fleet is not penalised for it.
+        let fitted = self.fitted_signals(engine_idx);
         let mut fleet_ratios: Vec<f64> = engine_idx
             .iter()
-            .filter(|&&j| self.health(j, now) > 0.0)
-            .flat_map(|&j| self.latency_ratios(j, uses_tbot, min_requests))
-            .filter(|(name, _, _)| *name == "ttft")
-            .map(|(_, ratio, _)| ratio)
+            .zip(&fitted)
+            .filter(|(&j, _)| self.health(j, now) > 0.0)
+            .flat_map(|(&j, fitted)| self.latency_ratios(j, uses_tbot, min_requests, fitted))
+            .filter(|r| r.signal == "ttft")
+            .map(|r| r.offline)
             .collect();
         fleet_ratios.sort_by(f64::total_cmp);
         let median_ratio = if fleet_ratios.len() >= s.success_rate_min_engines {
@@ -223,18 +266,26 @@ impl Fleet {
         let latency_threshold = s.latency_ratio * median_ratio;
         engine_idx
             .iter()
-            .map(|&j| {
+            .zip(&fitted)
+            .map(|(&j, fitted)| {
                 if self.health(j, now) <= 0.0 {
                     // Down engines get no capacity through health; a penalty would only take
                     // budget from engines that are up.
-                    return Verdict::Expired;
+                    self.engines[j].outlier_window.disturbed = true;
+                    return if early { Verdict::Pending } else { Verdict::Expired };
+                }
+                if self.engines[j].outlier_window.disturbed {
+                    return if early { Verdict::Pending } else { Verdict::Expired };
                 }
                 let penalised = self.engines[j].penalty > 0.0;
+                if early && penalised {
+                    return Verdict::Pending;
+                }
                 let required = if penalised { s.probe_requests.min(s.min_requests) } else { s.min_requests };
                 let required = required as f64;
                 let w = &mut self.engines[j].outlier_window;
                 if w.volume() < required {
-                    return w.wait(s.max_window_intervals);
+                    return if early { Verdict::Pending } else { w.wait(s.max_window_intervals) };
                 }
                 let w = &self.engines[j].outlier_window;
                 let mut severity: f64 = 0.0;
@@ -252,15 +303,26 @@ impl Fleet {
                         ));
                     }
                 }
-                for (name, ratio, load) in self.latency_ratios(j, uses_tbot, required) {
-                    if ratio >= latency_threshold {
-                        severity = severity.max(1.0 - median_ratio / ratio);
+                let ratios = self.latency_ratios(j, true, required, fitted);
+                // A slow first token alone may be the workload (prompts that lost their cached
+                // prefix after traffic moved); a slow engine is slow between tokens too.
+                let decode_agrees =
+                    ratios.iter().find(|r| r.signal == "tbot").is_none_or(|r| r.fitted >= s.latency_ratio);
+                for r in ratios.into_iter().filter(|r| uses_tbot || r.signal == "ttft") {
+                    if r.offline >= latency_threshold
+                        && r.fitted >= s.latency_ratio
+                        && (r.signal != "ttft" || decode_agrees)
+                    {
+                        severity = severity.max((1.0 - median_ratio / r.offline).min(1.0 - 1.0 / r.fitted));
                         let peers = if median_ratio > 1.0 {
                             format!(" (fleet median {median_ratio:.1}×)")
                         } else {
                             String::new()
                         };
-                        reasons.push(format!("{name} {ratio:.1}× its profile at {load:.0} req/s{peers}"));
+                        reasons.push(format!(
+                            "{} {:.1}× its profile at {:.0} req/s{peers}, {:.1}× its fitted curve",
+                            r.signal, r.offline, r.load, r.fitted
+                        ));
                     }
                 }
                 // Attempts seen by the proxies are not evidence of speed: a slow engine has many
@@ -269,7 +331,9 @@ impl Fleet {
                 let w = &mut self.engines[j].outlier_window;
                 let latency_evidence =
                     w.ttft_count >= required || (w.ttft_count == 0.0 && w.finished >= required);
-                if reasons.is_empty() && !latency_evidence {
+                if reasons.is_empty() && early {
+                    Verdict::Pending
+                } else if reasons.is_empty() && !latency_evidence {
                     w.wait(s.max_window_intervals)
                 } else if reasons.is_empty() {
                     Verdict::Healthy
@@ -280,8 +344,15 @@ impl Fleet {
             .collect()
     }
 
-    /// Observed / offline-profile latency over engine `j`'s window: (signal, ratio, load).
-    fn latency_ratios(&self, j: usize, uses_tbot: bool, required: f64) -> Vec<(&'static str, f64, f64)> {
+    /// Observed latency over engine `j`'s window against its offline profile and against its
+    /// fitted curves `fitted` (TTFT, TBOT), at the window's load.
+    fn latency_ratios(
+        &self,
+        j: usize,
+        uses_tbot: bool,
+        required: f64,
+        fitted: &(LatencyProfile, LatencyProfile),
+    ) -> Vec<LatencyRatio> {
         let w = &self.engines[j].outlier_window;
         let profile = &self.config.profiles[&self.config.engines[j].profile];
         let capacity = self.nominal_capacity(j);
@@ -291,24 +362,27 @@ impl Fleet {
         let finished = if w.finished > 0.0 { w.finished } else { w.ttft_count };
         let load = finished / w.elapsed_s;
         let mut out = Vec::new();
-        let mut check = |name, count: f64, sum_ms: f64, t0_ms, b_ms| {
-            let offline = LatencyProfile::Queueing { t0_ms, b_ms };
-            let predicted = offline.latency_ms(load, capacity);
+        let mut check = |signal, count: f64, sum_ms: f64, t0_ms, b_ms, fitted: &LatencyProfile| {
+            let offline = LatencyProfile::Queueing { t0_ms, b_ms }.latency_ms(load, capacity);
+            let fitted = fitted.latency_ms(load, capacity);
             // Near and beyond capacity the offline curve is too steep (or infinite) to judge
             // by: an overloaded engine is the optimizer's business, not an outlier.
-            if count >= required
-                && load < NEAR_CAPACITY * capacity
-                && predicted.is_finite()
-                && predicted > 0.0
-            {
-                out.push((name, sum_ms / count / predicted, load));
+            let usable = |ms: f64| ms.is_finite() && ms > 0.0;
+            if count >= required && load < NEAR_CAPACITY * capacity && usable(offline) && usable(fitted) {
+                let observed = sum_ms / count;
+                out.push(LatencyRatio {
+                    signal,
+                    offline: observed / offline,
+                    fitted: observed / fitted,
+                    load,
+                });
             }
         };
-        check("ttft", w.ttft_count, w.ttft_sum_ms, profile.ttft_t0_ms, profile.ttft_b_ms);
+        check("ttft", w.ttft_count, w.ttft_sum_ms, profile.ttft_t0_ms, profile.ttft_b_ms, &fitted.0);
         // TBOT is only judged when the objective counts it: otherwise its profile is not
         // something the operator had to get right (its defaults are placeholders).
         if uses_tbot {
-            check("tbot", w.tbot_count, w.tbot_sum_ms, profile.tbot_t0_ms, profile.tbot_b_ms);
+            check("tbot", w.tbot_count, w.tbot_sum_ms, profile.tbot_t0_ms, profile.tbot_b_ms, &fitted.1);
         }
         out
     }
@@ -360,11 +434,12 @@ impl Fleet {
             .filter(|&&j| self.engines[j].penalty > 0.0)
             .map(|&j| self.nominal_capacity(j))
             .sum();
+        let one_allowed = s.always_penalise_one && engine_idx.len() >= s.success_rate_min_engines;
         for (severity, j, reason, started) in candidates {
             let nominal = self.nominal_capacity(j);
             let id = self.config.engines[j].id.clone();
             let e = &mut self.engines[j];
-            if used + nominal <= allowed * (1.0 + 1e-12) {
+            if used + nominal <= allowed * (1.0 + 1e-12) || (one_allowed && used == 0.0) {
                 used += nominal;
                 e.penalty = severity.max(INITIAL_PENALTY).clamp(s.min_penalty, s.max_penalty);
                 tracing::info!(engine = %id, penalty = e.penalty, %reason, "engine penalised");
