@@ -255,7 +255,8 @@ impl<'m, 'p> Run<'m, 'p> {
         }
     }
 
-    /// Candidate window for smoothing `eps`: 2ερ plus twice the drift budget: in a cold solve
+    /// Candidate window for smoothing `eps`: ερ (how far below an engine's best class a class
+    /// without previous flow can still get flow) plus twice the drift budget: in a cold solve
     /// max(2ε, 0.0025·scale); in a warm one max(min(2ε, 0.005·scale), 0.5ε, 0.0025·scale).
     fn width(&self, eps: f64) -> f64 {
         let floor = 0.0025 * self.scale;
@@ -265,11 +266,13 @@ impl<'m, 'p> Run<'m, 'p> {
         } else {
             self.drift_per_eps * eps
         };
-        2.0 * eps * self.model.rho + 2.0 * budget.max(floor)
+        eps * self.model.rho + 2.0 * budget.max(floor)
     }
 
+    /// The lists are exact while the largest price rise plus the largest price fall since they
+    /// were built stay below their width less ερ (crate README).
     fn lists_valid(cand: &Candidates, u: &[f64], eps: f64, rho: f64) -> bool {
-        !cand.start.is_empty() && 2.0 * cand.drift(u) < cand.width - 2.0 * eps * rho
+        !cand.start.is_empty() && cand.drift(u) < cand.width - eps * rho
     }
 
     /// Runs the continuation; returns the best certified routing and its ε.
