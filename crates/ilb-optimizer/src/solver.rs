@@ -2,6 +2,8 @@
 //! smoothing ε downwards until the repaired primal is certified within the gap target; cold or
 //! warm started, with the proximal centre at the previous routes for stability.
 
+use std::sync::Arc;
+
 use crate::aggregate::Aggregation;
 use crate::certify::{repair, Repaired};
 use crate::coarse;
@@ -9,7 +11,7 @@ use crate::linalg::Cholesky;
 use crate::pass::{Candidates, EngineCurves, Model, Pass, PrevRoutes};
 use crate::problem::{Problem, ProblemError};
 use crate::publish::{publish, RunSummary};
-use crate::solution::{CurveCache, Solution, WarmStart};
+use crate::solution::{CurveCache, Ids, Solution, WarmStart};
 use crate::stability::{keep_previous, Previous};
 use crate::warm::{cold_prices, map_warm_start};
 
@@ -148,8 +150,14 @@ pub fn solve(
     };
     let (solution, published) = publish(problem, &groups, &model, summary, &repaired, lost.as_ref());
     let warm = WarmStart {
-        class_ids: problem.classes.iter().map(|c| c.id.clone()).collect(),
-        engine_ids: problem.engines.iter().map(|e| e.id.clone()).collect(),
+        class_ids: match warm.filter(|_| same_classes) {
+            Some(w) => w.class_ids.clone(),
+            None => Ids(Arc::new(problem.classes.iter().map(|c| c.id.clone()).collect())),
+        },
+        engine_ids: match warm.filter(|_| same_ids) {
+            Some(w) => w.engine_ids.clone(),
+            None => Ids(Arc::new(problem.engines.iter().map(|e| e.id.clone()).collect())),
+        },
         prices: groups
             .class_group
             .iter()
