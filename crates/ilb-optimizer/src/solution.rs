@@ -86,6 +86,10 @@ pub struct WarmStart {
     /// Group routes as (group, engine_idx, rps), sorted by engine then group.
     pub(crate) routes: Vec<(u32, u32, f64)>,
     pub(crate) epsilon: f64,
+    /// This state came from a cold solve: the next re-solve's prices move further than later
+    /// ones' (it gets the wider candidate lists; absent in older serialised states: false).
+    #[serde(default)]
+    pub(crate) after_cold: bool,
     /// The engines' processed curves (a cache: not serialised, and ignored by `==`).
     #[serde(skip)]
     pub(crate) curves: CurveCache,
