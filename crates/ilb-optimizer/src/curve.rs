@@ -21,6 +21,9 @@ const POLE_MARGIN: f64 = 1e-9;
 pub struct Curve {
     shape: Shape,
     cap: f64,
+    /// f'(0), kept: every pass asks for it twice per engine, and for the queueing shape it costs
+    /// a division.
+    base: f64,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -54,14 +57,16 @@ impl Curve {
             Latency::Queueing { t0_ms, b_ms } => Curve {
                 shape: Shape::Queueing { t0: *t0_ms, b: b_ms.max(MIN_B_MS), c: capacity },
                 cap: capacity * rho.min(1.0 - POLE_MARGIN),
-            },
+                base: 0.0,
+            }
+            .with_base(),
             Latency::Piecewise(points) => {
                 let (a, s) = convex_increasing_lines(points);
                 let mut breaks = vec![0.0];
                 for i in 1..a.len() {
                     breaks.push((a[i - 1] - a[i]) / (s[i] - s[i - 1]));
                 }
-                Curve { shape: Shape::Lines { a, s, breaks }, cap: capacity * rho }
+                Curve { shape: Shape::Lines { a, s, breaks }, cap: capacity * rho, base: 0.0 }.with_base()
             }
         }
     }
@@ -85,7 +90,13 @@ impl Curve {
             load.push(y);
         }
         let cap = *load.last()?;
-        (load.len() >= 2).then_some(Curve { shape: Shape::Table { price, load, integral }, cap })
+        (load.len() >= 2)
+            .then(|| Curve { shape: Shape::Table { price, load, integral }, cap, base: 0.0 }.with_base())
+    }
+
+    fn with_base(mut self) -> Self {
+        self.base = self.marginal(0.0);
+        self
     }
 
     /// Usable capacity ρ·c (req/s).
@@ -172,7 +183,7 @@ impl Curve {
 
     /// f'(0) = L(0): below this price the engine takes no load.
     pub fn base_price(&self) -> f64 {
-        self.marginal(0.0)
+        self.base
     }
 
     /// The engine's best response to price `q`: `(y, dy/dq)` with y = (f')⁻¹(q) clamped to

@@ -4,8 +4,9 @@
 //!
 //! Candidate lists keep a pass from scanning the whole N × M matrix: an engine only looks at the
 //! classes whose reduced cost u_k − n_kj was within `width` of its best one when the lists were
-//! built at prices `base_u`. While no price has moved by more than `(width − 2ερ)/2` since, no
-//! other class can receive flow (proof in the crate README), so the pass is exact.
+//! built at prices `base_u`. While the largest price rise plus the largest price fall since then
+//! stay below `width − 2ερ`, no other class can receive flow (proof in the crate README), so the
+//! pass is exact.
 
 use std::sync::Arc;
 
@@ -312,13 +313,19 @@ impl Candidates {
         }
     }
 
-    /// Largest price move since the lists were built.
+    /// δ⁺ + δ⁻: the largest price rise plus the largest price fall since the lists were built.
+    /// Only a rise can bring a class outside the lists closer to an engine's best one, and only
+    /// a fall can lower that best one, so this (at most twice the largest move) is what the
+    /// lists' validity and the certificate's bound for engines outside them depend on.
     pub fn drift(&self, u: &[f64]) -> f64 {
-        u.iter()
-            .zip(&self.base_u)
-            .filter(|(a, _)| a.is_finite())
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f64::max)
+        let (mut up, mut down) = (0.0f64, 0.0f64);
+        for (a, b) in u.iter().zip(&self.base_u) {
+            if a.is_finite() {
+                up = up.max(a - b);
+                down = down.max(b - a);
+            }
+        }
+        up + down
     }
 }
 

@@ -75,8 +75,8 @@ impl Solution {
 /// engines may come and go between solves.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct WarmStart {
-    pub(crate) class_ids: Vec<String>,
-    pub(crate) engine_ids: Vec<String>,
+    pub(crate) class_ids: Ids,
+    pub(crate) engine_ids: Ids,
     /// Class prices u_k (`None` for classes without demand).
     pub(crate) prices: Vec<Option<f64>>,
     /// Group of each class in that solve (classes with identical network rows are merged).
@@ -86,9 +86,39 @@ pub struct WarmStart {
     /// Group routes as (group, engine_idx, rps), sorted by engine then group.
     pub(crate) routes: Vec<(u32, u32, f64)>,
     pub(crate) epsilon: f64,
+    /// This state came from a cold solve: the next re-solve's prices move further than later
+    /// ones' (it gets the wider candidate lists; absent in older serialised states: false).
+    #[serde(default)]
+    pub(crate) after_cold: bool,
     /// The engines' processed curves (a cache: not serialised, and ignored by `==`).
     #[serde(skip)]
     pub(crate) curves: CurveCache,
+}
+
+/// Class or engine ids, shared: a warm re-solve of a problem with the same ids shares the previous
+/// state's instead of copying them (copying 20,000 engine ids and freeing the old ones was a few
+/// per cent of a warm re-solve). Serialised as the plain list.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub(crate) struct Ids(pub(crate) std::sync::Arc<Vec<String>>);
+
+impl std::ops::Deref for Ids {
+    type Target = Vec<String>;
+
+    fn deref(&self) -> &Vec<String> {
+        &self.0
+    }
+}
+
+impl Serialize for Ids {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Ids {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Vec::<String>::deserialize(deserializer).map(|ids| Ids(std::sync::Arc::new(ids)))
+    }
 }
 
 /// [`WarmStart`]'s cache of the engines' curves (see `pass::EngineCurves`).
