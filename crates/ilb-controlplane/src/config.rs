@@ -77,6 +77,14 @@ pub struct ControlPlaneSettings {
     /// A class's demand is planned per priority (data planes report the split), each part
     /// shed at its price, so the optimizer sheds the lowest priority first, as data planes do.
     pub shed_penalty_ms: BTreeMap<String, f64>,
+    /// Shed prices follow the objective's scale: a class's prices are raised (all in the
+    /// same proportion, so priorities keep their order) until its `normal` price is at least
+    /// this many times the slowest unloaded end-to-end latency among the engines it may use
+    /// (network included). Serving a request then costs less than shedding it wherever an
+    /// engine has room, also when decoding makes every request take seconds; the configured
+    /// prices still decide how full an overloaded fleet runs when they are the larger.
+    /// 0 = the configured prices alone. Default 2.
+    pub shed_price_floor: f64,
     /// Demand (req/s) assumed for a class before any data plane reports it, so weights exist
     /// from the start. Default 0.1.
     pub demand_floor_rps: f64,
@@ -151,6 +159,7 @@ impl Default for ControlPlaneSettings {
             .into_iter()
             .map(|(k, v)| (k.to_owned(), v))
             .collect(),
+            shed_price_floor: 2.0,
             demand_floor_rps: 0.1,
             token: String::new(),
             outliers: OutlierSettings::default(),
@@ -517,6 +526,9 @@ impl FleetConfig {
         }
         if !(cp.demand_floor_rps.is_finite() && cp.demand_floor_rps > 0.0) {
             return err("control_plane.demand_floor_rps: must be positive");
+        }
+        if !(cp.shed_price_floor.is_finite() && (0.0..=1000.0).contains(&cp.shed_price_floor)) {
+            return err("control_plane.shed_price_floor: must be in [0, 1000]");
         }
         for priority in ["low", "normal", "high", "critical"] {
             match cp.shed_penalty_ms.get(priority) {

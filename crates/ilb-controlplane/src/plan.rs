@@ -9,7 +9,11 @@
 //! problem class per priority, each shed at its priority's price
 //! (`control_plane.shed_penalty_ms`). The parts share the class's network row, so the
 //! optimizer routes them alike and sheds the cheapest first, which is what the data plane
-//! does with the class's `shed_fraction` (lowest priority first).
+//! does with the class's `shed_fraction` (lowest priority first). A class's prices are scaled
+//! up together until its `normal` price is `control_plane.shed_price_floor` times the slowest
+//! unloaded end-to-end latency it could be served at ([`scale_shed_prices`]): a fixed 10 s
+//! would be below the service time of a long decode on slow hardware, and the plan would shed
+//! with engines idle.
 
 use crate::config::ClassRule;
 use crate::fleet::{ClassKey, Fleet, Now};
@@ -228,6 +232,19 @@ pub fn build(fleet: &Fleet, now: Now) -> (Vec<ModelPlan>, Vec<Unplanned>) {
                 continue;
             }
         };
+        // Engines without capacity (down, asleep) serve nobody: they do not set the scale.
+        let unloaded: Vec<f64> = profiles
+            .iter()
+            .zip(&capacity_rps)
+            .map(|(p, &c)| if c > 0.0 { p.latency_ms(0.0, c) } else { f64::NAN })
+            .collect();
+        scale_shed_prices(
+            &mut problem_classes,
+            &network_ms,
+            &unloaded,
+            cp.shed_price_floor,
+            price(Priority::Normal),
+        );
         let problem = Problem {
             rho: cp.rho,
             classes: problem_classes,
@@ -253,6 +270,30 @@ pub fn build(fleet: &Fleet, now: Now) -> (Vec<ModelPlan>, Vec<Unplanned>) {
         });
     }
     (plans, unplanned)
+}
+
+/// Scales each problem class's shed price by max(1, `floor` × its slowest unloaded latency /
+/// `normal`): the slowest, over the engines it may use, of network + the engine's latency at
+/// zero load (engines whose latency is not finite, such as those without capacity, are left
+/// out). All parts of a class share their network row, so they scale alike and keep their
+/// priorities' order. A `floor` of 0 changes nothing.
+fn scale_shed_prices(
+    classes: &mut [Class],
+    network: &NetworkMatrix,
+    unloaded: &[f64],
+    floor: f64,
+    normal: f64,
+) {
+    if floor <= 0.0 || normal <= 0.0 {
+        return;
+    }
+    for (i, class) in classes.iter_mut().enumerate() {
+        let slowest = (0..unloaded.len())
+            .filter_map(|j| network.get(i, j).map(|n| n + unloaded[j]))
+            .filter(|ms| ms.is_finite())
+            .fold(0.0, f64::max);
+        class.shed_penalty_ms *= (floor * slowest / normal).max(1.0);
+    }
 }
 
 fn to_optimizer(profile: LatencyProfile) -> Latency {

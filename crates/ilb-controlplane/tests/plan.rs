@@ -173,3 +173,40 @@ fn demand_within_its_noise_band_is_held() {
     assert_eq!(planned(&mut fleet, 4, 135.0), 135.0, "outside the band: taken");
     assert_eq!(planned(&mut fleet, 5, 90.0), 90.0, "outside the band: taken");
 }
+
+/// Shed prices follow the objective's scale: configured at a few ms (below any request's
+/// latency), the plan would shed a fleet at half its capacity; with the default floor each
+/// class's prices rise together until `normal` is twice its slowest unloaded latency (class a:
+/// engine c at 90 ms network + 60 ms), and nothing is shed.
+#[test]
+fn shed_prices_are_raised_to_the_objectives_scale() {
+    for floor in [2.0, 0.0] {
+        let mut config: FleetConfig = toml::from_str(&worked_example()).unwrap();
+        config.control_plane.shed_penalty_ms =
+            [("low", 1.0), ("normal", 5.0), ("high", 15.0), ("critical", 50.0)]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect();
+        config.control_plane.shed_price_floor = floor;
+        config.validate().unwrap();
+        let mut fleet = Fleet::new(config);
+        let now = Duration::from_secs(1);
+        for (cluster, rps) in [("a", 45.0), ("b", 60.0), ("c", 20.0)] {
+            fleet.on_report(now, report(cluster, rps)).unwrap();
+        }
+        let (plans, _) = plan::build(&fleet, now);
+        let problem = &plans[0].problem;
+        let price = |id: &str| problem.classes.iter().find(|c| c.id == id).unwrap().shed_penalty_ms;
+        let solution = Solver::default().solve(problem).unwrap();
+        let shed: f64 = solution.shed_rps.iter().sum();
+        if floor > 0.0 {
+            assert!((price("a/default") - 300.0).abs() < 1e-9, "a: {}", price("a/default"));
+            // b's slowest engine is c: 70 ms + 60 ms.
+            assert!((price("b/default") - 260.0).abs() < 1e-9, "b: {}", price("b/default"));
+            assert!(shed < 1e-6, "{shed} req/s shed at half capacity");
+        } else {
+            assert_eq!(price("a/default"), 5.0);
+            assert!(shed > 100.0, "only {shed} of 125 req/s shed at a 5 ms price");
+        }
+    }
+}

@@ -38,6 +38,7 @@ pub fn build(scenario: &Scenario, calibrations: &[Calibration]) -> Result<FleetC
             // e2e = TTFT + (output − 1) × time between tokens.
             expected_output_tokens: (output - 1.0).max(0.0),
             shed_penalty_ms: control.shed_penalty_ms.clone(),
+            shed_price_floor: control.shed_price_floor,
             measured_curves: if control.measured_curves {
                 calibrations.iter().map(|c| (c.key.clone(), c.curves())).collect()
             } else {

@@ -292,6 +292,8 @@ pub struct ControlSpec {
     pub objective: String,
     /// Shed cost per priority, ms (`low`, `normal`, `high`, `critical`); defaults as the control plane's.
     pub shed_penalty_ms: BTreeMap<String, f64>,
+    /// The control plane's `shed_price_floor`. Default: the control plane's.
+    pub shed_price_floor: f64,
     /// Simulated seconds per load level when calibrating the control plane's latency profiles
     /// against the engine model. Default 60.
     pub calibration_s: f64,
@@ -324,6 +326,7 @@ impl Default for ControlSpec {
             demand_band_sigmas: ilb_controlplane::config::ControlPlaneSettings::default().demand_band_sigmas,
             objective: "ttft_plus_decode".into(),
             shed_penalty_ms: ilb_controlplane::config::ControlPlaneSettings::default().shed_penalty_ms,
+            shed_price_floor: ilb_controlplane::config::ControlPlaneSettings::default().shed_price_floor,
             calibration_s: 60.0,
             sample_period_s: None,
             measured_curves: false,
