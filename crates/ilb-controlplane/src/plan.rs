@@ -11,7 +11,7 @@
 //! optimizer routes them alike and sheds the cheapest first, which is what the data plane
 //! does with the class's `shed_fraction` (lowest priority first). A class's prices are scaled
 //! up together until its `normal` price is `control_plane.shed_price_floor` times the slowest
-//! unloaded end-to-end latency it could be served at ([`scale_shed_prices`]): a fixed 10 s
+//! unloaded end-to-end latency it could be served at (`scale_shed_prices`): a fixed 10 s
 //! would be below the service time of a long decode on slow hardware, and the plan would shed
 //! with engines idle.
 
