@@ -136,8 +136,7 @@ pub fn solve(
     };
     let mut run = Run::new(&model, options, scale, prev);
     if let Some(w) = warm.filter(|_| lost.is_some()) {
-        run.drift_per_eps = WARM_DRIFT_PER_EPS;
-        run.steady = !w.after_cold;
+        run.travel = if w.after_cold { Travel::FirstWarm } else { Travel::SteadyWarm };
     }
     let (repaired, eps) = run.solve(u, eps_start);
     let summary = RunSummary {
@@ -226,10 +225,20 @@ pub(crate) struct Run<'m, 'p> {
     steps: usize,
     passes: usize,
     rebuilds: usize,
-    /// The candidate lists' drift budget per unit of ε (see `width`).
-    pub drift_per_eps: f64,
-    /// A warm re-solve after a warm one (steady state): its drift budget is the floor alone.
-    pub steady: bool,
+    /// How far prices are expected to travel, which sets the candidate lists' drift budget
+    /// (see `width`).
+    pub travel: Travel,
+}
+
+/// The kind of solve, as far as the candidate lists' drift budget is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Travel {
+    /// A cold solve (or a coarse start): prices travel far.
+    Cold,
+    /// The first warm re-solve after a cold solve: its prices still move more than later ones'.
+    FirstWarm,
+    /// A warm re-solve after a warm one (the control loop's steady state).
+    SteadyWarm,
 }
 
 /// Drift budget per unit of ε of a cold solve, whose prices travel far.
@@ -265,8 +274,7 @@ impl<'m, 'p> Run<'m, 'p> {
             steps: 0,
             passes: 0,
             rebuilds: 0,
-            drift_per_eps: COLD_DRIFT_PER_EPS,
-            steady: false,
+            travel: Travel::Cold,
         }
     }
 
@@ -276,17 +284,15 @@ impl<'m, 'p> Run<'m, 'p> {
     /// 0.0025·scale); in later warm ones 0.0025·scale.
     fn width(&self, eps: f64) -> f64 {
         let floor = 0.0025 * self.scale;
-        let budget = if self.steady {
-            // Steady warm re-solves: prices move by less than the floor after a small change
-            // (δ⁺ + δ⁻ 0.16–0.30 ms on the noisy instances against the 0.5–0.55 ms the floor
-            // allows), so a budget growing with ε only lengthens the lists, most under overload,
-            // where ε stays large (100 × 5,000 noisy at 108 %: 36.4 → 32.4 M instructions).
-            floor
-        } else if self.drift_per_eps < COLD_DRIFT_PER_EPS {
-            // Warm: the cold budget capped at twice the floor, at least `drift_per_eps`·ε.
-            (COLD_DRIFT_PER_EPS * eps).min(2.0 * floor).max(self.drift_per_eps * eps)
-        } else {
-            self.drift_per_eps * eps
+        let budget = match self.travel {
+            Travel::Cold => COLD_DRIFT_PER_EPS * eps,
+            // The cold budget capped at twice the floor, at least `WARM_DRIFT_PER_EPS`·ε.
+            Travel::FirstWarm => (COLD_DRIFT_PER_EPS * eps).min(2.0 * floor).max(WARM_DRIFT_PER_EPS * eps),
+            // Prices move by less than the floor after a small change (δ⁺ + δ⁻ 0.16–0.30 ms on
+            // the noisy instances against the 0.5–0.55 ms the floor allows), so a budget growing
+            // with ε only lengthens the lists, most under overload, where ε stays large
+            // (100 × 5,000 noisy at 108 %: 36.4 → 32.4 M instructions).
+            Travel::SteadyWarm => floor,
         };
         eps * self.model.rho + 2.0 * budget.max(floor)
     }

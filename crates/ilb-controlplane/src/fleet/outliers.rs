@@ -128,15 +128,11 @@ impl OutlierWindow {
         self.proxy_errors = self.proxy_errors.saturating_add(errors.min(requests));
     }
 
-    /// Not enough evidence this interval: keep the window open, or give it up once it has
-    /// lasted `max_intervals`.
-    fn wait(&mut self, max_intervals: u32) -> Verdict {
+    /// Counts an interval without enough evidence; whether the window stays open (it is given
+    /// up once it has lasted `max_intervals`).
+    fn keeps_waiting(&mut self, max_intervals: u32) -> bool {
         self.intervals += 1;
-        if self.intervals >= max_intervals {
-            Verdict::Expired
-        } else {
-            Verdict::Pending
-        }
+        self.intervals < max_intervals
     }
 
     fn reset(&mut self, now: Now) {
@@ -152,9 +148,11 @@ impl OutlierWindow {
 /// What an engine's window says.
 #[derive(Debug)]
 enum Verdict {
-    /// Not enough requests yet: keep accumulating.
+    /// Not judged now (between intervals): the window stays open and nothing is counted.
     Pending,
-    /// Not enough requests for too long (or the engine is down): give the window up.
+    /// Not enough requests this interval: keep accumulating, for up to `max_window_intervals`.
+    Insufficient,
+    /// The engine is down, or was during the window: give the window up.
     Expired,
     Healthy,
     Outlier {
@@ -220,21 +218,26 @@ impl Fleet {
             models.entry(engine.model.clone()).or_default().push(idx);
         }
         for engine_idx in models.values() {
-            let verdicts = self.judge_model(engine_idx, now, &settings, early);
+            for &j in engine_idx {
+                if self.health(j, now) <= 0.0 {
+                    self.engines[j].outlier_window.disturbed = true;
+                }
+            }
+            let mut verdicts = self.judge_model(engine_idx, now, &settings);
+            if early {
+                // Between intervals only the conviction of an engine not yet penalised counts.
+                for (verdict, &j) in verdicts.iter_mut().zip(engine_idx) {
+                    if !matches!(verdict, Verdict::Outlier { .. }) || self.engines[j].penalty > 0.0 {
+                        *verdict = Verdict::Pending;
+                    }
+                }
+            }
             self.apply(engine_idx, verdicts, now, &settings);
         }
     }
 
-    /// One verdict per engine of one model (same order as `engine_idx`). `early`: between
-    /// intervals, where only an unpenalised engine's conviction counts and every other verdict
-    /// is `Pending` (the window stays open and its interval count does not move).
-    fn judge_model(
-        &mut self,
-        engine_idx: &[usize],
-        now: Now,
-        s: &OutlierSettings,
-        early: bool,
-    ) -> Vec<Verdict> {
+    /// One verdict per engine of one model (same order as `engine_idx`).
+    fn judge_model(&self, engine_idx: &[usize], now: Now, s: &OutlierSettings) -> Vec<Verdict> {
         let uses_tbot = matches!(self.config.objective(), Objective::TtftPlusDecode { .. });
         let min_requests = s.min_requests as f64;
         // The fleet's success-rate statistics, over engines with the full volume.
@@ -253,7 +256,7 @@ impl Fleet {
             .iter()
             .zip(&fitted)
             .filter(|(&j, _)| self.health(j, now) > 0.0)
-            .flat_map(|(&j, fitted)| self.latency_ratios(j, uses_tbot, min_requests, fitted))
+            .flat_map(|(&j, fitted)| self.latency_ratios(j, min_requests, fitted))
             .filter(|r| r.signal == "ttft")
             .map(|r| r.offline)
             .collect();
@@ -268,26 +271,18 @@ impl Fleet {
             .iter()
             .zip(&fitted)
             .map(|(&j, fitted)| {
-                if self.health(j, now) <= 0.0 {
-                    // Down engines get no capacity through health; a penalty would only take
-                    // budget from engines that are up.
-                    self.engines[j].outlier_window.disturbed = true;
-                    return if early { Verdict::Pending } else { Verdict::Expired };
-                }
-                if self.engines[j].outlier_window.disturbed {
-                    return if early { Verdict::Pending } else { Verdict::Expired };
+                // Down engines (marked disturbed by the caller) get no capacity through health; a
+                // penalty would only take budget from engines that are up.
+                let w = &self.engines[j].outlier_window;
+                if w.disturbed {
+                    return Verdict::Expired;
                 }
                 let penalised = self.engines[j].penalty > 0.0;
-                if early && penalised {
-                    return Verdict::Pending;
-                }
                 let required = if penalised { s.probe_requests.min(s.min_requests) } else { s.min_requests };
                 let required = required as f64;
-                let w = &mut self.engines[j].outlier_window;
                 if w.volume() < required {
-                    return if early { Verdict::Pending } else { w.wait(s.max_window_intervals) };
+                    return Verdict::Insufficient;
                 }
-                let w = &self.engines[j].outlier_window;
                 let mut severity: f64 = 0.0;
                 let mut reasons = Vec::new();
                 if let (Some((rate, source)), Some((mean, sigma))) = (success_rate(w, required), fleet_rate) {
@@ -303,11 +298,14 @@ impl Fleet {
                         ));
                     }
                 }
-                let ratios = self.latency_ratios(j, true, required, fitted);
+                let ratios = self.latency_ratios(j, required, fitted);
                 // A slow first token alone may be the workload (prompts that lost their cached
                 // prefix after traffic moved); a slow engine is slow between tokens too.
                 let decode_agrees =
                     ratios.iter().find(|r| r.signal == "tbot").is_none_or(|r| r.fitted >= s.latency_ratio);
+                // TBOT convicts on its own only when the objective counts it: otherwise its
+                // offline profile is not something the operator had to get right (its defaults
+                // are placeholders).
                 for r in ratios.into_iter().filter(|r| uses_tbot || r.signal == "ttft") {
                     if r.offline >= latency_threshold
                         && r.fitted >= s.latency_ratio
@@ -328,13 +326,10 @@ impl Fleet {
                 // Attempts seen by the proxies are not evidence of speed: a slow engine has many
                 // requests in flight and few first tokens. Only an engine that finishes
                 // requests without exposing TTFT at all is judged on errors alone.
-                let w = &mut self.engines[j].outlier_window;
                 let latency_evidence =
                     w.ttft_count >= required || (w.ttft_count == 0.0 && w.finished >= required);
-                if reasons.is_empty() && early {
-                    Verdict::Pending
-                } else if reasons.is_empty() && !latency_evidence {
-                    w.wait(s.max_window_intervals)
+                if reasons.is_empty() && !latency_evidence {
+                    Verdict::Insufficient
                 } else if reasons.is_empty() {
                     Verdict::Healthy
                 } else {
@@ -344,12 +339,11 @@ impl Fleet {
             .collect()
     }
 
-    /// Observed latency over engine `j`'s window against its offline profile and against its
+    /// Observed TTFT and TBOT over engine `j`'s window against its offline profiles and its
     /// fitted curves `fitted` (TTFT, TBOT), at the window's load.
     fn latency_ratios(
         &self,
         j: usize,
-        uses_tbot: bool,
         required: f64,
         fitted: &(LatencyProfile, LatencyProfile),
     ) -> Vec<LatencyRatio> {
@@ -379,11 +373,7 @@ impl Fleet {
             }
         };
         check("ttft", w.ttft_count, w.ttft_sum_ms, profile.ttft_t0_ms, profile.ttft_b_ms, &fitted.0);
-        // TBOT is only judged when the objective counts it: otherwise its profile is not
-        // something the operator had to get right (its defaults are placeholders).
-        if uses_tbot {
-            check("tbot", w.tbot_count, w.tbot_sum_ms, profile.tbot_t0_ms, profile.tbot_b_ms, &fitted.1);
-        }
+        check("tbot", w.tbot_count, w.tbot_sum_ms, profile.tbot_t0_ms, profile.tbot_b_ms, &fitted.1);
         out
     }
 
@@ -392,9 +382,15 @@ impl Fleet {
         let mut candidates = Vec::new();
         for (&j, verdict) in engine_idx.iter().zip(verdicts) {
             let e = &mut self.engines[j];
+            if matches!(verdict, Verdict::Insufficient)
+                && e.outlier_window.keeps_waiting(s.max_window_intervals)
+            {
+                continue;
+            }
             match verdict {
                 Verdict::Pending => continue,
-                Verdict::Expired | Verdict::Healthy => {
+                // An insufficient window here has waited too long: given up, like an expired one.
+                Verdict::Insufficient | Verdict::Expired | Verdict::Healthy => {
                     if e.penalty > 0.0 {
                         e.penalty *= RECOVERY_FACTOR;
                         if e.penalty < s.min_penalty {
