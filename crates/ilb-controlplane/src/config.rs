@@ -56,13 +56,14 @@ pub struct ControlPlaneSettings {
     /// Usable fraction ρ of each engine's capacity, in (0, 1]. Default 0.95.
     pub rho: f64,
     /// Stability strength: how many ms of latency a new plan must save per request it moves to
-    /// another engine before it replaces the published split (a moved conversation loses its
-    /// prefix cache). 0 = always publish the optimum. Default 0.
+    /// another engine before a class's published weights change (a moved conversation loses
+    /// its prefix cache). 0 = always publish the optimum. Default 0.
     pub stability_ms: f64,
-    /// Stability tolerance: the published split also stays while its expected latency on the
-    /// new problem is within this fraction of the new plan's, so that demand noise and
-    /// differences as small as the solve's own certified gap move no traffic. 0 = off.
-    /// Default 0.001 (the 0.1 % gap every solve is certified to).
+    /// Stability tolerance: classes also keep their published weights while the plan's expected
+    /// latency on the new problem stays within this fraction of the new optimum's, so that
+    /// demand noise and differences as small as the solve's own certified gap move no traffic;
+    /// when some classes must move, the others keep theirs as far as the tolerance allows.
+    /// 0 = off. Default 0.001 (the 0.1 % gap every solve is certified to).
     pub stability_tolerance: f64,
     /// Demand band: a class is planned with the demand it was planned with last round while
     /// its measured rate stays within this many standard deviations of the measurement's

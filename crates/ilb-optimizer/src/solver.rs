@@ -29,10 +29,10 @@ pub struct SolverOptions {
     /// Stability strength: the cost, in ms of latency per request moved, that a new split must
     /// save before a [`Solver`] moves traffic (0 = always publish the optimum; see `stability`).
     pub stability_ms: f64,
-    /// Relative stability tolerance: a [`Solver`] also keeps its previous split while that
-    /// split's cost on the new problem is within this fraction of the new solution's cost, so
-    /// that differences as small as the solve's own certified gap do not move traffic
-    /// (0 = off; see `stability`).
+    /// Relative stability tolerance: a [`Solver`] also keeps a class's previous weights while
+    /// the published split's cost on the new problem stays within this fraction of the new
+    /// solution's cost, so that differences as small as the solve's own certified gap do not
+    /// move traffic (0 = off; see `stability`).
     pub stability_tolerance: f64,
 }
 
@@ -64,8 +64,8 @@ impl Solver {
     }
 
     /// Solves `problem`, warm-started from the previous solve if there was one, and remembers
-    /// the result for the next call. With a stability strength the previous split is returned
-    /// (re-evaluated on `problem`) while moving would not pay for itself.
+    /// the result for the next call. With a stability strength or tolerance, classes keep their
+    /// previous weights (re-evaluated on `problem`) while moving them would not pay for itself.
     pub fn solve(&mut self, problem: &Problem) -> Result<Solution, ProblemError> {
         let (solution, warm) = solve(problem, self.warm.as_ref(), &self.options)?;
         // The warm start follows the optimum either way, so that the next solve tracks it.

@@ -1,18 +1,22 @@
 //! Hysteresis between solves: moving traffic has a cost the objective does not see (a moved
 //! conversation loses its engine's prefix cache, and its next turns pay the prefill again). With
-//! a stability strength of S ms per moved request, a [`crate::Solver`] keeps its previous split
-//! unless the new one saves more than S ms for every request per second it moves:
+//! a stability strength of S ms per moved request and a relative tolerance τ, a
+//! [`crate::Solver`] publishes a mix of the new split and the previous one: a class keeps its
+//! previous weights (applied to what the new solve serves of it) as long as the mix satisfies
 //!
 //! ```text
-//! keep if  cost(previous split on the new problem) − cost(new split) ≤ S · moved + τ · cost(new split),
+//! cost(mix) − cost(new split) ≤ S · avoided + τ · cost(new split),
 //! ```
 //!
-//! where τ is the relative tolerance (a saving within the solve's own certified gap is not
-//! worth moving anyone for, and demand noise mostly moves the optimum by less than that), costs are Σ n·x + Σ f(y) (shedding follows the new solve either way) and moved is the
-//! req/s that change engine. The previous split must still be feasible: every pair allowed, no
-//! engine above its usable capacity, with each class's weights applied to what the new solve
-//! serves of it. The kept solution carries the new solve's lower bound, so its gap says what the
-//! stability costs.
+//! where avoided is the req/s that the classes keeping their weights would have moved, and
+//! costs are Σ n·x + Σ f(y) on the new problem (shedding follows the new solve either way). A
+//! saving within τ, the order of the solve's own certified gap, is not worth moving anyone for;
+//! demand noise mostly moves the optimum by less than that. The whole previous split is tried
+//! first; if it does not pass, the classes are tried one at a time, the one whose new split
+//! moves the most first. The mix must be feasible: every kept pair still allowed, no engine
+//! above its usable capacity. Because every solve compares with the new optimum, what the
+//! stability costs never accumulates from solve to solve: the kept solution carries the new
+//! solve's lower bound, so its gap says what it costs.
 
 use crate::certify::relative_gap;
 use crate::curve::Curve;
@@ -44,8 +48,15 @@ impl Previous {
     }
 }
 
-/// The previous split re-evaluated on `problem`, if keeping it is worth it (see the module
-/// documentation); None when the new solution should be published.
+/// The previous split re-evaluated on `problem`, as far as keeping it is worth it (see the
+/// module documentation); None when the new solution should be published as it is.
+///
+/// First the whole previous split is tried. If it does not pay (typically because a few classes
+/// must move: their demand grew, or an engine filled up), the classes are tried one at a time,
+/// the one whose new split moves the most traffic first, each keeping its previous weights if
+/// the mix still passes the rule. So a class whose new split differs from its previous one only
+/// along an (almost) equal-cost direction, such as twin engines that a neighbour's spill tips
+/// one way or the other, keeps its weights while the classes that must move do.
 pub(crate) fn keep_previous(
     problem: &Problem,
     new: &Solution,
@@ -59,42 +70,49 @@ pub(crate) fn keep_previous(
     let curves: Vec<Curve> =
         problem.engines.iter().map(|e| Curve::new(&e.latency, e.capacity_rps, problem.rho)).collect();
     let old = &previous.solution;
-    let mut routes = Vec::with_capacity(old.routes.len());
-    let mut load = vec![0.0; curves.len()];
-    for r in &old.routes {
-        let served = (problem.classes[r.class].demand_rps - new.shed_rps[r.class]).max(0.0);
-        let rps = r.weight * served;
-        if rps > 0.0 {
-            problem.network_ms.get(r.class, r.engine)?; // forbidden now
-            load[r.engine] += rps;
-            routes.push(Route { class: r.class, engine: r.engine, rps, weight: r.weight });
-        }
-    }
-    // Every class the new solve serves must be fully routed by the old weights.
-    let mut routed = vec![0.0; problem.classes.len()];
-    for r in &routes {
-        routed[r.class] += r.weight;
-    }
-    for (k, class) in problem.classes.iter().enumerate() {
-        if class.demand_rps - new.shed_rps[k] > 1e-9 * class.demand_rps.max(1.0) && routed[k] < 1.0 - 1e-9 {
-            return None;
-        }
-    }
-    if load.iter().zip(&curves).any(|(y, c)| *y > c.cap() * (1.0 + 1e-9)) {
+    let mut mix = Mix::new(problem, &curves, new);
+    // Each class's previous weights applied to what the new solve serves of it, where they
+    // still apply (every pair allowed, the weights routing all of it).
+    let reverts: Vec<(usize, Vec<Route>, f64)> = (0..problem.classes.len())
+        .filter_map(|k| {
+            let served = (problem.classes[k].demand_rps - new.shed_rps[k]).max(0.0);
+            let mut routes = Vec::new();
+            let mut weight = 0.0;
+            for r in old.class_routes(k) {
+                problem.network_ms.get(k, r.engine)?; // forbidden now
+                weight += r.weight;
+                let rps = r.weight * served;
+                if rps > 0.0 {
+                    routes.push(Route { class: k, engine: r.engine, rps, weight: r.weight });
+                }
+            }
+            if served > 1e-9 * problem.classes[k].demand_rps.max(1.0) && weight < 1.0 - 1e-9 {
+                return None;
+            }
+            let moved = moved_rps(&routes, new.class_routes(k));
+            (moved > 0.0).then_some((k, routes, moved))
+        })
+        .collect();
+    if reverts.is_empty() {
         return None;
     }
-    let routing_cost = |routes: &[Route], load: &[f64]| -> f64 {
-        let network: f64 =
-            routes.iter().map(|r| r.rps * problem.network_ms.get(r.class, r.engine).unwrap_or(0.0)).sum();
-        network + load.iter().zip(&curves).map(|(y, c)| c.cost(*y)).sum::<f64>()
-    };
-    let new_load = new.engine_load_rps();
-    let kept_cost = routing_cost(&routes, &load);
-    let new_cost = routing_cost(&new.routes, &new_load);
-    let moved = moved_rps(&routes, &new.routes);
-    if kept_cost - new_cost > strength_ms * moved + tolerance * new_cost.abs() {
+    let slack = tolerance * mix.new_cost.abs();
+    let budget = |avoided: f64| strength_ms * avoided + slack;
+    let every_class_reverts = (0..problem.classes.len())
+        .all(|k| reverts.iter().any(|(j, ..)| *j == k) || moved_rps(&[], new.class_routes(k)) == 0.0);
+    if !(every_class_reverts && mix.try_revert(&reverts, budget)) {
+        let mut order: Vec<&(usize, Vec<Route>, f64)> = reverts.iter().collect();
+        order.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)));
+        for revert in order {
+            mix.try_revert(std::slice::from_ref(revert), budget);
+        }
+    }
+    if mix.avoided == 0.0 {
         return None;
     }
+    let routes: Vec<Route> = mix.routes.into_iter().flatten().collect();
+    let load = mix.load;
+    let kept_cost = mix.cost;
     let shed_cost: f64 = new.shed_rps.iter().zip(&problem.classes).map(|(s, c)| s * c.shed_penalty_ms).sum();
     let objective = kept_cost + shed_cost;
     let total = problem.total_demand_rps();
@@ -123,6 +141,77 @@ pub(crate) fn keep_previous(
         epsilon: new.epsilon,
         coarse_engines: new.coarse_engines,
     })
+}
+
+/// The new solution with some classes' routes replaced by their previous weights.
+struct Mix<'a> {
+    problem: &'a Problem,
+    curves: &'a [Curve],
+    /// Routes per class, each sorted by engine.
+    routes: Vec<Vec<Route>>,
+    load: Vec<f64>,
+    /// Σ n·x + Σ f(y) of the mix, and of the new solution.
+    cost: f64,
+    new_cost: f64,
+    /// Req/s that the reverted classes would have moved.
+    avoided: f64,
+}
+
+impl<'a> Mix<'a> {
+    fn new(problem: &'a Problem, curves: &'a [Curve], new: &Solution) -> Self {
+        let routes: Vec<Vec<Route>> =
+            (0..problem.classes.len()).map(|k| new.class_routes(k).to_vec()).collect();
+        let load = new.engine_load_rps();
+        let network: f64 =
+            new.routes.iter().map(|r| r.rps * problem.network_ms.get(r.class, r.engine).unwrap_or(0.0)).sum();
+        let cost = network + load.iter().zip(curves).map(|(y, c)| c.cost(*y)).sum::<f64>();
+        Mix { problem, curves, routes, load, cost, new_cost: cost, avoided: 0.0 }
+    }
+
+    /// Gives each class of `reverts` (class, routes, req/s its new split moves) its previous
+    /// routes if the mix then stays within every engine's capacity and
+    /// cost(mix) − cost(new) ≤ budget(req/s the reverted classes would have moved).
+    fn try_revert(&mut self, reverts: &[(usize, Vec<Route>, f64)], budget: impl Fn(f64) -> f64) -> bool {
+        let network = |r: &Route| r.rps * self.problem.network_ms.get(r.class, r.engine).unwrap_or(0.0);
+        let mut load = self.load.clone();
+        let mut network_delta = 0.0;
+        let mut touched = Vec::new();
+        for (k, routes, _) in reverts {
+            for r in &self.routes[*k] {
+                load[r.engine] -= r.rps;
+                network_delta -= network(r);
+                touched.push(r.engine);
+            }
+            for r in routes {
+                load[r.engine] += r.rps;
+                network_delta += network(r);
+                touched.push(r.engine);
+            }
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        let mut cost = self.cost + network_delta;
+        for &j in &touched {
+            let curve = &self.curves[j];
+            if load[j] > self.load[j] && load[j] > curve.cap() * (1.0 + 1e-9) {
+                return false;
+            }
+            cost += curve.cost(load[j].max(0.0)) - curve.cost(self.load[j]);
+        }
+        let avoided = self.avoided + reverts.iter().map(|(.., moved)| moved).sum::<f64>();
+        if cost - self.new_cost > budget(avoided) {
+            return false;
+        }
+        for (k, routes, _) in reverts {
+            self.routes[*k] = routes.clone();
+        }
+        for &j in &touched {
+            self.load[j] = load[j].max(0.0);
+        }
+        self.cost = cost;
+        self.avoided = avoided;
+        true
+    }
 }
 
 /// Σ |a − b| / 2 over (class, engine) of two route lists sorted by class, then engine.
