@@ -1,22 +1,22 @@
 //! Hysteresis between solves: moving traffic has a cost the objective does not see (a moved
-//! conversation loses its engine's prefix cache, and its next turns pay the prefill again). With
-//! a stability strength of S ms per moved request and a relative tolerance τ, a
-//! [`crate::Solver`] publishes a mix of the new split and the previous one: a class keeps its
-//! previous weights (applied to what the new solve serves of it) as long as the mix satisfies
+//! conversation loses its engine's prefix cache, and its next turns pay the prefill again). With a
+//! stability strength of S ms per moved request and a relative tolerance τ, a [`crate::Solver`]
+//! publishes a mix of the new split and the previous one: a class keeps its previous weights
+//! (applied to what the new solve serves of it) as long as the mix satisfies
 //!
 //! ```text
 //! cost(mix) − cost(new split) ≤ S · avoided + τ · cost(new split),
 //! ```
 //!
-//! where avoided is the req/s that the classes keeping their weights would have moved, and
-//! costs are Σ n·x + Σ f(y) on the new problem (shedding follows the new solve either way). A
-//! saving within τ, the order of the solve's own certified gap, is not worth moving anyone for;
-//! demand noise mostly moves the optimum by less than that. The whole previous split is tried
-//! first; if it does not pass, the classes are tried one at a time, the one whose new split
-//! moves the most first. The mix must be feasible: every kept pair still allowed, no engine
-//! above its usable capacity. Because every solve compares with the new optimum, what the
-//! stability costs never accumulates from solve to solve: the kept solution carries the new
-//! solve's lower bound, so its gap says what it costs.
+//! where avoided is the req/s that the classes keeping their weights would have moved, and costs
+//! are Σ n·x + Σ f(y) on the new problem (shedding follows the new solve either way). A saving
+//! within τ, the order of the solve's own certified gap, is not worth moving anyone for; demand
+//! noise mostly moves the optimum by less than that. The whole previous split is tried first; if it
+//! does not pass, the classes are tried one at a time, cheapest first (the least cost per req/s of
+//! movement avoided, each on its own against the new split). The mix must be feasible: every kept
+//! pair still allowed, no engine above its usable capacity. Because every solve compares with the
+//! new optimum, what the stability costs never accumulates from solve to solve: the kept solution
+//! carries the new solve's lower bound, so its gap says what it costs.
 
 use crate::certify::relative_gap;
 use crate::curve::Curve;
@@ -53,10 +53,10 @@ impl Previous {
 ///
 /// First the whole previous split is tried. If it does not pay (typically because a few classes
 /// must move: their demand grew, or an engine filled up), the classes are tried one at a time,
-/// the one whose new split moves the most traffic first, each keeping its previous weights if
-/// the mix still passes the rule. So a class whose new split differs from its previous one only
-/// along an (almost) equal-cost direction, such as twin engines that a neighbour's spill tips
-/// one way or the other, keeps its weights while the classes that must move do.
+/// cheapest first, each keeping its previous weights if the mix still passes the rule. So a
+/// class whose new split differs from its previous one only along an (almost) equal-cost
+/// direction, such as twin engines that a neighbour's spill tips one way or the other, keeps its
+/// weights while the classes that must move do.
 pub(crate) fn keep_previous(
     problem: &Problem,
     new: &Solution,
@@ -73,37 +73,35 @@ pub(crate) fn keep_previous(
     let mut mix = Mix::new(problem, &curves, new);
     // Each class's previous weights applied to what the new solve serves of it, where they
     // still apply (every pair allowed, the weights routing all of it).
-    let reverts: Vec<(usize, Vec<Route>, f64)> = (0..problem.classes.len())
-        .filter_map(|k| {
-            let served = (problem.classes[k].demand_rps - new.shed_rps[k]).max(0.0);
-            let mut routes = Vec::new();
-            let mut weight = 0.0;
-            for r in old.class_routes(k) {
-                problem.network_ms.get(k, r.engine)?; // forbidden now
-                weight += r.weight;
-                let rps = r.weight * served;
-                if rps > 0.0 {
-                    routes.push(Route { class: k, engine: r.engine, rps, weight: r.weight });
-                }
+    let mut whole = true;
+    let mut reverts = Vec::new();
+    for k in 0..problem.classes.len() {
+        match previous_routes(problem, old, k, new.shed_rps[k]) {
+            Some(routes) => {
+                let moved = moved_rps(&routes, new.class_routes(k));
+                reverts.push(Revert { class: k, routes, moved });
             }
-            if served > 1e-9 * problem.classes[k].demand_rps.max(1.0) && weight < 1.0 - 1e-9 {
-                return None;
-            }
-            let moved = moved_rps(&routes, new.class_routes(k));
-            (moved > 0.0).then_some((k, routes, moved))
-        })
-        .collect();
+            None => whole = false,
+        }
+    }
+    reverts.retain(|r| r.moved > 0.0);
     if reverts.is_empty() {
         return None;
     }
     let slack = tolerance * mix.new_cost.abs();
     let budget = |avoided: f64| strength_ms * avoided + slack;
-    let every_class_reverts = (0..problem.classes.len())
-        .all(|k| reverts.iter().any(|(j, ..)| *j == k) || moved_rps(&[], new.class_routes(k)) == 0.0);
-    if !(every_class_reverts && mix.try_revert(&reverts, budget)) {
-        let mut order: Vec<&(usize, Vec<Route>, f64)> = reverts.iter().collect();
-        order.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)));
-        for revert in order {
+    if !(whole && mix.try_revert(&reverts, budget)) {
+        // Cheapest first: the classes whose previous weights cost the least per req/s of
+        // movement they avoid (each on its own against the new split).
+        let mut order: Vec<(f64, &Revert)> = reverts
+            .iter()
+            .filter_map(|r| {
+                let (cost, _) = mix.cost_of(std::slice::from_ref(r))?;
+                Some(((cost - mix.new_cost) / r.moved, r))
+            })
+            .collect();
+        order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.class.cmp(&b.1.class)));
+        for (_, revert) in order {
             mix.try_revert(std::slice::from_ref(revert), budget);
         }
     }
@@ -143,6 +141,32 @@ pub(crate) fn keep_previous(
     })
 }
 
+/// Class `k`'s previous weights applied to what the new solve serves of it (demand less
+/// `shed`); None where they no longer apply: a pair forbidden now, or weights that do not route
+/// all of it.
+fn previous_routes(problem: &Problem, old: &Solution, k: usize, shed: f64) -> Option<Vec<Route>> {
+    let served = (problem.classes[k].demand_rps - shed).max(0.0);
+    let mut routes = Vec::new();
+    let mut weight = 0.0;
+    for r in old.class_routes(k) {
+        problem.network_ms.get(k, r.engine)?; // forbidden now
+        weight += r.weight;
+        let rps = r.weight * served;
+        if rps > 0.0 {
+            routes.push(Route { class: k, engine: r.engine, rps, weight: r.weight });
+        }
+    }
+    let unrouted = served > 1e-9 * problem.classes[k].demand_rps.max(1.0) && weight < 1.0 - 1e-9;
+    (!unrouted).then_some(routes)
+}
+
+/// A class's previous routes, and the req/s its new split moves away from them.
+struct Revert {
+    class: usize,
+    routes: Vec<Route>,
+    moved: f64,
+}
+
 /// The new solution with some classes' routes replaced by their previous weights.
 struct Mix<'a> {
     problem: &'a Problem,
@@ -171,46 +195,56 @@ impl<'a> Mix<'a> {
     /// Gives each class of `reverts` (class, routes, req/s its new split moves) its previous
     /// routes if the mix then stays within every engine's capacity and
     /// cost(mix) − cost(new) ≤ budget(req/s the reverted classes would have moved).
-    fn try_revert(&mut self, reverts: &[(usize, Vec<Route>, f64)], budget: impl Fn(f64) -> f64) -> bool {
-        let network = |r: &Route| r.rps * self.problem.network_ms.get(r.class, r.engine).unwrap_or(0.0);
-        let mut load = self.load.clone();
-        let mut network_delta = 0.0;
-        let mut touched = Vec::new();
-        for (k, routes, _) in reverts {
-            for r in &self.routes[*k] {
-                load[r.engine] -= r.rps;
-                network_delta -= network(r);
-                touched.push(r.engine);
-            }
-            for r in routes {
-                load[r.engine] += r.rps;
-                network_delta += network(r);
-                touched.push(r.engine);
-            }
-        }
-        touched.sort_unstable();
-        touched.dedup();
-        let mut cost = self.cost + network_delta;
-        for &j in &touched {
-            let curve = &self.curves[j];
-            if load[j] > self.load[j] && load[j] > curve.cap() * (1.0 + 1e-9) {
-                return false;
-            }
-            cost += curve.cost(load[j].max(0.0)) - curve.cost(self.load[j]);
-        }
-        let avoided = self.avoided + reverts.iter().map(|(.., moved)| moved).sum::<f64>();
+    fn try_revert(&mut self, reverts: &[Revert], budget: impl Fn(f64) -> f64) -> bool {
+        let Some((cost, load)) = self.cost_of(reverts) else { return false };
+        let avoided = self.avoided + reverts.iter().map(|r| r.moved).sum::<f64>();
         if cost - self.new_cost > budget(avoided) {
             return false;
         }
-        for (k, routes, _) in reverts {
-            self.routes[*k] = routes.clone();
+        for r in reverts {
+            self.routes[r.class] = r.routes.clone();
         }
-        for &j in &touched {
-            self.load[j] = load[j].max(0.0);
+        for (j, y) in load {
+            self.load[j] = y;
         }
         self.cost = cost;
         self.avoided = avoided;
         true
+    }
+
+    /// The mix's cost with `reverts` applied and the loads of the engines they change; None if
+    /// an engine would go above its usable capacity.
+    fn cost_of(&self, reverts: &[Revert]) -> Option<(f64, Vec<(usize, f64)>)> {
+        let network = |r: &Route| r.rps * self.problem.network_ms.get(r.class, r.engine).unwrap_or(0.0);
+        let mut delta: Vec<(usize, f64)> = Vec::new();
+        let mut cost = self.cost;
+        for revert in reverts {
+            for r in &self.routes[revert.class] {
+                delta.push((r.engine, -r.rps));
+                cost -= network(r);
+            }
+            for r in &revert.routes {
+                delta.push((r.engine, r.rps));
+                cost += network(r);
+            }
+        }
+        delta.sort_by_key(|&(j, _)| j);
+        let mut load: Vec<(usize, f64)> = Vec::with_capacity(delta.len());
+        for (j, d) in delta {
+            match load.last_mut() {
+                Some((last, y)) if *last == j => *y += d,
+                _ => load.push((j, self.load[j] + d)),
+            }
+        }
+        for (j, y) in &mut load {
+            let curve = &self.curves[*j];
+            if *y > self.load[*j] && *y > curve.cap() * (1.0 + 1e-9) {
+                return None;
+            }
+            *y = y.max(0.0);
+            cost += curve.cost(*y) - curve.cost(self.load[*j]);
+        }
+        Some((cost, load))
     }
 }
 
