@@ -13,7 +13,8 @@
 //! within τ, the order of the solve's own certified gap, is not worth moving anyone for; demand
 //! noise mostly moves the optimum by less than that. The whole previous split is tried first; if it
 //! does not pass, the classes are tried one at a time, cheapest first (the least cost per req/s of
-//! movement avoided, each on its own against the new split). The mix must be feasible: every kept
+//! movement avoided, each on its own against the new split), and such a partial mix may spend
+//! only half of τ (`PARTIAL_SHARE`). The mix must be feasible: every kept
 //! pair still allowed, no engine above its usable capacity. Because every solve compares with the
 //! new optimum, what the stability costs never accumulates from solve to solve: the kept solution
 //! carries the new solve's lower bound, so its gap says what it costs.
@@ -90,6 +91,9 @@ pub(crate) fn keep_previous(
     }
     let slack = tolerance * mix.new_cost.abs();
     let budget = |avoided: f64| strength_ms * avoided + slack;
+    // A partial mix keeps only half the tolerance for itself, so that the next solve's noise has
+    // the other half before it undoes the mix (which would then move the held classes after all).
+    let partial = |avoided: f64| strength_ms * avoided + PARTIAL_SHARE * slack;
     if !(whole && mix.try_revert(&reverts, budget)) {
         // Cheapest first: the classes whose previous weights cost the least per req/s of
         // movement they avoid (each on its own against the new split).
@@ -102,7 +106,7 @@ pub(crate) fn keep_previous(
             .collect();
         order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.class.cmp(&b.1.class)));
         for (_, revert) in order {
-            mix.try_revert(std::slice::from_ref(revert), budget);
+            mix.try_revert(std::slice::from_ref(revert), partial);
         }
     }
     if mix.avoided == 0.0 {
@@ -140,6 +144,10 @@ pub(crate) fn keep_previous(
         coarse_engines: new.coarse_engines,
     })
 }
+
+/// The share of the tolerance that a partial mix (some classes keeping their weights, others
+/// moving) may spend.
+const PARTIAL_SHARE: f64 = 0.5;
 
 /// Class `k`'s previous weights applied to what the new solve serves of it (demand less
 /// `shed`); None where they no longer apply: a pair forbidden now, or weights that do not route
