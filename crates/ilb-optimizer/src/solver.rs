@@ -337,7 +337,9 @@ impl<'m, 'p> Run<'m, 'p> {
             let out_of_steps = self.steps >= self.options.max_newton_steps;
             let smoothing = self.pass.smoothing / self.pass.dual.abs().max(1e-300);
             if smoothing > 2.0 * target && eps > eps_min && !out_of_steps && self.best.is_none() {
-                eps = (eps / (smoothing / (0.5 * target)).clamp(2.0, 50.0)).max(eps_min);
+                let next = (eps / (smoothing / (0.5 * target)).clamp(2.0, 50.0)).max(eps_min);
+                self.predict(eps, next);
+                eps = next;
                 tolerance = STAGE_TOLERANCE;
                 continue;
             }
@@ -372,7 +374,9 @@ impl<'m, 'p> Run<'m, 'p> {
                 tolerance = (self.pass.residual * 0.01).max(FINE_TOLERANCE);
             } else {
                 let factor = (smoothing / (0.5 * target)).clamp(2.0, 50.0);
-                eps = (eps / factor).max(eps_min);
+                let next = (eps / factor).max(eps_min);
+                self.predict(eps, next);
+                eps = next;
                 tolerance = STAGE_TOLERANCE;
             }
         }
@@ -380,6 +384,37 @@ impl<'m, 'p> Run<'m, 'p> {
         self.cand = cand;
         self.pass.q = q;
         (repaired, best_eps)
+    }
+
+    /// Predictor of the continuation: moves the prices from the smoothed optimum at `eps` to the
+    /// first-order estimate of the one at `next` (implicit function theorem: ∇g(u(ε), ε) = 0, so
+    /// du/dε = H⁻¹·∂∇g/∂ε with H = −∇²g), so that Newton at `next` starts near its optimum
+    /// instead of from prices whose spreads between an engine's classes are still sized for `eps`.
+    fn predict(&mut self, eps: f64, next: f64) {
+        let n = self.model.n_classes();
+        self.hessian.clear();
+        self.hessian.resize(n * n, 0.0);
+        self.pass.add_hessian(self.model, &self.cand, &self.u, eps, &mut self.hessian);
+        let mut delta = self.pass.eps_derivative(self.model, &self.cand, &self.u, eps);
+        let max_diag = (0..n).fold(0.0f64, |a, k| a.max(self.hessian[k * n + k]));
+        for k in 0..n {
+            let diag = self.hessian[k * n + k];
+            if !self.model.class_on[k] || diag <= 1e-12 * max_diag.max(1e-300) {
+                // No price, or the dual is linear in it: no first-order move.
+                self.hessian[k * n + k] = 1.0;
+                delta[k] = 0.0;
+            } else {
+                self.hessian[k * n + k] += 1e-10 * diag;
+            }
+        }
+        self.cholesky.solve(&mut self.hessian, &mut delta, n, 1e-12);
+        self.radius = self.radius.min((2.0 * next).max(0.02 * self.scale));
+        let step = next - eps;
+        for k in 0..n {
+            if self.model.class_on[k] && delta[k].is_finite() {
+                self.u[k] += step * delta[k];
+            }
+        }
     }
 
     /// Newton iterations at fixed ε until the demand residual is small.
