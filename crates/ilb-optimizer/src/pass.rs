@@ -424,7 +424,8 @@ impl Pass {
     pub fn run(&mut self, model: &Model, cand: &Candidates, u: &[f64], eps: f64) {
         let (n, m) = (model.n_classes(), model.n_engines());
         let entries = cand.class.len();
-        self.x.clear();
+        // Zeroed engine by engine below, while the engine's entries are in cache: a separate
+        // zeroing pass streamed the whole array (7 MB for 200 × 20,000) through memory once more.
         self.x.resize(entries, 0.0);
         if self.reduced.len() < entries {
             self.reduced.resize(entries, 0.0);
@@ -443,10 +444,12 @@ impl Pass {
         let mut smoothing = 0.0;
         for j in 0..m {
             if !model.engine_on[j] {
+                self.x[cand.start[j]..cand.start[j + 1]].fill(0.0);
                 self.active_start.push(self.active.len());
                 continue;
             }
             let (lo, hi) = (cand.start[j], cand.start[j + 1]);
+            self.x[lo..hi].fill(0.0);
             let curve = &model.curves[j];
             let k_j = model.capacity[j] / eps;
             let inv_k = eps / model.capacity[j];

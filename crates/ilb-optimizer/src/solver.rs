@@ -419,7 +419,7 @@ impl<'m, 'p> Run<'m, 'p> {
 
     /// Newton iterations at fixed ε until the demand residual is small.
     ///
-    /// Returns false when it stalls instead (steps cut to almost nothing twice in a row, as at a
+    /// Returns false when it stalls instead (steps cut to 5 % or less twice in a row, as at a
     /// kink of the dual); the caller then certifies what it has, which is often good enough.
     fn newton(&mut self, eps: f64, tolerance: f64) -> bool {
         let n = self.model.n_classes();
@@ -523,7 +523,10 @@ impl<'m, 'p> Run<'m, 'p> {
             if !accepted {
                 return false;
             }
-            short_steps = if t < 0.02 { short_steps + 1 } else { 0 };
+            // A step the line search cut to its first floor (0.05) or below counts as short: at a
+            // kink Newton otherwise creeps on by 5 % a step (the coarse problem of 100 × 5,000
+            // noisy spent 18 of its 64 steps so, residual 4.5e-4 → 2.2e-4 at one ε).
+            short_steps = if t < 0.06 { short_steps + 1 } else { 0 };
         }
         true
     }
