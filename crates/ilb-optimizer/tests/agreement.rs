@@ -118,9 +118,13 @@ fn merged_classes_shed_cheapest_first() {
     let rel = (solution.objective - reference.objective) / reference.objective;
     assert!(rel.abs() <= 1e-3, "objective {} vs clarabel {}", solution.objective, reference.objective);
     assert!(solution.gap <= 1e-3, "gap {}", solution.gap);
-    // 55 req/s must be shed: all of it from "low" (the cheapest), none from "high".
+    // 55 req/s must be shed: all of it from "low" (the cheapest), none from "high". How the
+    // 55 split between the merged group and "other" is settled only to the solver's demand
+    // residual (1e-4 × 150 req/s), so a group shed a few 1e-6 req/s above low's 50 reaches
+    // "high": the bound is far below that tolerance, and far above what any member may shed out
+    // of order.
     assert!(solution.shed_rps[0] > 49.0, "low shed {}", solution.shed_rps[0]);
-    assert!(solution.shed_rps[2] < 1e-6, "high shed {}", solution.shed_rps[2]);
+    assert!(solution.shed_rps[2] < 1e-4, "high shed {}", solution.shed_rps[2]);
     // A warm re-solve with the same grouping stays put.
     let (again, _) = solve(&problem, Some(&warm), &SolverOptions::default()).unwrap();
     common::check_invariants(&problem, &again);
