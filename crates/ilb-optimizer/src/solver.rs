@@ -241,10 +241,6 @@ pub(crate) enum Travel {
     SteadyWarm,
 }
 
-/// A warm solve's initial trust radius relative to a cold one's: as if two full steps had
-/// already succeeded (the radius grows ×4 after each).
-const WARM_RADIUS_FACTOR: f64 = 16.0;
-
 /// Drift budget per unit of ε of a cold solve, whose prices travel far.
 const COLD_DRIFT_PER_EPS: f64 = 2.0;
 
@@ -316,13 +312,6 @@ impl<'m, 'p> Run<'m, 'p> {
     pub fn solve(&mut self, u: Vec<f64>, eps_start: f64) -> (Repaired, f64) {
         self.u = u;
         self.radius = (2.0 * eps_start).max(0.02 * self.scale);
-        if self.travel != Travel::Cold {
-            // A warm start is close: its prices move by a fraction of a ms, and the damping
-            // max|∇g|/radius of a cold start's radius only shortens the steps of the classes
-            // with little curvature (few or small flows), costing a Newton step on 200 × 20,000
-            // and 100 × 5,000 at 108 % (see the crate README, sixth round).
-            self.radius = (self.radius * WARM_RADIUS_FACTOR).min(self.max_radius);
-        }
         let rho = self.model.rho;
         let target = self.options.gap_target;
         let eps_min = 1e-6 * self.scale;
