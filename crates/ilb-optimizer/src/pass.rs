@@ -546,6 +546,23 @@ impl Pass {
         best
     }
 
+    /// The engines with active entries: (engine, its active entries, k_j = c_j/ε,
+    /// α_j = 1/(|A| + γ_j/k_j)), as the Newton matrix and the predictor use them.
+    fn active_engines<'a>(
+        &'a self,
+        model: &'a Model,
+        eps: f64,
+    ) -> impl Iterator<Item = (usize, &'a [u32], f64, f64)> + 'a {
+        (0..model.n_engines()).filter_map(move |j| {
+            let active = &self.active[self.active_start[j]..self.active_start[j + 1]];
+            if active.is_empty() {
+                return None;
+            }
+            let k_j = model.capacity[j] / eps;
+            Some((j, active, k_j, 1.0 / (active.len() as f64 + self.slope[j] / k_j)))
+        })
+    }
+
     /// ∂∇g/∂ε at fixed prices: how the demand residual moves with the smoothing (for the
     /// continuation's predictor). On engine j with active entries A, r'_i = u_k − n_kj + x⁰_i·ε/c_j
     /// and x_i = (c_j/ε)(r'_i − q_j) with Σ_A x_i = Y_j(q_j), so
@@ -554,13 +571,7 @@ impl Pass {
     pub fn eps_derivative(&self, model: &Model, cand: &Candidates, u: &[f64], eps: f64) -> Vec<f64> {
         let n = model.n_classes();
         let mut b = vec![0.0; n];
-        for j in 0..model.n_engines() {
-            let active = &self.active[self.active_start[j]..self.active_start[j + 1]];
-            if active.is_empty() {
-                continue;
-            }
-            let k_j = model.capacity[j] / eps;
-            let alpha = 1.0 / (active.len() as f64 + self.slope[j] / k_j);
+        for (j, active, _, alpha) in self.active_engines(model, eps) {
             let prev_total: f64 = active.iter().map(|&e| cand.prev[e as usize]).sum();
             let common = alpha * (self.load[j] - prev_total);
             for &e in active {
@@ -579,14 +590,8 @@ impl Pass {
     /// Adds −∇²(smoothed dual) to `h` (n × n, row-major, zeroed by the caller).
     pub fn add_hessian(&self, model: &Model, cand: &Candidates, u: &[f64], eps: f64, h: &mut [f64]) {
         let n = model.n_classes();
-        for j in 0..model.n_engines() {
-            let active = &self.active[self.active_start[j]..self.active_start[j + 1]];
-            if active.is_empty() {
-                continue;
-            }
-            let k_j = model.capacity[j] / eps;
-            // Derivative of the water-filling: dx_a/du_b = k_j (δ_ab − α), α = 1/(|A| + γ/k_j).
-            let alpha = 1.0 / (active.len() as f64 + self.slope[j] / k_j);
+        // Derivative of the water-filling: dx_a/du_b = k_j (δ_ab − α), α = 1/(|A| + γ/k_j).
+        for (_, active, k_j, alpha) in self.active_engines(model, eps) {
             let off = k_j * alpha;
             for &ea in active {
                 let a = cand.class[ea as usize] as usize;
