@@ -1,7 +1,7 @@
 //! Speed benchmark: about one million requests over 1,000 engines with the `ilb` policy (the
 //! most expensive: scrapes, reports, solves and snapshot compiles), on one core.
 //!
-//! `cargo run --release -p ilb-fleet-sim --example bench`
+//! `cargo run --release -p ilb-fleet-sim --example sim_bench`
 
 use ilb_fleet_sim::clock::Stopwatch;
 use ilb_fleet_sim::{simulate, Options, Scenario};
