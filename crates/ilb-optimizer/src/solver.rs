@@ -337,9 +337,7 @@ impl<'m, 'p> Run<'m, 'p> {
             let out_of_steps = self.steps >= self.options.max_newton_steps;
             let smoothing = self.pass.smoothing / self.pass.dual.abs().max(1e-300);
             if smoothing > 2.0 * target && eps > eps_min && !out_of_steps && self.best.is_none() {
-                let next = (eps / (smoothing / (0.5 * target)).clamp(2.0, 50.0)).max(eps_min);
-                self.predict(eps, next);
-                eps = next;
+                eps = self.shrink(eps, smoothing / (0.5 * target), eps_min);
                 tolerance = STAGE_TOLERANCE;
                 continue;
             }
@@ -373,10 +371,7 @@ impl<'m, 'p> Run<'m, 'p> {
                 // left, so tighten first (otherwise tightening would not help: shrink ε).
                 tolerance = (self.pass.residual * 0.01).max(FINE_TOLERANCE);
             } else {
-                let factor = (smoothing / (0.5 * target)).clamp(2.0, 50.0);
-                let next = (eps / factor).max(eps_min);
-                self.predict(eps, next);
-                eps = next;
+                eps = self.shrink(eps, smoothing / (0.5 * target), eps_min);
                 tolerance = STAGE_TOLERANCE;
             }
         }
@@ -386,17 +381,22 @@ impl<'m, 'p> Run<'m, 'p> {
         (repaired, best_eps)
     }
 
+    /// The continuation's next ε: `eps` divided by `factor` clamped to [2, 50], at least `eps_min`,
+    /// with the prices moved there by the predictor.
+    fn shrink(&mut self, eps: f64, factor: f64, eps_min: f64) -> f64 {
+        let next = (eps / factor.clamp(2.0, 50.0)).max(eps_min);
+        self.predict(eps, next);
+        next
+    }
+
     /// Predictor of the continuation: moves the prices from the smoothed optimum at `eps` to the
     /// first-order estimate of the one at `next` (implicit function theorem: ∇g(u(ε), ε) = 0, so
     /// du/dε = H⁻¹·∂∇g/∂ε with H = −∇²g), so that Newton at `next` starts near its optimum
     /// instead of from prices whose spreads between an engine's classes are still sized for `eps`.
     fn predict(&mut self, eps: f64, next: f64) {
         let n = self.model.n_classes();
-        self.hessian.clear();
-        self.hessian.resize(n * n, 0.0);
-        self.pass.add_hessian(self.model, &self.cand, &self.u, eps, &mut self.hessian);
+        let max_diag = self.newton_matrix(eps);
         let mut delta = self.pass.eps_derivative(self.model, &self.cand, &self.u, eps);
-        let max_diag = (0..n).fold(0.0f64, |a, k| a.max(self.hessian[k * n + k]));
         for k in 0..n {
             let diag = self.hessian[k * n + k];
             if !self.model.class_on[k] || diag <= 1e-12 * max_diag.max(1e-300) {
@@ -417,6 +417,16 @@ impl<'m, 'p> Run<'m, 'p> {
         }
     }
 
+    /// Fills `hessian` with −∇²g at the current prices (n × n, row-major); returns its largest
+    /// diagonal entry.
+    fn newton_matrix(&mut self, eps: f64) -> f64 {
+        let n = self.model.n_classes();
+        self.hessian.clear();
+        self.hessian.resize(n * n, 0.0);
+        self.pass.add_hessian(self.model, &self.cand, &self.u, eps, &mut self.hessian);
+        (0..n).fold(0.0f64, |a, k| a.max(self.hessian[k * n + k]))
+    }
+
     /// Newton iterations at fixed ε until the demand residual is small.
     ///
     /// Returns false when it stalls instead (steps cut to 5 % or less twice in a row, as at a
@@ -432,13 +442,7 @@ impl<'m, 'p> Run<'m, 'p> {
                 return false;
             }
             self.steps += 1;
-            self.hessian.clear();
-            self.hessian.resize(n * n, 0.0);
-            self.pass.add_hessian(self.model, &self.cand, &self.u, eps, &mut self.hessian);
-            let mut max_diag: f64 = 0.0;
-            for k in 0..n {
-                max_diag = max_diag.max(self.hessian[k * n + k]);
-            }
+            let max_diag = self.newton_matrix(eps);
             // Levenberg–Marquardt damping: where capacity binds on every engine a group of classes
             // shares, the matrix is singular along "raise all their prices"; the damping turns the
             // step there into one of about `radius` ms. It vanishes with the gradient, so the final
