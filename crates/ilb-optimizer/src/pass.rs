@@ -386,18 +386,19 @@ fn window_classes(u: &[f64], column: &[f64], threshold: f64, blocks: &[f64], out
 /// reduced costs are computed as `window_classes` computes them, so a block whose maximum is
 /// below a threshold has no entry at or above it.
 fn best_reduced_cost(u: &[f64], column: &[f64], blocks: &mut Vec<f64>) -> f64 {
-    blocks.clear();
     let max = |x: f64, y: f64| if x > y { x } else { y };
     let mut lanes = [f64::NEG_INFINITY; 4];
     let (cu, cc) = (u.chunks_exact(8), column.chunks_exact(8));
     let (ru, rc) = (cu.remainder(), cc.remainder());
-    for (a, b) in cu.zip(cc) {
+    // Written in place (pushing cost more than the maxima).
+    blocks.resize(cu.len(), 0.0);
+    for ((a, b), block) in cu.zip(cc).zip(blocks.iter_mut()) {
         let mut pair = [0.0; 4];
         for i in 0..4 {
             pair[i] = max(a[i] - b[i], a[i + 4] - b[i + 4]);
             lanes[i] = max(pair[i], lanes[i]);
         }
-        blocks.push(max(max(pair[0], pair[2]), max(pair[1], pair[3])));
+        *block = max(max(pair[0], pair[2]), max(pair[1], pair[3]));
     }
     let mut best = max(max(lanes[0], lanes[1]), max(lanes[2], lanes[3]));
     for (a, b) in ru.iter().zip(rc) {
