@@ -466,17 +466,19 @@ impl Pass {
                 continue;
             }
             let (lo, hi) = (cand.start[j], cand.start[j + 1]);
-            self.x[lo..hi].fill(0.0);
             let curve = &model.curves[j];
             let k_j = model.capacity[j] / eps;
             let inv_k = eps / model.capacity[j];
             // r'_i = u_k − n_kj + x⁰_i/k_j for every entry, their top, and Σ (x⁰_i)².
             let (class, net, prev) = (&cand.class[lo..hi], &cand.net[lo..hi], &cand.prev[lo..hi]);
             let reduced = &mut self.reduced[lo..hi];
+            // The engine's flows are zeroed here too (a separate fill called memset per engine).
+            let flows = &mut self.x[lo..hi];
             let (mut top, mut prev_sq) = (f64::NEG_INFINITY, 0.0);
             for i in 0..class.len() {
                 let r = u[class[i] as usize] - net[i] + prev[i] * inv_k;
                 reduced[i] = r;
+                flows[i] = 0.0;
                 top = if r > top { r } else { top };
                 prev_sq += prev[i] * prev[i];
             }
