@@ -24,6 +24,9 @@ pub struct Curve {
     /// f'(0), kept: every pass asks for it twice per engine, and for the queueing shape it costs
     /// a division.
     base: f64,
+    /// 1e-12·max(cap, 1e-9): the load residual below which the water-filling stops, kept for the
+    /// same reason.
+    load_tolerance: f64,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -39,6 +42,13 @@ enum Shape {
         a: Vec<f64>,
         s: Vec<f64>,
         breaks: Vec<f64>,
+        /// f' at the start and at the end of each segment, a_i + 2·s_i·breaks[i] and
+        /// a_i + 2·s_i·breaks[i+1] (no end for the last one), and 0.5/s_i: what `response`
+        /// computed on every call (a fifth of the engines' curves are fitted, and their responses
+        /// were half of the time spent in curves), the same values.
+        starts: Vec<f64>,
+        ends: Vec<f64>,
+        half_inverse: Vec<f64>,
     },
     /// The marginal cost f' tabulated: f'(load[i]) = price[i], linear in between, both strictly
     /// increasing; `integral[i]` = f(load[i]). The solver's aggregate of several engines (see
@@ -58,6 +68,7 @@ impl Curve {
                 shape: Shape::Queueing { t0: *t0_ms, b: b_ms.max(MIN_B_MS), c: capacity },
                 cap: capacity * rho.min(1.0 - POLE_MARGIN),
                 base: 0.0,
+                load_tolerance: 0.0,
             }
             .with_base(),
             Latency::Piecewise(points) => {
@@ -66,7 +77,12 @@ impl Curve {
                 for i in 1..a.len() {
                     breaks.push((a[i - 1] - a[i]) / (s[i] - s[i - 1]));
                 }
-                Curve { shape: Shape::Lines { a, s, breaks }, cap: capacity * rho, base: 0.0 }.with_base()
+                let starts = (0..a.len()).map(|i| a[i] + 2.0 * s[i] * breaks[i]).collect();
+                let ends =
+                    (0..a.len().saturating_sub(1)).map(|i| a[i] + 2.0 * s[i] * breaks[i + 1]).collect();
+                let half_inverse = s.iter().map(|&si| 0.5 / si).collect();
+                let shape = Shape::Lines { a, s, breaks, starts, ends, half_inverse };
+                Curve { shape, cap: capacity * rho, base: 0.0, load_tolerance: 0.0 }.with_base()
             }
         }
     }
@@ -90,13 +106,21 @@ impl Curve {
             load.push(y);
         }
         let cap = *load.last()?;
-        (load.len() >= 2)
-            .then(|| Curve { shape: Shape::Table { price, load, integral }, cap, base: 0.0 }.with_base())
+        (load.len() >= 2).then(|| {
+            Curve { shape: Shape::Table { price, load, integral }, cap, base: 0.0, load_tolerance: 0.0 }
+                .with_base()
+        })
     }
 
     fn with_base(mut self) -> Self {
         self.base = self.marginal(0.0);
+        self.load_tolerance = 1e-12 * self.cap.max(1e-9);
         self
+    }
+
+    /// 1e-12·max(cap, 1e-9) (req/s): where the engine's water-filling may stop.
+    pub(crate) fn load_tolerance(&self) -> f64 {
+        self.load_tolerance
     }
 
     /// Usable capacity ρ·c (req/s).
@@ -127,14 +151,8 @@ impl Curve {
     /// Expected latency L(y) in ms.
     pub fn latency(&self, y: f64) -> f64 {
         match &self.shape {
-            Shape::Queueing { t0, b, c } => {
-                if y >= *c {
-                    f64::INFINITY
-                } else {
-                    t0 + b * y / (c - y)
-                }
-            }
-            Shape::Lines { a, s, breaks } => {
+            &Shape::Queueing { t0, b, c } => queueing_latency(t0, b, c, y),
+            Shape::Lines { a, s, breaks, .. } => {
                 let i = Self::segment(breaks, y);
                 a[i] + s[i] * y
             }
@@ -148,11 +166,21 @@ impl Curve {
         }
     }
 
-    /// Cost f(y) = y·L(y) (ms·req/s).
+    /// Cost f(y) = y·L(y) (ms·req/s). Inlined for the queueing shape (once per engine per pass).
+    #[inline]
     pub fn cost(&self, y: f64) -> f64 {
         if y <= 0.0 {
             return 0.0;
         }
+        if let Shape::Queueing { t0, b, c } = self.shape {
+            return y * queueing_latency(t0, b, c, y);
+        }
+        self.cost_tabulated(y)
+    }
+
+    /// `cost` for the piecewise shapes (y > 0).
+    #[inline(never)]
+    fn cost_tabulated(&self, y: f64) -> f64 {
         match &self.shape {
             Shape::Table { price, load, integral } => {
                 let i = Self::segment(load, y).min(load.len() - 2);
@@ -169,7 +197,7 @@ impl Curve {
                 let ratio = c / (c - y);
                 t0 + b * (ratio * ratio - 1.0)
             }
-            Shape::Lines { a, s, breaks } => {
+            Shape::Lines { a, s, breaks, .. } => {
                 let i = Self::segment(breaks, y);
                 a[i] + 2.0 * s[i] * y
             }
@@ -188,32 +216,37 @@ impl Curve {
 
     /// The engine's best response to price `q`: `(y, dy/dq)` with y = (f')⁻¹(q) clamped to
     /// [0, cap]; dy/dq = 0 where clamped or where f' jumps.
+    ///
+    /// Inlined for the queueing shape (every pass asks each engine for two or three responses;
+    /// the call was a fifth of their cost), the other shapes out of line.
+    #[inline]
     pub fn response(&self, q: f64) -> (f64, f64) {
+        if let Shape::Queueing { t0, b, c } = self.shape {
+            let (y, dy) = queueing_response(t0, b, c, q);
+            return clamp(self.cap, y, dy);
+        }
+        self.response_tabulated(q)
+    }
+
+    /// `response` for the piecewise shapes.
+    #[inline(never)]
+    fn response_tabulated(&self, q: f64) -> (f64, f64) {
         let (y, dy) = match &self.shape {
-            Shape::Queueing { t0, b, c } => {
-                let z = q - t0 + b;
-                if q <= *t0 {
-                    (0.0, 0.0)
-                } else {
-                    let root = (b / z).sqrt();
-                    (c * (1.0 - root), 0.5 * c * root / z)
-                }
-            }
-            Shape::Lines { a, s, breaks } => {
+            &Shape::Queueing { t0, b, c } => queueing_response(t0, b, c, q),
+            Shape::Lines { a, s, breaks, starts, ends, half_inverse } => {
                 if q <= a[0] {
                     (0.0, 0.0)
                 } else {
                     // The first segment whose marginal range ends above q.
-                    let n = a.len();
                     let mut i = 0;
-                    while i + 1 < n && a[i] + 2.0 * s[i] * breaks[i + 1] < q {
+                    while i < ends.len() && ends[i] < q {
                         i += 1;
-                        if q < a[i] + 2.0 * s[i] * breaks[i] {
+                        if q < starts[i] {
                             // q falls in the jump of f' at breaks[i].
                             return clamp(self.cap, breaks[i], 0.0);
                         }
                     }
-                    ((q - a[i]) / (2.0 * s[i]), 0.5 / s[i])
+                    ((q - a[i]) / (2.0 * s[i]), half_inverse[i])
                 }
             }
             Shape::Table { price, load, .. } => {
@@ -237,6 +270,28 @@ impl Curve {
     pub fn neg_conjugate(&self, q: f64) -> f64 {
         let (y, _) = self.response(q);
         self.cost(y) - q * y
+    }
+}
+
+/// L(y) = t0 + b·y/(c − y), +∞ from the pole on.
+#[inline]
+fn queueing_latency(t0: f64, b: f64, c: f64, y: f64) -> f64 {
+    if y >= c {
+        f64::INFINITY
+    } else {
+        t0 + b * y / (c - y)
+    }
+}
+
+/// (f')⁻¹(q) and its derivative for L(y) = t0 + b·y/(c − y), before clamping to the capacity.
+#[inline]
+fn queueing_response(t0: f64, b: f64, c: f64, q: f64) -> (f64, f64) {
+    let z = q - t0 + b;
+    if q <= t0 {
+        (0.0, 0.0)
+    } else {
+        let root = (b / z).sqrt();
+        (c * (1.0 - root), 0.5 * c * root / z)
     }
 }
 

@@ -247,13 +247,16 @@ impl Candidates {
         let n = model.n_classes();
         let have_prev = !prev.start.is_empty();
         // A few classes per engine are typical: reserving avoids most regrowth (and its copies).
-        let expected = prev.class.len() + 4 * model.n_engines();
-        self.start.reserve(model.n_engines() + 1);
+        // Only for the first 32nd of the engines at first, if the estimate below follows: growing
+        // a full-size guess there copied all of it (realloc does not know how much is used).
+        let m = model.n_engines();
+        let expected = prev.class.len() + 4 * m;
+        let expected = if m >= 64 { expected / 32 + 64 } else { expected };
+        self.start.reserve(m + 1);
         self.class.reserve(expected);
         self.net.reserve(expected);
         self.prev.reserve(expected);
         self.start.push(0);
-        let m = model.n_engines();
         for j in 0..m {
             if j == m / 32 && j > 0 {
                 // Extrapolate from the first engines (plus an eighth) and reserve once more.
@@ -433,7 +436,9 @@ pub(crate) struct Pass {
     /// needs only these, and they are a small fraction of the candidate lists.
     active_start: Vec<usize>,
     active: Vec<u32>,
-    /// r'_i of each candidate entry (see `solve_engine`), reused within the engine's solve.
+    /// r'_i of one engine's candidate entries (see `solve_engine`), reused within the engine's
+    /// solve. Per engine, not per entry: an array over all entries was one more 1.3 MB
+    /// (200 × 20,000 warm) to zero and stream per solve and pass buffer.
     reduced: Vec<f64>,
     /// One engine's classes that can receive flow: (r'_i, entry), r' descending once sorted.
     scratch: Vec<(f64, u32)>,
@@ -446,18 +451,19 @@ impl Pass {
         // Zeroed engine by engine below, while the engine's entries are in cache: a separate
         // zeroing pass streamed the whole array (7 MB for 200 × 20,000) through memory once more.
         self.x.resize(entries, 0.0);
-        if self.reduced.len() < entries {
-            self.reduced.resize(entries, 0.0);
-        }
         self.q.resize(m, 0.0);
-        self.load.clear();
+        // Every engine's load and slope is written below (clearing them first was two more
+        // streams per pass).
         self.load.resize(m, 0.0);
-        self.slope.clear();
         self.slope.resize(m, 0.0);
         self.flow.clear();
         self.flow.resize(n, 0.0);
         self.active.clear();
+        // At most one active entry per candidate entry: reserved once per pass buffer (growing it
+        // by pushes copied it a dozen times in each solve's first pass).
+        self.active.reserve(entries);
         self.active_start.clear();
+        self.active_start.reserve(m + 1);
         self.active_start.push(0);
         let mut engines_value = 0.0;
         let mut smoothing = 0.0;
@@ -465,6 +471,8 @@ impl Pass {
             if !model.engine_on[j] {
                 self.x[cand.start[j]..cand.start[j + 1]].fill(0.0);
                 self.active_start.push(self.active.len());
+                self.load[j] = 0.0;
+                self.slope[j] = 0.0;
                 continue;
             }
             let (lo, hi) = (cand.start[j], cand.start[j + 1]);
@@ -473,7 +481,10 @@ impl Pass {
             let inv_k = eps / model.capacity[j];
             // r'_i = u_k − n_kj + x⁰_i/k_j for every entry, their top, and Σ (x⁰_i)².
             let (class, net, prev) = (&cand.class[lo..hi], &cand.net[lo..hi], &cand.prev[lo..hi]);
-            let reduced = &mut self.reduced[lo..hi];
+            if self.reduced.len() < hi - lo {
+                self.reduced.resize(hi - lo, 0.0);
+            }
+            let reduced = &mut self.reduced[..hi - lo];
             // The engine's flows are zeroed here too (a separate fill called memset per engine).
             let flows = &mut self.x[lo..hi];
             let (mut top, mut prev_sq) = (f64::NEG_INFINITY, 0.0);
@@ -497,7 +508,7 @@ impl Pass {
                         self.scratch.push((r, (lo + i) as u32));
                     }
                 }
-                self.scratch.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
+                sort_descending(&mut self.scratch);
                 solve_engine(curve, k_j, &self.scratch, self.q[j])
             };
             let mut load = 0.0;
@@ -559,9 +570,14 @@ impl Pass {
                 continue;
             }
             let q = self.q[j];
-            for e in cand.start[j]..cand.start[j + 1] {
-                let k = cand.class[e] as usize;
-                best[k] = best[k].min(cand.net[e] + q);
+            let (lo, hi) = (cand.start[j], cand.start[j + 1]);
+            for (&k, &net) in cand.class[lo..hi].iter().zip(&cand.net[lo..hi]) {
+                // `min` without its NaN handling: `best` starts at +∞ and never holds a NaN, so a
+                // NaN sum is skipped either way.
+                let (v, b) = (net + q, &mut best[k as usize]);
+                if v < *b {
+                    *b = v;
+                }
             }
         }
         best
@@ -630,6 +646,27 @@ impl Pass {
     }
 }
 
+/// Sorts one engine's (r', entry) pairs by r' descending (`f64::total_cmp`), as
+/// `sort_unstable_by` did: up to 20 elements the standard library sorts by insertion, which is
+/// stable, and so is this insertion sort (the same order, ties included); longer lists still go to
+/// the standard sort. Most lists hold one or two pairs, for which the library's call was ~85
+/// instructions.
+fn sort_descending(v: &mut [(f64, u32)]) {
+    if v.len() > 20 {
+        v.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
+        return;
+    }
+    for i in 1..v.len() {
+        let item = v[i];
+        let mut j = i;
+        while j > 0 && item.0.total_cmp(&v[j - 1].0) == std::cmp::Ordering::Greater {
+            v[j] = v[j - 1];
+            j -= 1;
+        }
+        v[j] = item;
+    }
+}
+
 /// Solves engine j's water-filling for its price q: load(q) = k_j·Σ_i (r'_i − q)₊ with
 /// r'_i = u_k − n_kj + x⁰_i/k_j, where load(q) is the engine's best response. `sorted` holds the
 /// r'_i that can receive flow, descending (at least one, above the base price); the active count
@@ -693,7 +730,10 @@ fn solve_engine(curve: &Curve, k_j: f64, sorted: &[(f64, u32)], hint: f64) -> (f
     // The residual is computed to about 1e-15 × k_j·(|sum| + m·|q|) (prices near a shed
     // penalty are thousands of ms): below that, further steps only bounce on rounding.
     let rounding = 1e-15 * k_j * (sum.abs() + count * hi.abs());
-    let tolerance = (1e-12 * curve.cap().max(1e-9)).max(rounding);
+    // `max` without its NaN handling, the same value: the curve's floor is never NaN (and a NaN
+    // rounding level yields the floor either way).
+    let least = curve.load_tolerance();
+    let tolerance = if rounding > least { rounding } else { least };
     for _ in 0..100 {
         let (y, dy) = match at_hint.take() {
             Some(response) if q == hint => response,
