@@ -2,8 +2,8 @@
 //! TTFT and TBOT, the convex projection (properties) and the fits.
 
 use ilb_controlplane::profile::{
-    combine, fit_level, fit_piecewise, fit_queueing, project_convex_increasing, LatencyProfile, Objective,
-    Observation, ProfileError, QueueingPrior,
+    combine, fit_level, fit_piecewise, fit_queueing, fit_shape, project_convex_increasing, LatencyProfile,
+    Objective, Observation, ProfileError, QueueingPrior,
 };
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
@@ -194,6 +194,50 @@ fn level_fit_compares_bins_at_their_mean_load() {
     ];
     let fitted = fit_level(&curve, 0.0, 100.0, &observed);
     assert!((fitted.latency_ms(82.5, 100.0) - 62.5).abs() < 1e-9, "{}", fitted.latency_ms(82.5, 100.0));
+}
+
+#[test]
+fn shape_fit_follows_dense_data_and_keeps_the_prior_elsewhere() {
+    // The prior is too steep near capacity: the fleet runs 70–85 % of capacity with latency
+    // rising linearly from 60 to 75 ms, where the prior says 73–107 ms.
+    let capacity = 100.0;
+    let prior = LatencyProfile::Queueing { t0_ms: 50.0, b_ms: 10.0 };
+    let truth = |load: f64| 60.0 + (load - 70.0);
+    let observed: Vec<Observation> = (0..=150)
+        .map(|i| {
+            let load = 70.0 + f64::from(i) * 0.1;
+            Observation { load_rps: load, latency_ms: truth(load), weight: 1000.0 }
+        })
+        .collect();
+    let LatencyProfile::Piecewise(knots) = fit_shape(&prior, 200.0, capacity, &observed) else {
+        panic!("a shaped fit is piecewise");
+    };
+    let fitted = LatencyProfile::Piecewise(knots.clone());
+    assert_convex_increasing(&knots, 100.0);
+    // Where the data are, the curve is theirs (within the convex projection's smoothing).
+    for load in [72.5, 77.5, 82.5] {
+        let error = fitted.latency_ms(load, capacity) - truth(load);
+        assert!(error.abs() < 1.0, "{load}: {} against {}", fitted.latency_ms(load, capacity), truth(load));
+    }
+    // Below the data the prior's shape is scaled by the nearest data, so its level follows
+    // (the prior is 23 % above the truth at 72.5 req/s) and the curve still rises towards them.
+    let idle = fitted.latency_ms(0.0, capacity);
+    assert!(idle < 50.0 && idle > 30.0, "idle {idle}");
+    // Beyond the data it keeps rising steeply, as the prior does.
+    assert!(fitted.latency_ms(95.0, capacity) > truth(95.0) + 20.0, "{knots:?}");
+    // The prior's weight pulls a thinly observed bin towards the prior.
+    let thin = [Observation { load_rps: 50.0, latency_ms: 40.0, weight: 200.0 }];
+    let half_way = fit_shape(&prior, 200.0, capacity, &thin).latency_ms(50.0, capacity);
+    assert!((half_way - 50.0).abs() < 1e-6, "{half_way}");
+    // Nothing usable (at capacity, NaN, weightless) or no capacity: the prior unchanged.
+    let unusable = [
+        Observation { load_rps: 100.0, latency_ms: 500.0, weight: 10.0 },
+        Observation { load_rps: f64::NAN, latency_ms: 50.0, weight: 10.0 },
+        Observation { load_rps: 50.0, latency_ms: 500.0, weight: 0.0 },
+    ];
+    assert_eq!(fit_shape(&prior, 200.0, capacity, &unusable), prior);
+    assert_eq!(fit_shape(&prior, 200.0, 0.0, &observed), prior);
+    assert_eq!(fit_shape(&prior, f64::NAN, f64::INFINITY, &observed), prior);
 }
 
 #[test]

@@ -11,10 +11,15 @@
 //! Measured curve (a shape profiled offline, e.g. by a calibration run): its shape is kept and
 //! its level follows the observations, scaled by their latency relative to the curve.
 //!
+//! Shape: where observations are dense, a curve (queueing or measured) is replaced by the
+//! observations' binned means, blended with the curve by weight, and kept elsewhere, scaled to
+//! the nearest data; the result is projected onto convex non-decreasing curves. This is what
+//! the control plane plans with.
+//!
 //! Piecewise shape: observations are binned to the nearest knot, averaged, and projected onto
 //! convex non-decreasing curves, weighted by the bins' observation weights.
 
-use super::{project_convex_increasing_weighted, LatencyProfile};
+use super::{project_convex_increasing_weighted, LatencyProfile, GRID_MAX_UTILISATION};
 
 /// One observed operating point of an engine.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -132,6 +137,80 @@ pub fn fit_level(
     // The prior: `prior_weight` observations at the bins' mean predicted latency.
     let anchor = if prior_weight.is_finite() { prior_weight.max(0.0) * predicted / weight } else { 0.0 };
     prior.scaled((observed + anchor) / (predicted + anchor))
+}
+
+/// Reshapes `prior` to the observations where they are dense, for curves whose offline shape
+/// is right in general but not at the loads the fleet actually runs (the fleet's engines see
+/// other cache hit rates, bursts and load changes than a profiling run does). Observations are
+/// binned by load (5 % of capacity wide, as in [`fit_level`]); in each bin with data the curve
+/// goes through the weighted mean of the bin's mean observed latency, at its mean load, and of
+/// the prior there, the prior counting as `prior_weight` observations. Bins without data keep
+/// the prior's shape scaled by the nearest bin with data, and a last knot at 98 % of capacity
+/// keeps the prior's steepness beyond the data. The knots are projected onto convex
+/// non-decreasing curves weighted by their observation weights. Returns the prior unchanged
+/// when no observation is usable (finite, weighted, below 99 % of `capacity_rps`) or the
+/// capacity is not positive.
+pub fn fit_shape(
+    prior: &LatencyProfile,
+    prior_weight: f64,
+    capacity_rps: f64,
+    observations: &[Observation],
+) -> LatencyProfile {
+    if !(capacity_rps.is_finite() && capacity_rps > 0.0) {
+        return prior.clone();
+    }
+    let prior_weight = if prior_weight.is_finite() { prior_weight.max(0.0) } else { 0.0 };
+    let width = LEVEL_BIN * capacity_rps;
+    let count = (MAX_FIT_UTILISATION / LEVEL_BIN).ceil() as usize;
+    // Per bin: Σw, Σw·load, Σw·latency.
+    let mut bins = vec![(0.0, 0.0, 0.0); count];
+    for observation in observations {
+        let Observation { load_rps, latency_ms, weight } = *observation;
+        if observation.usable(capacity_rps) {
+            let bin = &mut bins[((load_rps / width) as usize).min(count - 1)];
+            bin.0 += weight;
+            bin.1 += weight * load_rps;
+            bin.2 += weight * latency_ms;
+        }
+    }
+    // Per bin with data: (mean load, posterior latency, weight, posterior / prior).
+    let fitted: Vec<Option<(f64, f64, f64, f64)>> = bins
+        .iter()
+        .map(|&(w, load, latency)| {
+            let load = load / w;
+            let curve = prior.latency_ms(load, capacity_rps);
+            (w > 0.0 && curve.is_finite() && curve > 0.0).then(|| {
+                let posterior = (latency + prior_weight * curve) / (w + prior_weight);
+                (load, posterior, w + prior_weight, posterior / curve)
+            })
+        })
+        .collect();
+    if fitted.iter().all(Option::is_none) {
+        return prior.clone();
+    }
+    // The ratio of the nearest bin with data (the lower one on a tie).
+    let nearest_ratio = |index: usize| -> f64 {
+        (0..count)
+            .flat_map(|distance| [index.checked_sub(distance), Some(index + distance)])
+            .flatten()
+            .find_map(|j| fitted.get(j).copied().flatten())
+            .map_or(1.0, |(_, _, _, ratio)| ratio)
+    };
+    let anchor_weight = prior_weight.max(f64::MIN_POSITIVE);
+    let anchor = |load: f64, ratio: f64| {
+        let curve = prior.latency_ms(load, capacity_rps);
+        curve.is_finite().then_some((load, curve * ratio, anchor_weight))
+    };
+    let mut knots: Vec<(f64, f64, f64)> = Vec::with_capacity(count + 2);
+    knots.extend(anchor(0.0, nearest_ratio(0)));
+    knots.extend(anchor(GRID_MAX_UTILISATION * capacity_rps, nearest_ratio(count - 1)));
+    for (index, bin) in fitted.iter().enumerate() {
+        knots.extend(match *bin {
+            Some((load, latency, weight, _)) => Some((load, latency, weight)),
+            None => anchor((index as f64 + 0.5) * width, nearest_ratio(index)),
+        });
+    }
+    LatencyProfile::Piecewise(project_convex_increasing_weighted(&knots))
 }
 
 /// Weighted sums of the 2 × 2 normal equations for latency = t0 + b·x.

@@ -19,7 +19,7 @@ mod convex;
 mod fit;
 
 pub use convex::{project_convex_increasing, project_convex_increasing_weighted};
-pub use fit::{fit_level, fit_piecewise, fit_queueing, Observation, QueueingPrior};
+pub use fit::{fit_level, fit_piecewise, fit_queueing, fit_shape, Observation, QueueingPrior};
 
 use serde::{Deserialize, Serialize};
 
@@ -62,7 +62,7 @@ pub enum ProfileError {
 /// Sampling points used when a curve has to be tabulated ([`combine`] of non-queueing shapes).
 const GRID_POINTS: usize = 32;
 /// A queueing curve is tabulated up to this fraction of capacity, where it is finite.
-const GRID_MAX_UTILISATION: f64 = 0.98;
+pub(crate) const GRID_MAX_UTILISATION: f64 = 0.98;
 
 impl LatencyProfile {
     /// Checks the invariants the optimizer relies on (it still wants [`Self::convexified`]).
