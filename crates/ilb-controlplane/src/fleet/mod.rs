@@ -506,9 +506,9 @@ impl Fleet {
     /// signal. Either curve is then reshaped to the observations where they are dense
     /// ([`fit_shape`]): a queueing curve whose pole is the configured capacity cannot follow an
     /// engine whose latency is queueing-shaped with another pole, and a curve profiled on one
-    /// engine alone is steeper at the top than the fleet's engines are (on the fleet simulator's
-    /// `global-day` an H100's measured TBOT curve said 19.4 ms at 23.6 req/s where the fleet's
-    /// H100s showed 18.0, and the queueing fit said 15.8 ms at 5 req/s against 8.7 observed).
+    /// engine alone is steeper at the top than the fleet's engines are (figures from the fleet
+    /// simulator's `global-day` in crates/ilb-fleet-sim/README.md, "Curves shaped where the
+    /// fleet runs").
     ///
     /// Twins (engines of one model, profile, replica count and capacity) are fitted together
     /// first, and each engine's own observations then only scale the twins' curve, against a
