@@ -16,6 +16,7 @@ mod linalg;
 mod pass;
 mod problem;
 mod publish;
+mod shadow;
 mod solution;
 mod solver;
 mod stability;
