@@ -71,7 +71,7 @@ impl<'a> Aggregation<'a> {
                 values.extend(hinted_reps.iter().map(|&k| column[k]));
             }
             if ok {
-                return Self::from_reps(rep, network.select_rows(&hinted_reps, values));
+                return Self::from_reps(rep, m, values);
             }
         }
         let mut hash = vec![0x243F_6A88_85A3_08D3u64; n];
@@ -109,12 +109,12 @@ impl<'a> Aggregation<'a> {
             }
             values.extend(reps.iter().map(|&k| column[k]));
         }
-        Self::from_reps(&rep, network.select_rows(&reps, values))
+        Self::from_reps(&rep, m, values)
     }
 
     /// The grouping where class k's group is that of its representative `rep[k]` (groups in the
-    /// order of their representatives), with the group matrix `network`.
-    fn from_reps(rep: &[usize], network: NetworkMatrix) -> Self {
+    /// order of their representatives), with the group matrix `values` (engine-major).
+    fn from_reps(rep: &[usize], m: usize, values: Vec<f64>) -> Self {
         let n = rep.len();
         let mut class_group = vec![u32::MAX; n];
         let mut g_count = 0u32;
@@ -141,7 +141,12 @@ impl<'a> Aggregation<'a> {
             members[fill[g as usize]] = k as u32;
             fill[g as usize] += 1;
         }
-        Aggregation { class_group, member_start, members, network: Cow::Owned(network) }
+        Aggregation {
+            class_group,
+            member_start,
+            members,
+            network: Cow::Owned(NetworkMatrix::from_engine_major(g_count, m, values)),
+        }
     }
 
     /// Every class its own group.

@@ -16,7 +16,6 @@ mod linalg;
 mod pass;
 mod problem;
 mod publish;
-mod shadow;
 mod solution;
 mod solver;
 mod stability;

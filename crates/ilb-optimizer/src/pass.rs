@@ -13,7 +13,6 @@ use std::sync::Arc;
 use crate::aggregate::Aggregation;
 use crate::curve::Curve;
 use crate::problem::{Latency, NetworkMatrix, Problem};
-use crate::shadow::Screen;
 
 /// The engines' processed curves with the inputs they were built from (ρ, and each engine's
 /// capacity and latency, as bits). A warm start keeps them, and the next solve reuses them when
@@ -233,8 +232,6 @@ pub(crate) struct Candidates {
     window: Vec<u32>,
     /// Scratch: the largest reduced cost of each block of eight classes of one engine.
     blocks: Vec<f64>,
-    /// Scratch of the scan through the matrix's shadow.
-    screen: Screen,
 }
 
 impl Candidates {
@@ -260,16 +257,6 @@ impl Candidates {
         self.net.reserve(expected);
         self.prev.reserve(expected);
         self.start.push(0);
-        // The shadow screens the columns when the prices are finite (below `shadow::LIMIT`) or −∞
-        // and the width finite and ≥ 0, which its error bound assumes; otherwise every column is
-        // scanned exactly, as without one.
-        let screened = match model.network.shadow() {
-            Some(s) if self.screen.prepare(u, width) => {
-                self.screen.screen_all(s, n, &model.engine_on, width);
-                true
-            }
-            _ => false,
-        };
         for j in 0..m {
             if j == m / 32 && j > 0 {
                 // Extrapolate from the first engines (plus an eighth) and reserve once more.
@@ -281,16 +268,13 @@ impl Candidates {
             }
             if model.engine_on[j] && n > 0 {
                 let column = model.network.engine_column(j);
-                // The classes within the window, ascending: screened through the shadow (half the
-                // bytes; the exact values read for the few it admits), or by one
-                // exact compare per pair, the few that pass then checked. Forbidden pairs are +∞
-                // and classes without demand have u = −∞.
-                if !(screened && self.screen.window(j, u, column, width, &mut self.window)) {
-                    let threshold = best_reduced_cost(u, column, &mut self.blocks) - width;
-                    window_classes(u, column, threshold, &self.blocks, &mut self.window);
-                }
+                // Forbidden pairs are +∞ and classes without demand have u = −∞.
+                let threshold = best_reduced_cost(u, column, &mut self.blocks) - width;
                 let (p_lo, p_hi) = if have_prev { (prev.start[j], prev.start[j + 1]) } else { (0, 0) };
                 let allowed = |k: usize| column[k].is_finite() && model.class_on[k];
+                // The classes within the window, ascending (one compare per pair, the few that
+                // pass are checked).
+                window_classes(u, column, threshold, &self.blocks, &mut self.window);
                 if p_lo == p_hi {
                     for &k in &self.window {
                         let k = k as usize;
@@ -349,7 +333,6 @@ impl Candidates {
             width: self.width,
             window: Vec::new(),
             blocks: Vec::new(),
-            screen: Screen::default(),
         }
     }
 

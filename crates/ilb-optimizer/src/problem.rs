@@ -6,8 +6,6 @@
 //! is class-major rows, as people write it.
 
 use serde::{Deserialize, Serialize};
-
-use crate::shadow::Shadow;
 use thiserror::Error;
 
 /// One routing problem (one model). See the crate README for the math.
@@ -59,25 +57,12 @@ pub enum Latency {
 /// Network latency in ms for every (class, engine) pair; `None` (JSON `null`) = forbidden.
 ///
 /// Invariant: every stored value is finite and ≥ 0 or `+∞` (forbidden); the constructors check it.
-///
-/// It also keeps a shadow of the values rounded to f32 (built with the matrix: 4 bytes per entry
-/// and 8 per engine, half as much again as the values) that the solver's candidate-list rebuild
-/// screens instead of the f64 values; see `shadow`.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct NetworkMatrix {
     n_classes: usize,
     n_engines: usize,
     /// `values[engine_idx * n_classes + class_idx]`; `f64::INFINITY` where forbidden.
     values: Vec<f64>,
-    /// Derived from `values` (so not compared); `None` for the solver's internal matrices that do
-    /// not need one.
-    shadow: Option<Shadow>,
-}
-
-impl PartialEq for NetworkMatrix {
-    fn eq(&self, other: &Self) -> bool {
-        self.n_classes == other.n_classes && self.n_engines == other.n_engines && self.values == other.values
-    }
 }
 
 /// Why a problem was rejected.
@@ -126,13 +111,7 @@ impl NetworkMatrix {
                 });
             }
         }
-        Ok(Self::with_shadow(n_classes, n_engines, values))
-    }
-
-    /// The matrix with its shadow (`values` satisfy the invariant).
-    fn with_shadow(n_classes: usize, n_engines: usize, values: Vec<f64>) -> Self {
-        let shadow = Shadow::build(n_classes, &values);
-        Self { n_classes, n_engines, values, shadow }
+        Ok(Self { n_classes, n_engines, values })
     }
 
     /// As [`Self::from_fn`] for callers whose values are finite and ≥ 0 by construction.
@@ -149,27 +128,13 @@ impl NetworkMatrix {
                 values.push(v);
             }
         }
-        Self::with_shadow(n_classes, n_engines, values)
+        Self { n_classes, n_engines, values }
     }
 
-    /// Wraps engine-major values that already satisfy the invariant (the solver's coarse and
-    /// group matrices), without a shadow.
+    /// Wraps engine-major values that already satisfy the invariant (the solver's group matrix).
     pub(crate) fn from_engine_major(n_classes: usize, n_engines: usize, values: Vec<f64>) -> Self {
         debug_assert_eq!(values.len(), n_classes * n_engines);
-        Self { n_classes, n_engines, values, shadow: None }
-    }
-
-    /// The matrix whose column j is rows `rows` of this one's column j, given as `values`
-    /// (engine-major), with the shadow of those rows of this one's (the solver's group matrix).
-    pub(crate) fn select_rows(&self, rows: &[usize], values: Vec<f64>) -> Self {
-        debug_assert_eq!(values.len(), rows.len() * self.n_engines);
-        let shadow = self.shadow.as_ref().map(|s| s.select_rows(self.n_classes, rows));
-        Self { n_classes: rows.len(), n_engines: self.n_engines, values, shadow }
-    }
-
-    /// The shadow, if there is one.
-    pub(crate) fn shadow(&self) -> Option<&Shadow> {
-        self.shadow.as_ref()
+        Self { n_classes, n_engines, values }
     }
 
     /// Builds the matrix from class-major rows, as in the JSON format.
@@ -200,7 +165,7 @@ impl NetworkMatrix {
             }
             values[engine * n_classes + class] = value;
         }
-        Ok(Self::with_shadow(n_classes, n_engines, values))
+        Ok(Self { n_classes, n_engines, values })
     }
 
     pub fn n_classes(&self) -> usize {
