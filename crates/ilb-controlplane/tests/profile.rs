@@ -24,6 +24,15 @@ fn assert_convex_increasing(curve: &[(f64, f64)], scale: f64) {
     }
 }
 
+/// Observations every fit skips on an engine of capacity 100: at capacity, NaN, weightless.
+fn unusable_at_capacity_100() -> [Observation; 3] {
+    [
+        Observation { load_rps: 100.0, latency_ms: 500.0, weight: 10.0 },
+        Observation { load_rps: f64::NAN, latency_ms: 50.0, weight: 10.0 },
+        Observation { load_rps: 50.0, latency_ms: 500.0, weight: 0.0 },
+    ]
+}
+
 #[test]
 fn json_shapes_match_the_optimizer() {
     let queueing = LatencyProfile::Queueing { t0_ms: 60.0, b_ms: 15.0 };
@@ -173,11 +182,7 @@ fn level_fit_scales_a_measured_curve_to_what_is_observed() {
     let ratio = fit_level(&curve, 150.0, capacity, &observed).latency_ms(50.0, capacity) / 50.0;
     assert!((ratio - 1.05).abs() < 1e-12, "{ratio}");
     // Loads at capacity, NaN and weightless observations are ignored; nothing usable keeps the curve.
-    let unusable = [
-        Observation { load_rps: 100.0, latency_ms: 500.0, weight: 10.0 },
-        Observation { load_rps: f64::NAN, latency_ms: 50.0, weight: 10.0 },
-        Observation { load_rps: 50.0, latency_ms: 500.0, weight: 0.0 },
-    ];
+    let unusable = unusable_at_capacity_100();
     assert_eq!(fit_level(&curve, 0.0, capacity, &unusable), curve);
     assert_eq!(fit_level(&curve, 0.0, 0.0, &observed), curve);
 }
@@ -230,11 +235,7 @@ fn shape_fit_follows_dense_data_and_keeps_the_prior_elsewhere() {
     let half_way = fit_shape(&prior, 200.0, capacity, &thin).latency_ms(50.0, capacity);
     assert!((half_way - 50.0).abs() < 1e-6, "{half_way}");
     // Nothing usable (at capacity, NaN, weightless) or no capacity: the prior unchanged.
-    let unusable = [
-        Observation { load_rps: 100.0, latency_ms: 500.0, weight: 10.0 },
-        Observation { load_rps: f64::NAN, latency_ms: 50.0, weight: 10.0 },
-        Observation { load_rps: 50.0, latency_ms: 500.0, weight: 0.0 },
-    ];
+    let unusable = unusable_at_capacity_100();
     assert_eq!(fit_shape(&prior, 200.0, capacity, &unusable), prior);
     assert_eq!(fit_shape(&prior, 200.0, 0.0, &observed), prior);
     assert_eq!(fit_shape(&prior, f64::NAN, f64::INFINITY, &observed), prior);

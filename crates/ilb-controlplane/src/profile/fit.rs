@@ -90,6 +90,24 @@ pub fn fit_queueing(prior: QueueingPrior, capacity_rps: f64, observations: &[Obs
 /// Width of the load bins of [`fit_level`], as a fraction of capacity.
 const LEVEL_BIN: f64 = 0.05;
 
+/// The usable observations binned by load, `LEVEL_BIN` of `capacity_rps` (finite, > 0) wide,
+/// from idle to `MAX_FIT_UTILISATION`: per bin Σw, Σw·load, Σw·latency.
+fn load_bins(capacity_rps: f64, observations: &[Observation]) -> Vec<(f64, f64, f64)> {
+    let width = LEVEL_BIN * capacity_rps;
+    let mut bins = vec![(0.0, 0.0, 0.0); (MAX_FIT_UTILISATION / LEVEL_BIN).ceil() as usize];
+    let last = bins.len() - 1;
+    for observation in observations {
+        let Observation { load_rps, latency_ms, weight } = *observation;
+        if observation.usable(capacity_rps) {
+            let bin = &mut bins[((load_rps / width) as usize).min(last)];
+            bin.0 += weight;
+            bin.1 += weight * load_rps;
+            bin.2 += weight * latency_ms;
+        }
+    }
+    bins
+}
+
 /// Scales `prior` by how the observed latencies compare with it, for a curve whose shape is
 /// trusted (measured offline) but whose level drifts in production (cache hit rates,
 /// burstiness). Observations are binned by load (5 % of capacity wide); the factor is the ratio
@@ -109,19 +127,7 @@ pub fn fit_level(
     if !(capacity_rps.is_finite() && capacity_rps > 0.0) {
         return prior.clone();
     }
-    let width = LEVEL_BIN * capacity_rps;
-    // Per bin: Σw, Σw·load, Σw·latency.
-    let mut bins = vec![(0.0, 0.0, 0.0); (MAX_FIT_UTILISATION / LEVEL_BIN).ceil() as usize + 1];
-    for observation in observations {
-        let Observation { load_rps, latency_ms, weight } = *observation;
-        if observation.usable(capacity_rps) {
-            let last = bins.len() - 1;
-            let bin = &mut bins[((load_rps / width) as usize).min(last)];
-            bin.0 += weight;
-            bin.1 += weight * load_rps;
-            bin.2 += weight * latency_ms;
-        }
-    }
+    let bins = load_bins(capacity_rps, observations);
     let (mut weight, mut observed, mut predicted) = (0.0, 0.0, 0.0);
     for &(w, load, latency) in &bins {
         let curve = if w > 0.0 { prior.latency_ms(load / w, capacity_rps) } else { 0.0 };
@@ -161,18 +167,8 @@ pub fn fit_shape(
     }
     let prior_weight = if prior_weight.is_finite() { prior_weight.max(0.0) } else { 0.0 };
     let width = LEVEL_BIN * capacity_rps;
-    let count = (MAX_FIT_UTILISATION / LEVEL_BIN).ceil() as usize;
-    // Per bin: Σw, Σw·load, Σw·latency.
-    let mut bins = vec![(0.0, 0.0, 0.0); count];
-    for observation in observations {
-        let Observation { load_rps, latency_ms, weight } = *observation;
-        if observation.usable(capacity_rps) {
-            let bin = &mut bins[((load_rps / width) as usize).min(count - 1)];
-            bin.0 += weight;
-            bin.1 += weight * load_rps;
-            bin.2 += weight * latency_ms;
-        }
-    }
+    let bins = load_bins(capacity_rps, observations);
+    let count = bins.len();
     // Per bin with data: (mean load, posterior latency, weight, posterior / prior).
     let fitted: Vec<Option<(f64, f64, f64, f64)>> = bins
         .iter()
