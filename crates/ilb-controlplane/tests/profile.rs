@@ -341,6 +341,30 @@ proptest! {
     }
 
     #[test]
+    fn shape_fit_is_always_a_valid_convex_curve(
+        t0 in 0.0f64..500.0,
+        b in 0.0f64..100.0,
+        capacity in 0.5f64..2000.0,
+        prior_weight in prop_oneof![Just(0.0), 0.0f64..1e5],
+        points in prop::collection::vec((-0.1f64..1.2, 0.0f64..5000.0, -1.0f64..1e4), 0..60),
+    ) {
+        // Loads from below idle to past capacity, latencies anywhere, weights of both signs.
+        let prior = LatencyProfile::Queueing { t0_ms: t0, b_ms: b };
+        let observations: Vec<Observation> = points
+            .iter()
+            .map(|&(f, latency_ms, weight)| Observation { load_rps: f * capacity, latency_ms, weight })
+            .collect();
+        match fit_shape(&prior, prior_weight, capacity, &observations) {
+            LatencyProfile::Piecewise(knots) => {
+                prop_assert!(LatencyProfile::Piecewise(knots.clone()).validate().is_ok(), "{:?}", knots);
+                let scale = knots.iter().map(|k| k.1).fold(1.0, f64::max);
+                assert_convex_increasing(&knots, scale);
+            }
+            unchanged => prop_assert_eq!(unchanged, prior),
+        }
+    }
+
+    #[test]
     fn fit_recovers_random_queueing_parameters(t0 in 5.0f64..500.0, b in 0.5f64..100.0, capacity in 5.0f64..2000.0) {
         let truth = LatencyProfile::Queueing { t0_ms: t0, b_ms: b };
         let observations: Vec<Observation> = (1..=20)

@@ -206,7 +206,9 @@ pub fn fit_shape(
             None => anchor((index as f64 + 0.5) * width, nearest_ratio(index)),
         });
     }
-    LatencyProfile::Piecewise(project_convex_increasing_weighted(&knots))
+    // Every input latency is ≥ 0; the projection's rounding can leave a flat start at -1e-13.
+    let projected = project_convex_increasing_weighted(&knots);
+    LatencyProfile::Piecewise(projected.into_iter().map(|(load, ms)| (load, ms.max(0.0))).collect())
 }
 
 /// Weighted sums of the 2 × 2 normal equations for latency = t0 + b·x.
