@@ -206,9 +206,7 @@ pub fn fit_shape(
             None => anchor((index as f64 + 0.5) * width, nearest_ratio(index)),
         });
     }
-    // Every input latency is ≥ 0; the projection's rounding can leave a flat start at -1e-13.
-    let projected = project_convex_increasing_weighted(&knots);
-    LatencyProfile::Piecewise(projected.into_iter().map(|(load, ms)| (load, ms.max(0.0))).collect())
+    LatencyProfile::convex_latencies(project_convex_increasing_weighted(&knots))
 }
 
 /// Weighted sums of the 2 × 2 normal equations for latency = t0 + b·x.
@@ -287,5 +285,5 @@ pub fn fit_piecewise(observations: &[Observation], knot_loads: &[f64]) -> Option
     if points.len() < 2 {
         return None;
     }
-    Some(LatencyProfile::Piecewise(project_convex_increasing_weighted(&points)))
+    Some(LatencyProfile::convex_latencies(project_convex_increasing_weighted(&points)))
 }

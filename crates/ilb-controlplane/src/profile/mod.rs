@@ -115,13 +115,22 @@ impl LatencyProfile {
         }
     }
 
+    /// A projected convex non-decreasing curve as a profile, its latencies clamped at 0: the
+    /// least-squares projection of non-negative latencies can dip below zero at its start
+    /// (rounding on a flat start at 0 gave −4.5e-13 in the shape fit's property test; data
+    /// rising concavely from 0 can do it by more), and a profile takes no negative latency.
+    /// max(L, 0) of a convex non-decreasing L is still convex and non-decreasing.
+    pub(crate) fn convex_latencies(knots: Vec<(f64, f64)>) -> Self {
+        Self::Piecewise(knots.into_iter().map(|(load, ms)| (load, ms.max(0.0))).collect())
+    }
+
     /// The same profile, made safe for the optimizer: a piecewise curve is sorted, cleaned of
     /// non-finite knots and projected onto convex non-decreasing shapes. Queueing profiles
     /// are convex already and come back unchanged.
     pub fn convexified(&self) -> Self {
         match self {
             Self::Queueing { .. } => self.clone(),
-            Self::Piecewise(knots) => Self::Piecewise(project_convex_increasing(knots)),
+            Self::Piecewise(knots) => Self::convex_latencies(project_convex_increasing(knots)),
         }
     }
 }
@@ -188,5 +197,5 @@ pub fn combine(
         })
         .filter(|(load, latency)| load.is_finite() && *load >= 0.0 && latency.is_finite())
         .collect();
-    LatencyProfile::Piecewise(project_convex_increasing(&knots))
+    LatencyProfile::convex_latencies(project_convex_increasing(&knots))
 }
