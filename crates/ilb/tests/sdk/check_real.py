@@ -78,15 +78,15 @@ def check_model(base, model, tokens):
     assert 0 < reply.usage.completion_tokens <= 8, reply.usage
     assert reply.usage.prompt_tokens > 0, reply.usage
 
-    # Streamed, with usage; the tokens must arrive one by one, not in one buffered burst: the
-    # first content chunk comes well before the last (a lower bound on the spread only, which
-    # load can only widen).
+    # Streamed, with usage, as many content chunks as the engine sends. How far apart they
+    # arrive is the engine's timing, not ilb's: on a loaded machine vLLM stalled 1.35 s and then
+    # sent 400 tokens within 65 ms, so the spread is printed, not asserted. That ilb forwards
+    # each chunk as it arrives is tested against an engine whose timing the test controls
+    # (`streams_chunks_as_they_arrive` in crates/ilb-dataplane/tests/proxy.rs).
     times, text, usage = timed_stream(c, model, "Count from one to fifty in words.", tokens, "incremental")
     assert text, "streamed no content"
     assert usage is not None and 0 < usage.completion_tokens <= tokens, usage
     assert len(times) >= 8, f"only {len(times)} content chunks"
-    spread = times[-1] - times[0]
-    assert spread >= 0.1, f"tokens did not arrive incrementally: first {times[0]:.3f}s, last {times[-1]:.3f}s"
     print(f"{model}: {len(times)} chunks, first after {times[0]:.3f}s, last after {times[-1]:.3f}s", flush=True)
 
     legacy = c.completions.create(model=model, prompt="Once upon a time", max_tokens=6, temperature=0)
