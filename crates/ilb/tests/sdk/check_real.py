@@ -4,9 +4,9 @@ on success is `real engine checks passed: ...`.
 
     check_real.py sdk BASE_URL MODEL=TOKENS [MODEL=TOKENS...]
         models, chat (plain and streamed with usage), legacy completions, the Responses API
-        (plain and streamed), an unknown model (NotFoundError), tokens arriving incrementally,
-        and 8 concurrent streams, for each model; TOKENS is the length of the stream whose
-        chunks must arrive spread out (a fast engine needs a long one).
+        (plain and streamed), an unknown model (NotFoundError), a stream of TOKENS tokens
+        arriving in at least 8 content chunks (how far apart is printed), and 8 concurrent
+        streams, for each model.
     check_real.py failover BASE_URL MODEL KILL_COMMAND
         12 workers stream requests to MODEL; after a few have finished, KILL_COMMAND (a shell
         command) kills one engine. Every request that had not started streaming when the engine
