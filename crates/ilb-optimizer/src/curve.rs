@@ -24,9 +24,6 @@ pub struct Curve {
     /// f'(0), kept: every pass asks for it twice per engine, and for the queueing shape it costs
     /// a division.
     base: f64,
-    /// 1e-12·max(cap, 1e-9): the load residual below which the water-filling stops, kept for the
-    /// same reason.
-    load_tolerance: f64,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -68,7 +65,6 @@ impl Curve {
                 shape: Shape::Queueing { t0: *t0_ms, b: b_ms.max(MIN_B_MS), c: capacity },
                 cap: capacity * rho.min(1.0 - POLE_MARGIN),
                 base: 0.0,
-                load_tolerance: 0.0,
             }
             .with_base(),
             Latency::Piecewise(points) => {
@@ -82,7 +78,7 @@ impl Curve {
                     (0..a.len().saturating_sub(1)).map(|i| a[i] + 2.0 * s[i] * breaks[i + 1]).collect();
                 let half_inverse = s.iter().map(|&si| 0.5 / si).collect();
                 let shape = Shape::Lines { a, s, breaks, starts, ends, half_inverse };
-                Curve { shape, cap: capacity * rho, base: 0.0, load_tolerance: 0.0 }.with_base()
+                Curve { shape, cap: capacity * rho, base: 0.0 }.with_base()
             }
         }
     }
@@ -106,21 +102,18 @@ impl Curve {
             load.push(y);
         }
         let cap = *load.last()?;
-        (load.len() >= 2).then(|| {
-            Curve { shape: Shape::Table { price, load, integral }, cap, base: 0.0, load_tolerance: 0.0 }
-                .with_base()
-        })
+        (load.len() >= 2)
+            .then(|| Curve { shape: Shape::Table { price, load, integral }, cap, base: 0.0 }.with_base())
     }
 
     fn with_base(mut self) -> Self {
         self.base = self.marginal(0.0);
-        self.load_tolerance = 1e-12 * self.cap.max(1e-9);
         self
     }
 
     /// 1e-12·max(cap, 1e-9) (req/s): where the engine's water-filling may stop.
     pub(crate) fn load_tolerance(&self) -> f64 {
-        self.load_tolerance
+        1e-12 * self.cap.max(1e-9)
     }
 
     /// Usable capacity ρ·c (req/s).

@@ -355,8 +355,8 @@ impl Candidates {
 /// The classes k with u_k − n_kj ≥ `threshold` in one engine's column, ascending, into `out`.
 /// `blocks` holds the largest u_k − n_kj of each full block of eight classes, as
 /// `best_reduced_cost` leaves it (the shorter remainder has none and is always scanned): a block
-/// below the threshold has no class in the window and is skipped (in a warm re-solve most are: a window holds a few classes of a region, 60 % of the
-/// blocks none). In the others eight compares form a mask (branch-free, so the compiler can
+/// below the threshold has no class in the window and is skipped (in a warm re-solve most are:
+/// a window holds a few classes of a region, 60 % of the blocks none). In the others eight compares form a mask (branch-free, so the compiler can
 /// vectorise them) and only the set bits are visited.
 fn window_classes(u: &[f64], column: &[f64], threshold: f64, blocks: &[f64], out: &mut Vec<u32>) {
     out.clear();
