@@ -326,6 +326,10 @@ pub fn snapshots(
     created_unix_ms: u64,
 ) -> BTreeMap<String, Snapshot> {
     let config = &fleet.config;
+    // A request is in flight for its network round trip and its engine latency; the latter
+    // is all of it only when the objective counts decode (under `ttft` the data planes
+    // compare in-flight counts with weights alone).
+    let counts_decode = matches!(config.objective(), crate::profile::Objective::TtftPlusDecode { .. });
     let (mut planned_load, mut capacity) = (0.0, 0.0);
     for (plan, solution) in plans.iter().zip(solutions) {
         if let Some(s) = solution {
@@ -350,11 +354,16 @@ pub fn snapshots(
                         None => plan.capacity_rps[j],
                     };
                     engines_used.insert(fleet_idx);
+                    let expected_latency_ms = solution.map(|s| s.engines[j].expected_latency_ms);
                     weights.push(EngineWeight {
                         engine: EngineId::new(&config.engines[fleet_idx].id),
                         weight,
-                        expected_latency_ms: solution.map(|s| s.engines[j].expected_latency_ms),
+                        expected_latency_ms,
                         network_ms: Some(network),
+                        in_flight_ms: expected_latency_ms
+                            .filter(|_| counts_decode)
+                            .map(|ms| ms + network)
+                            .filter(|ms| ms.is_finite() && *ms > 0.0),
                     });
                 }
                 if weights.iter().all(|w| w.weight <= 0.0) {

@@ -297,6 +297,7 @@ fn snapshot_of(dp: &DataPlane) -> Box<Snapshot> {
                             weight: cand.weight,
                             expected_latency_ms: None,
                             network_ms: None,
+                            in_flight_ms: None,
                         })
                         .collect(),
                     shed_fraction: c.shed_fraction,

@@ -25,6 +25,7 @@ fn snapshot(n: usize, skew: f64) -> Snapshot {
             weight: 1.0 + skew * ((i * 7919) % 13) as f64,
             expected_latency_ms: None,
             network_ms: None,
+            in_flight_ms: None,
         })
         .collect();
     Snapshot {

@@ -101,6 +101,14 @@ pub struct EngineWeight {
     /// Network latency from this cluster to the engine, for explanations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_ms: Option<f64>,
+    /// How long the plan expects a request of this class to be in flight on this engine
+    /// (network, time to first token and decode), ms. By Little's law an engine holds its rate
+    /// times this many requests, so when every weighted candidate of a class has it, the data
+    /// plane's load bound and placement by load compare an engine's requests in flight with
+    /// its share of weight × in-flight time, not with its weight alone (a slow engine holding
+    /// twice a fast one's requests per unit of rate is not overloaded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_flight_ms: Option<f64>,
 }
 
 /// Why a snapshot was rejected. The message names the offending item.
@@ -195,6 +203,12 @@ impl Snapshot {
                         return Err(invalid(format!(
                             "{ctx}: weight {} of engine '{}' is not a finite non-negative number",
                             w.weight, w.engine
+                        )));
+                    }
+                    if let Some(ms) = w.in_flight_ms.filter(|ms| !(ms.is_finite() && *ms > 0.0)) {
+                        return Err(invalid(format!(
+                            "{ctx}: in_flight_ms {ms} of engine '{}' is not a positive number",
+                            w.engine
                         )));
                     }
                     total += w.weight;

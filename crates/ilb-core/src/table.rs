@@ -53,6 +53,22 @@ pub fn within_load_bound(in_flight: f64, weight: f64, class_in_flight: f64) -> b
     in_flight < (LOAD_BOUND * expected + LOAD_SLACK * expected.sqrt()).ceil()
 }
 
+/// Each candidate's share of its class's requests in flight (see [`Candidate::load_share`]).
+fn load_shares(weights: &[crate::snapshot::EngineWeight]) -> Vec<f64> {
+    let total: f64 = weights.iter().map(|w| w.weight).sum();
+    let in_flight: Option<Vec<f64>> = weights
+        .iter()
+        .map(|w| if w.weight > 0.0 { w.in_flight_ms.map(|ms| w.weight * ms) } else { Some(0.0) })
+        .collect();
+    match in_flight {
+        Some(v) if v.iter().sum::<f64>() > 0.0 => {
+            let sum: f64 = v.iter().sum();
+            v.into_iter().map(|x| x / sum).collect()
+        }
+        _ => weights.iter().map(|w| w.weight / total).collect(),
+    }
+}
+
 /// The immutable routing table for one cluster.
 #[derive(Debug)]
 pub struct RoutingTable {
@@ -101,6 +117,11 @@ pub struct Candidate {
     pub weight: f64,
     pub expected_latency_ms: Option<f64>,
     pub network_ms: Option<f64>,
+    /// The candidate's expected share of its class's requests in flight: weight × in-flight
+    /// time, normalised over the class, when every weighted candidate has an in-flight time
+    /// (`EngineWeight::in_flight_ms`), else the weight. The load bound and placement by load
+    /// compare in-flight counts with it.
+    pub load_share: f64,
 }
 
 /// What a request asks of the engine that serves it.
@@ -151,14 +172,17 @@ impl RoutingTable {
                 .iter()
                 .map(|class| {
                     let total: f64 = class.weights.iter().map(|w| w.weight).sum();
+                    let shares = load_shares(&class.weights);
                     let candidates: Vec<Candidate> = class
                         .weights
                         .iter()
-                        .map(|w| Candidate {
+                        .zip(shares)
+                        .map(|(w, load_share)| Candidate {
                             engine_idx: engine_index[w.engine.as_str()],
                             weight: w.weight / total,
                             expected_latency_ms: w.expected_latency_ms,
                             network_ms: w.network_ms,
+                            load_share,
                         })
                         .collect();
                     let candidate_ids: Vec<EngineId> =
@@ -346,7 +370,7 @@ impl ClassTable {
         load: &dyn Fn(usize) -> f64,
     ) -> Option<usize> {
         let home = self.pick(key_hash, bounded).filter(|p| !p.fallback)?.candidate;
-        let (wr, wh) = (self.candidates[remembered].weight, self.candidates[home].weight);
+        let (wr, wh) = (self.candidates[remembered].load_share, self.candidates[home].load_share);
         let stays = home == remembered
             || (load(remembered) + 1.0) * wh <= AFFINITY_KEEP_RATIO * (load(home) + 1.0) * wr;
         (!stays).then_some(home)
@@ -389,7 +413,7 @@ impl ClassTable {
         for attempt in first.probes..MAX_PROBES {
             let b = self.slots.probe(key_hash, attempt);
             if b < n && b != a && admit(b) {
-                let (wa, wb) = (self.candidates[a].weight, self.candidates[b].weight);
+                let (wa, wb) = (self.candidates[a].load_share, self.candidates[b].load_share);
                 // (load(b) + 1) / w(b) ≤ load(a) / w(a), without dividing by a zero weight.
                 let better = wb > 0.0 && (load(b) + 1.0) * wa <= load(a) * wb;
                 return Some(if better { b } else { a });

@@ -60,7 +60,7 @@ pub(crate) fn choose(
     let class_engine = &installed.class_engine_in_flight[class.seq];
     let load = |candidate: usize| class_engine[candidate].load(Relaxed) as f64;
     let bounded = |candidate: usize| {
-        within_load_bound(load(candidate), class.candidates[candidate].weight, class_load)
+        within_load_bound(load(candidate), class.candidates[candidate].load_share, class_load)
             && healthy(candidate)
             && has_room(candidate)
     };

@@ -191,6 +191,7 @@ pub fn equal_weight_snapshot(engines: &BTreeMap<String, Vec<String>>, version: u
                 weight: 1.0,
                 expected_latency_ms: None,
                 network_ms: None,
+                in_flight_ms: None,
             });
         }
         entries.push(EngineEntry {

@@ -505,6 +505,7 @@ async fn load_bound_counts_only_the_class_own_requests() {
         weight: 0.5,
         expected_latency_ms: None,
         network_ms: None,
+        in_flight_ms: None,
     };
     snap.models[0].classes.push(ClassRoutes {
         id: ClassId::new("x"),

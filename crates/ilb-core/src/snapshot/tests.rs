@@ -73,6 +73,19 @@ fn https_engines_are_allowed() {
 }
 
 #[test]
+fn in_flight_times_must_be_positive() {
+    let mut s = Snapshot::from_json(example_json().as_bytes()).unwrap();
+    for (ms, ok) in [(2500.0, true), (0.0, false), (-1.0, false), (f64::NAN, false), (f64::INFINITY, false)] {
+        s.models[0].classes[0].weights[0].in_flight_ms = Some(ms);
+        let result = s.validate();
+        assert_eq!(result.is_ok(), ok, "in_flight_ms {ms}: {result:?}");
+        if !ok {
+            assert!(result.unwrap_err().to_string().contains("in_flight_ms"));
+        }
+    }
+}
+
+#[test]
 fn nan_weights_are_rejected() {
     // JSON cannot spell NaN, but a snapshot built in code can carry one.
     let mut s = Snapshot::from_json(example_json().as_bytes()).unwrap();
@@ -118,7 +131,7 @@ proptest! {
         }).collect();
         s.models[0].classes.truncate(1);
         s.models[0].classes[0].weights = weights.iter().enumerate().map(|(i, &w)| EngineWeight {
-            engine: EngineId::new(format!("e{i}")), weight: w, expected_latency_ms: None, network_ms: None,
+            engine: EngineId::new(format!("e{i}")), weight: w, expected_latency_ms: None, network_ms: None, in_flight_ms: None,
         }).collect();
         let expect_ok = weights.iter().all(|w| w.is_finite() && *w >= 0.0) && weights.iter().sum::<f64>() > 0.0;
         prop_assert_eq!(s.validate().is_ok(), expect_ok);

@@ -167,11 +167,22 @@ fn new_keys_take_the_less_loaded_of_two_weighted_choices() {
 
 /// A table of one class over `weights.len()` engines `e0, e1, …` with these weights.
 fn weighted(weights: &[f64]) -> RoutingTable {
+    weighted_in_flight(weights, None)
+}
+
+/// As [`weighted`], each candidate with its in-flight time if given.
+fn weighted_in_flight(weights: &[f64], in_flight_ms: Option<&[f64]>) -> RoutingTable {
     let engines: Vec<String> = (0..weights.len())
         .map(|i| format!(r#"{{"id": "e{i}", "url": "http://127.0.0.1:{}", "region": "a"}}"#, 9000 + i))
         .collect();
-    let routes: Vec<String> =
-        weights.iter().enumerate().map(|(i, w)| format!(r#"{{"engine": "e{i}", "weight": {w}}}"#)).collect();
+    let routes: Vec<String> = weights
+        .iter()
+        .enumerate()
+        .map(|(i, w)| match in_flight_ms {
+            Some(ms) => format!(r#"{{"engine": "e{i}", "weight": {w}, "in_flight_ms": {}}}"#, ms[i]),
+            None => format!(r#"{{"engine": "e{i}", "weight": {w}}}"#),
+        })
+        .collect();
     let json = format!(
         r#"{{"format": 1, "version": 1, "created_unix_ms": 0, "cluster": "a", "utilisation": 0.5,
           "engines": [{}], "models": [{{"model": "m", "classes": [{{"id": "default", "weights": [{}]}}]}}]}}"#,
@@ -259,6 +270,62 @@ fn shares_follow_the_weights_when_keys_are_placed_by_load() {
             assert!(imbalance < 1.2, "by load, {imbalance:.3} requests off their share on average");
         } else {
             assert!(imbalance > 1.4, "by hash, {imbalance:.3} requests off their share on average");
+        }
+    }
+}
+
+/// Load shares are weight × in-flight time, normalised, when every weighted candidate has an
+/// in-flight time (a zero-weight candidate needs none), else the weights.
+#[test]
+fn load_shares_count_how_long_requests_stay() {
+    let shares = |t: &RoutingTable| -> Vec<f64> {
+        t.model("m").unwrap().classes[0].candidates.iter().map(|c| c.load_share).collect()
+    };
+    assert_eq!(shares(&weighted_in_flight(&[0.5, 0.5], Some(&[1000.0, 3000.0]))), vec![0.25, 0.75]);
+    assert_eq!(
+        shares(&weighted_in_flight(&[0.5, 0.5, 0.0], Some(&[1000.0, 3000.0, 9.0]))),
+        vec![0.25, 0.75, 0.0]
+    );
+    assert_eq!(shares(&weighted(&[0.25, 0.75])), vec![0.25, 0.75]);
+}
+
+/// Requests on e1 stay three times as long as on e0 (a slower engine, or a farther one): with
+/// equal weights e1 holds three times e0's requests in flight when each gets half the new
+/// conversations. With in-flight times in the snapshot, placement by load keeps both near
+/// their weight; comparing in-flight counts with the weights alone starves e1.
+#[test]
+fn placing_by_load_follows_the_weights_when_engines_hold_requests_for_different_times() {
+    use rand::{Rng, SeedableRng};
+    let weights = [0.5, 0.5];
+    for times in [Some(&[1000.0, 3000.0][..]), None] {
+        let t = weighted_in_flight(&weights, times);
+        let class = &t.model("m").unwrap().classes[0];
+        let mut rng = rand_pcg::Pcg64::seed_from_u64(5);
+        let mut loads = [0.0f64; 2];
+        let mut running: Vec<(usize, u32)> = Vec::new();
+        let mut placed = [0usize; 2];
+        let steps = 40_000u32;
+        for step in 0..steps {
+            running.retain(|&(c, until)| {
+                if until <= step {
+                    loads[c] -= 1.0;
+                }
+                until > step
+            });
+            let key = rng.gen::<u64>();
+            let c = class.pick_by_load(key, |_| true, |c| loads[c]).unwrap();
+            loads[c] += 1.0;
+            placed[c] += 1;
+            // Mean duration 4 steps on e0, 12 on e1: about 8 in flight.
+            let base = rng.gen_range(1..8);
+            running.push((c, step + if c == 0 { base } else { 3 * base }));
+        }
+        let share = placed[1] as f64 / f64::from(steps);
+        eprintln!("in-flight times {times:?}: e1 got {share:.3} of new keys");
+        if times.is_some() {
+            assert!((share - 0.5).abs() <= 0.05, "with in-flight times e1 got {share:.3} of new keys");
+        } else {
+            assert!(share < 0.4, "by weights alone e1 got {share:.3} of new keys");
         }
     }
 }

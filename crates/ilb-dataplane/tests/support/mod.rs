@@ -220,6 +220,7 @@ pub fn snapshot(version: u64, engines: &[(&str, String, f64)]) -> Snapshot {
                         weight: *w,
                         expected_latency_ms: None,
                         network_ms: None,
+                        in_flight_ms: None,
                     })
                     .collect(),
                 shed_fraction: 0.0,

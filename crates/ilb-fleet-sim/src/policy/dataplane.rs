@@ -226,7 +226,7 @@ impl DataPlanes {
         let bounded = |candidate: usize| {
             ilb_core::table::within_load_bound(
                 in_flight(candidate),
-                class.candidates[candidate].weight,
+                class.candidates[candidate].load_share,
                 class_load,
             ) && usable(candidate)
         };

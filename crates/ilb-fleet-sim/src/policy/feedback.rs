@@ -71,6 +71,7 @@ impl Feedback {
                         weight: if healthy[j] { self.weight[j] } else { 0.0 },
                         expected_latency_ms: None,
                         network_ms: None,
+                        in_flight_ms: None,
                     })
                     .collect();
                 if weights.iter().all(|w| w.weight <= 0.0) {
