@@ -70,13 +70,6 @@ pub struct ControlPlaneSettings {
     /// noise (√(rate / 2·smoothing) for Poisson arrivals), so that noise moves no traffic.
     /// 0 = plan with every measurement as it is. Default 3.
     pub demand_band_sigmas: f64,
-    /// Demand trend: time constant of the EWMA of each class's measured demand slope, ms. While
-    /// a class's demand rises, it is planned for where it will be when the plan is in force:
-    /// the measurement plus the slope times `smoothing_ms + solve_interval_ms` (the EWMA's lag
-    /// behind a ramp plus a plan's life until the next). A falling demand is planned as
-    /// measured: latency is convex in load, so planning a little high costs less than planning
-    /// low. 0 = plan the measurement. Default 30000.
-    pub demand_trend_ms: u64,
     /// Which latency the optimizer minimises.
     pub objective: ObjectiveSetting,
     /// Expected output tokens per request, for `objective = "ttft_plus_decode"`. Default 128.
@@ -156,7 +149,6 @@ impl Default for ControlPlaneSettings {
             stability_ms: 0.0,
             stability_tolerance: 0.001,
             demand_band_sigmas: 3.0,
-            demand_trend_ms: 30_000,
             objective: ObjectiveSetting::Ttft,
             expected_output_tokens: 128.0,
             shed_penalty_ms: [
@@ -529,9 +521,6 @@ impl FleetConfig {
         }
         if !(0.0..=10.0).contains(&cp.demand_band_sigmas) {
             return err("control_plane.demand_band_sigmas: must be in [0, 10]");
-        }
-        if cp.demand_trend_ms > 3_600_000 {
-            return err("control_plane.demand_trend_ms: must be at most 3600000 (an hour)");
         }
         if !(cp.expected_output_tokens.is_finite() && cp.expected_output_tokens >= 0.0) {
             return err("control_plane.expected_output_tokens: must be a non-negative number");

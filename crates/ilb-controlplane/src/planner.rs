@@ -14,14 +14,6 @@
 //! within `control_plane.demand_band_sigmas` standard deviations of it (default 3: a steady
 //! Poisson stream leaves its band in about 0.3 % of rounds), and takes the measurement as soon
 //! as it leaves that band (a real change of demand, a surge, a cluster going quiet).
-//!
-//! **Demand on the rise.** An EWMA of a ramp lags it by its time constant τ, and a plan stays
-//! in force for a solve period after it is made, so a plan made from the measurement alone is
-//! made for demand about τ + period ago. While a class's demand rises the planner plans it for
-//! the measurement plus its slope times that lead; the slope is itself an EWMA (time constant
-//! `control_plane.demand_trend_ms`) of the measurement's change between rounds. A falling
-//! demand is planned as measured: latency is convex in load, so planning a falling demand a
-//! little high costs less than planning a rising one low.
 
 use crate::config::FleetConfig;
 use crate::fleet::{Fleet, Now};
@@ -36,19 +28,8 @@ use std::collections::{BTreeMap, HashMap};
 pub struct Planner {
     solvers: BTreeMap<String, Solver>,
     options: SolverOptions,
-    /// Per (model, problem class id): the demand planned last round and the class's trend.
-    held: HashMap<(String, String), Held>,
-}
-
-/// What the planner keeps of a class between rounds.
-#[derive(Clone, Copy, Debug)]
-struct Held {
-    planned_rps: f64,
-    /// When the class was last measured, and what was measured.
-    measured_at: Now,
-    measured_rps: f64,
-    /// EWMA of the measurement's slope, req/s per second.
-    slope: f64,
+    /// Demand planned last round, per (model, problem class id).
+    held: HashMap<(String, String), f64>,
 }
 
 /// The problems of one round, before solving.
@@ -105,29 +86,19 @@ impl Planner {
         let mut problems = Planner::problems(fleet, now);
         let cp = &fleet.config.control_plane;
         let tau_s = (cp.smoothing_ms as f64 / 1000.0).max(1e-3);
-        let trend_s = cp.demand_trend_ms as f64 / 1000.0;
-        let lead_s = (cp.smoothing_ms + cp.solve_interval_ms) as f64 / 1000.0;
         let mut held = HashMap::with_capacity(self.held.len());
         for plan in &mut problems.plans {
             for class in &mut plan.problem.classes {
                 let key = (plan.model.clone(), class.id.clone());
                 let measured = class.demand_rps;
-                let before = self.held.get(&key);
-                let slope = before.map_or(0.0, |b| b.slope_at(now, measured, trend_s));
-                let forecast = measured + slope.max(0.0) * lead_s;
-                class.demand_rps = match before {
-                    Some(b)
-                        if (forecast - b.planned_rps).abs()
-                            <= demand_band(forecast.max(b.planned_rps), tau_s, cp.demand_band_sigmas) =>
+                if let Some(&before) = self.held.get(&key) {
+                    if (measured - before).abs()
+                        <= demand_band(measured.max(before), tau_s, cp.demand_band_sigmas)
                     {
-                        b.planned_rps
+                        class.demand_rps = before;
                     }
-                    _ => forecast,
-                };
-                held.insert(
-                    key,
-                    Held { planned_rps: class.demand_rps, measured_at: now, measured_rps: measured, slope },
-                );
+                }
+                held.insert(key, class.demand_rps);
             }
         }
         self.held = held;
@@ -203,19 +174,6 @@ impl Round {
             }
         }
         load
-    }
-}
-
-impl Held {
-    /// The class's slope with the measurement `measured` at `now` folded in (a time constant
-    /// of `trend_s`; 0 keeps no trend).
-    fn slope_at(&self, now: Now, measured: f64, trend_s: f64) -> f64 {
-        let dt = now.saturating_sub(self.measured_at).as_secs_f64();
-        if trend_s <= 0.0 || dt <= 0.0 {
-            return if trend_s <= 0.0 { 0.0 } else { self.slope };
-        }
-        let alpha = 1.0 - (-dt / trend_s).exp();
-        self.slope + alpha * ((measured - self.measured_rps) / dt - self.slope)
     }
 }
 

@@ -30,8 +30,6 @@ pub fn build(scenario: &Scenario, calibrations: &[Calibration]) -> Result<FleetC
             stability_ms: control.stability_ms,
             stability_tolerance: control.stability_tolerance,
             demand_band_sigmas: control.demand_band_sigmas,
-            // 0 is off, so not through `ms` (which keeps periods positive).
-            demand_trend_ms: (control.demand_trend_s * 1e3).round() as u64,
             objective: if control.objective == "ttft" {
                 ObjectiveSetting::Ttft
             } else {

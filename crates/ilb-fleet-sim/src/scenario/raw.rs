@@ -287,9 +287,6 @@ pub struct ControlSpec {
     pub stability_tolerance: f64,
     /// The control plane's `demand_band_sigmas`. Default: the control plane's.
     pub demand_band_sigmas: f64,
-    /// The control plane's `demand_trend_ms`, in seconds (0 = off). Default: the control
-    /// plane's.
-    pub demand_trend_s: f64,
     /// `ttft` or `ttft_plus_decode` (the optimizer then predicts mean end-to-end latency). Default
     /// `ttft_plus_decode`.
     pub objective: String,
@@ -327,8 +324,6 @@ impl Default for ControlSpec {
             stability_tolerance: ilb_controlplane::config::ControlPlaneSettings::default()
                 .stability_tolerance,
             demand_band_sigmas: ilb_controlplane::config::ControlPlaneSettings::default().demand_band_sigmas,
-            demand_trend_s: ilb_controlplane::config::ControlPlaneSettings::default().demand_trend_ms as f64
-                / 1000.0,
             objective: "ttft_plus_decode".into(),
             shed_penalty_ms: ilb_controlplane::config::ControlPlaneSettings::default().shed_penalty_ms,
             shed_price_floor: ilb_controlplane::config::ControlPlaneSettings::default().shed_price_floor,
