@@ -72,7 +72,10 @@ pub struct ControlPlaneSettings {
     pub demand_band_sigmas: f64,
     /// Which latency the optimizer minimises.
     pub objective: ObjectiveSetting,
-    /// Expected output tokens per request, for `objective = "ttft_plus_decode"`. Default 128.
+    /// Expected output tokens per request, for `objective = "ttft_plus_decode"` and, under
+    /// either objective, for how long the plan expects a request to stay on each engine (the
+    /// snapshots' `in_flight_ms`, against which the data planes judge in-flight counts).
+    /// Default 128.
     pub expected_output_tokens: f64,
     /// Cost of shedding one request, ms, per priority (`low`, `normal`, `high`, `critical`).
     /// A class's demand is planned per priority (data planes report the split), each part

@@ -44,6 +44,9 @@ pub struct ModelPlan {
     pub engines: Vec<usize>,
     /// Effective capacity of each engine as planned, req/s.
     pub capacity_rps: Vec<f64>,
+    /// Per engine: how long a request stays on it as a function of its load, ms (network
+    /// excluded; [`Fleet::latency_and_in_flight_profiles`]).
+    pub in_flight: Vec<LatencyProfile>,
     pub problem: Problem,
 }
 
@@ -214,7 +217,8 @@ pub fn build(fleet: &Fleet, now: Now) -> (Vec<ModelPlan>, Vec<Unplanned>) {
             }
         }
         let capacity_rps: Vec<f64> = engine_idx.iter().map(|&j| fleet.effective_capacity(j, now)).collect();
-        let profiles = fleet.latency_profiles(&engine_idx);
+        let (profiles, in_flight): (Vec<LatencyProfile>, Vec<LatencyProfile>) =
+            fleet.latency_and_in_flight_profiles(&engine_idx).into_iter().unzip();
         let network = NetworkMatrix::from_fn(parts.len(), engine_idx.len(), |i, j| {
             let k = parts[i].0;
             let engine = &config.engines[engine_idx[j]];
@@ -266,6 +270,7 @@ pub fn build(fleet: &Fleet, now: Now) -> (Vec<ModelPlan>, Vec<Unplanned>) {
             parts,
             engines: engine_idx,
             capacity_rps,
+            in_flight,
             problem,
         });
     }
@@ -326,10 +331,6 @@ pub fn snapshots(
     created_unix_ms: u64,
 ) -> BTreeMap<String, Snapshot> {
     let config = &fleet.config;
-    // A request is in flight for its network round trip and its engine latency; the latter
-    // is all of it only when the objective counts decode (under `ttft` the data planes
-    // compare in-flight counts with weights alone).
-    let counts_decode = matches!(config.objective(), crate::profile::Objective::TtftPlusDecode { .. });
     let (mut planned_load, mut capacity) = (0.0, 0.0);
     for (plan, solution) in plans.iter().zip(solutions) {
         if let Some(s) = solution {
@@ -360,9 +361,13 @@ pub fn snapshots(
                         weight,
                         expected_latency_ms,
                         network_ms: Some(network),
-                        in_flight_ms: expected_latency_ms
-                            .filter(|_| counts_decode)
-                            .map(|ms| ms + network)
+                        // A request is in flight for its round trip and its stay on the engine.
+                        in_flight_ms: solution
+                            .map(|s| {
+                                network
+                                    + plan.in_flight[j]
+                                        .latency_ms(s.engines[j].load_rps, plan.capacity_rps[j])
+                            })
                             .filter(|ms| ms.is_finite() && *ms > 0.0),
                     });
                 }

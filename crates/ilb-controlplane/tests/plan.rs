@@ -70,6 +70,44 @@ fn worked_example_spills_b_to_c() {
     }
 }
 
+/// Snapshots tell the data planes how long a request of the class stays in flight on each
+/// engine: its round trip, TTFT and `expected_output_tokens` × TBOT at the planned load, under
+/// either objective (under `ttft` the plan's expected latency is the TTFT alone).
+#[test]
+fn snapshots_carry_each_engines_in_flight_time() {
+    for objective in ["ttft", "ttft_plus_decode"] {
+        let text = worked_example()
+            .replace("ttft_b_ms = 15.0", "ttft_b_ms = 15.0\ntbot_t0_ms = 20.0\ntbot_b_ms = 2.0")
+            .replace(
+                "solve_interval_ms = 500",
+                &format!("solve_interval_ms = 500\nobjective = \"{objective}\""),
+            );
+        let config: FleetConfig = toml::from_str(&text).unwrap();
+        config.validate().unwrap();
+        let mut fleet = Fleet::new(config);
+        let now = Duration::from_secs(1);
+        for (cluster, rps) in [("a", 90.0), ("b", 120.0), ("c", 40.0)] {
+            fleet.on_report(now, report(cluster, rps)).unwrap();
+        }
+        let (plans, _) = plan::build(&fleet, now);
+        let solution = Solver::default().solve(&plans[0].problem).unwrap();
+        let snapshots = plan::snapshots(&fleet, &plans, &[Some(&solution)], 1, 0);
+        let weights = &snapshots["b"].models[0].classes[0].weights;
+        assert!(weights.len() >= 2);
+        for w in weights {
+            let (in_flight, network, expected) =
+                (w.in_flight_ms.unwrap(), w.network_ms.unwrap(), w.expected_latency_ms.unwrap());
+            // At least the unloaded TTFT and 128 tokens at 20 ms.
+            assert!(in_flight >= network + 60.0 + 128.0 * 20.0, "{objective}: {w:?}");
+            if objective == "ttft" {
+                assert!(expected < 1000.0, "the TTFT alone: {w:?}");
+            } else {
+                assert!((in_flight - network - expected).abs() < 1e-6 * in_flight, "{objective}: {w:?}");
+            }
+        }
+    }
+}
+
 #[test]
 fn bad_configs_name_the_field() {
     let check = |edit: &dyn Fn(&str) -> String, expected: &str| {

@@ -19,7 +19,7 @@ pub use outliers::OutlierWindow;
 
 use crate::config::FleetConfig;
 use crate::profile::{
-    combine, fit_level, fit_queueing, fit_shape, LatencyProfile, Observation, QueueingPrior,
+    combine, fit_level, fit_queueing, fit_shape, LatencyProfile, Objective, Observation, QueueingPrior,
 };
 use crate::signals::{window, EngineFlavor, EngineSample, WindowStats};
 use crate::smoothing::Ewma;
@@ -526,6 +526,30 @@ impl Fleet {
             .iter()
             .zip(self.fitted_signals(engines))
             .map(|(&idx, (ttft, tbot))| combine(&ttft, &tbot, objective, self.nominal_capacity(idx)))
+            .collect()
+    }
+
+    /// Per engine of `engines`: its [`Fleet::latency_profiles`] curve and how long a request
+    /// stays on it as a function of its load, ms (TTFT plus `expected_output_tokens` × TBOT
+    /// whatever the objective; the same curve when the objective counts decode).
+    pub fn latency_and_in_flight_profiles(&self, engines: &[usize]) -> Vec<(LatencyProfile, LatencyProfile)> {
+        let objective = self.config.objective();
+        let in_flight = Objective::TtftPlusDecode {
+            expected_output_tokens: self.config.control_plane.expected_output_tokens,
+        };
+        engines
+            .iter()
+            .zip(self.fitted_signals(engines))
+            .map(|(&idx, (ttft, tbot))| {
+                let capacity = self.nominal_capacity(idx);
+                let latency = combine(&ttft, &tbot, objective, capacity);
+                let stay = if objective == in_flight {
+                    latency.clone()
+                } else {
+                    combine(&ttft, &tbot, in_flight, capacity)
+                };
+                (latency, stay)
+            })
             .collect()
     }
 
