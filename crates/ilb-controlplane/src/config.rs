@@ -57,7 +57,12 @@ pub struct ControlPlaneSettings {
     pub rho: f64,
     /// Stability strength: how many ms of latency a new plan must save per request it moves to
     /// another engine before a class's published weights change (a moved conversation loses
-    /// its prefix cache). 0 = always publish the optimum. Default 0.
+    /// its prefix cache). A model whose demand really changed (some class's measurement jumped
+    /// by more than twice its demand band) is planned without it until the measurement has
+    /// settled. 0 = always publish the optimum. Default 100: a conversation that moves pays
+    /// the prefill of its cached prefix again, on the order of 100 ms for a few thousand tokens
+    /// on current GPUs (figures in crates/ilb-fleet-sim/README.md, "A default stability
+    /// strength").
     pub stability_ms: f64,
     /// Stability tolerance: classes also keep their published weights while the plan's expected
     /// latency on the new problem stays within this fraction of the new optimum's, so that
@@ -149,7 +154,7 @@ impl Default for ControlPlaneSettings {
             report_timeout_ms: 10_000,
             smoothing_ms: 5000,
             rho: 0.95,
-            stability_ms: 0.0,
+            stability_ms: 100.0,
             stability_tolerance: 0.001,
             demand_band_sigmas: 3.0,
             objective: ObjectiveSetting::Ttft,

@@ -14,6 +14,15 @@
 //! within `control_plane.demand_band_sigmas` standard deviations of it (default 3: a steady
 //! Poisson stream leaves its band in about 0.3 % of rounds), and takes the measurement as soon
 //! as it leaves that band (a real change of demand, a surge, a cluster going quiet).
+//!
+//! **Real changes are planned at once.** The stability strength (`control_plane.stability_ms`)
+//! makes a plan save that much latency per request it moves before traffic moves, so that
+//! refits and noise do not move conversations off their caches. A round in which some class's
+//! demand jumped by more than twice its band (`REAL_CHANGE_BANDS`) is a real change: that
+//! model is solved without the strength (the tolerance still applies) from then until the
+//! measurement has settled (3 smoothing time constants), so a surge spills as soon as it is
+//! seen (on the fleet simulator's `surge` the strength alone delayed the re-plan from 7 to
+//! 14 s), while a demand that drifts out of its band by a little stays held.
 
 use crate::config::FleetConfig;
 use crate::fleet::{Fleet, Now};
@@ -21,6 +30,7 @@ use crate::plan::{self, ModelPlan, Unplanned};
 use ilb_core::snapshot::Snapshot;
 use ilb_optimizer::{Solution, Solver, SolverOptions};
 use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
 
 /// The solvers of every model (each warm-starts from its model's previous solve) and the
 /// options they solve with.
@@ -30,12 +40,19 @@ pub struct Planner {
     options: SolverOptions,
     /// Demand planned last round, per (model, problem class id).
     held: HashMap<(String, String), f64>,
+    /// Per model: until when it is solved without the stability strength, after a real
+    /// change of its demand.
+    free_until: HashMap<String, Now>,
 }
 
 /// The problems of one round, before solving.
 #[derive(Clone, Debug)]
 pub struct Problems {
     pub plans: Vec<ModelPlan>,
+    /// Per plan: whether some class's demand jumped beyond twice its noise band (or is new)
+    /// within the last three smoothing time constants, so the plan is solved without the
+    /// stability strength.
+    pub changed: Vec<bool>,
     /// Models that could not be planned, and why.
     pub unplanned: Vec<Unplanned>,
 }
@@ -53,7 +70,7 @@ pub struct Round {
 
 impl Planner {
     pub fn new(options: SolverOptions) -> Planner {
-        Planner { solvers: BTreeMap::new(), options, held: HashMap::new() }
+        Planner { solvers: BTreeMap::new(), options, held: HashMap::new(), free_until: HashMap::new() }
     }
 
     /// A planner with the options `config` asks for.
@@ -77,7 +94,8 @@ impl Planner {
     /// The problems for the fleet as it is at `now`, each class's demand as measured.
     pub fn problems(fleet: &Fleet, now: Now) -> Problems {
         let (plans, unplanned) = plan::build(fleet, now);
-        Problems { plans, unplanned }
+        let changed = vec![true; plans.len()];
+        Problems { plans, unplanned, changed }
     }
 
     /// The problems for this round: as [`Planner::problems`], with each class's demand held at
@@ -87,18 +105,30 @@ impl Planner {
         let cp = &fleet.config.control_plane;
         let tau_s = (cp.smoothing_ms as f64 / 1000.0).max(1e-3);
         let mut held = HashMap::with_capacity(self.held.len());
-        for plan in &mut problems.plans {
+        for (plan, changed) in problems.plans.iter_mut().zip(&mut problems.changed) {
+            *changed = false;
             for class in &mut plan.problem.classes {
                 let key = (plan.model.clone(), class.id.clone());
                 let measured = class.demand_rps;
-                if let Some(&before) = self.held.get(&key) {
-                    if (measured - before).abs()
-                        <= demand_band(measured.max(before), tau_s, cp.demand_band_sigmas)
-                    {
-                        class.demand_rps = before;
+                match self.held.get(&key) {
+                    Some(&before) => {
+                        let band = demand_band(measured.max(before), tau_s, cp.demand_band_sigmas);
+                        let moved = (measured - before).abs();
+                        if moved <= band {
+                            class.demand_rps = before;
+                        }
+                        *changed |= moved > REAL_CHANGE_BANDS * band;
                     }
+                    None => *changed = true,
                 }
                 held.insert(key, class.demand_rps);
+            }
+            // The measurement keeps moving for a few time constants after a jump (an EWMA
+            // covers 95 % of a step in 3τ): the model stays free of the strength until then.
+            if *changed {
+                self.free_until.insert(plan.model.clone(), now + Duration::from_secs_f64(3.0 * tau_s));
+            } else {
+                *changed = self.free_until.get(&plan.model).is_some_and(|&until| now < until);
             }
         }
         self.held = held;
@@ -109,12 +139,13 @@ impl Planner {
     /// its model gets the panic as its error (the snapshots then route it by capacity), it is
     /// logged with the model, and the model starts from a fresh solver next round.
     pub fn solve(&mut self, problems: Problems) -> Round {
-        let Problems { plans, unplanned } = problems;
+        let Problems { plans, unplanned, changed } = problems;
         let mut panics = 0;
         let mut results = Vec::with_capacity(plans.len());
-        for plan in &plans {
+        for (plan, changed) in plans.iter().zip(changed) {
             let solver =
                 self.solvers.entry(plan.model.clone()).or_insert_with(|| Solver::new(self.options.clone()));
+            solver.options.stability_ms = if changed { 0.0 } else { self.options.stability_ms };
             let started = crate::clock::now();
             let (result, panicked) = guarded(&plan.model, || solver.solve(&plan.problem));
             if panicked {
@@ -176,6 +207,11 @@ impl Round {
         load
     }
 }
+
+/// A class's demand that moves by more than this many band half-widths in one round (6 σ of
+/// the measurement's noise with the default band) has really changed: noise alone does that
+/// about once in 10^9 rounds, while a drifting demand leaves its band by a little.
+const REAL_CHANGE_BANDS: f64 = 2.0;
 
 /// The half-width of the band a demand of `rps` measured with an EWMA of time constant `tau_s`
 /// moves within by noise alone: `sigmas` × √(rps / 2τ).
