@@ -18,8 +18,9 @@
 //! **Real changes are planned at once.** The stability strength (`control_plane.stability_ms`)
 //! makes a plan save that much latency per request it moves before traffic moves, so that
 //! refits and noise do not move conversations off their caches. A round in which some class's
-//! demand jumped by more than twice its band (`REAL_CHANGE_BANDS`) is a real change: that
-//! model is solved without the strength (the tolerance still applies) from then until the
+//! demand jumped by more than twice its band (`REAL_CHANGE_BANDS`), or in which an engine
+//! joined, left or changed its effective capacity (a penalty given or lifted), is a real
+//! change: that model is solved without the strength (the tolerance still applies) from then until the
 //! measurement has settled (3 smoothing time constants), so a surge spills as soon as it is
 //! seen (on the fleet simulator's `surge` the strength alone delayed the re-plan from 7 to
 //! 14 s), while a demand that drifts out of its band by a little stays held.
@@ -43,15 +44,17 @@ pub struct Planner {
     /// Per model: until when it is solved without the stability strength, after a real
     /// change of its demand.
     free_until: HashMap<String, Now>,
+    /// Per model: the engines planned last round and their effective capacities.
+    capacities: HashMap<String, (Vec<usize>, Vec<f64>)>,
 }
 
 /// The problems of one round, before solving.
 #[derive(Clone, Debug)]
 pub struct Problems {
     pub plans: Vec<ModelPlan>,
-    /// Per plan: whether some class's demand jumped beyond twice its noise band (or is new)
-    /// within the last three smoothing time constants, so the plan is solved without the
-    /// stability strength.
+    /// Per plan: whether some class's demand jumped beyond twice its noise band (or is new), or
+    /// an engine joined, left or changed its capacity, within the last three smoothing time
+    /// constants, so the plan is solved without the stability strength.
     pub changed: Vec<bool>,
     /// Models that could not be planned, and why.
     pub unplanned: Vec<Unplanned>,
@@ -70,7 +73,13 @@ pub struct Round {
 
 impl Planner {
     pub fn new(options: SolverOptions) -> Planner {
-        Planner { solvers: BTreeMap::new(), options, held: HashMap::new(), free_until: HashMap::new() }
+        Planner {
+            solvers: BTreeMap::new(),
+            options,
+            held: HashMap::new(),
+            free_until: HashMap::new(),
+            capacities: HashMap::new(),
+        }
     }
 
     /// A planner with the options `config` asks for.
@@ -123,6 +132,19 @@ impl Planner {
                 }
                 held.insert(key, class.demand_rps);
             }
+            // The fleet changed: an engine joined, left, or its effective capacity moved (a
+            // penalty given or lifted, replicas down or back), so a recovered engine gets its
+            // traffic back at once.
+            let capacities = (plan.engines.clone(), plan.capacity_rps.clone());
+            *changed |= self.capacities.get(&plan.model).is_none_or(|before| {
+                before.0 != capacities.0
+                    || before
+                        .1
+                        .iter()
+                        .zip(&capacities.1)
+                        .any(|(a, b)| (a - b).abs() > CAPACITY_CHANGE * a.max(*b))
+            });
+            self.capacities.insert(plan.model.clone(), capacities);
             // The measurement keeps moving for a few time constants after a jump (an EWMA
             // covers 95 % of a step in 3τ): the model stays free of the strength until then.
             if *changed {
@@ -212,6 +234,10 @@ impl Round {
 /// the measurement's noise with the default band) has really changed: noise alone does that
 /// about once in 10^9 rounds, while a drifting demand leaves its band by a little.
 const REAL_CHANGE_BANDS: f64 = 2.0;
+
+/// An engine whose effective capacity moves by more than this fraction between rounds counts
+/// as a change of the fleet (penalties and health move it in steps; nothing moves it by noise).
+const CAPACITY_CHANGE: f64 = 0.01;
 
 /// The half-width of the band a demand of `rps` measured with an EWMA of time constant `tau_s`
 /// moves within by noise alone: `sigmas` × √(rps / 2τ).

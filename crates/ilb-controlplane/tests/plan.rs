@@ -217,24 +217,31 @@ fn demand_within_its_noise_band_is_held() {
 /// smoothing), so a surge spills at once; a drift out of the band by a little is not.
 #[test]
 fn a_real_change_of_demand_frees_its_model_of_the_stability_strength_for_a_while() {
-    let config: FleetConfig = toml::from_str(&worked_example()).unwrap();
+    let mut config: FleetConfig = toml::from_str(&worked_example()).unwrap();
     assert_eq!(config.control_plane.smoothing_ms, 5000);
+    // Engines never scraped stay healthy for the whole test: their capacity does not change.
+    config.control_plane.signal_stale_ms = 3_600_000;
     let mut fleet = Fleet::new(config);
     let mut planner = ilb_controlplane::planner::Planner::for_config(&fleet.config);
-    let mut changed = |t: u64, rps: f64| {
+    let mut changed = |fleet: &mut Fleet, t: u64, rps: f64| {
         let now = Duration::from_secs(t);
         let mut r = report("b", rps);
         r.sequence = t;
         fleet.on_report(now, r).unwrap();
-        planner.build(&fleet, now).changed[0]
+        planner.build(fleet, now).changed[0]
     };
-    assert!(changed(1, 120.0), "a new class");
-    assert!(changed(2, 128.0), "still settling (until 16 s)");
-    assert!(!changed(20, 125.0), "noise");
-    assert!(!changed(21, 135.0), "out of the band (±11) by a little");
-    assert!(changed(22, 170.0), "a jump of 35 req/s, beyond twice the band (±12.4 at 170)");
-    assert!(changed(30, 170.0), "settling until 37 s");
-    assert!(!changed(38, 170.0), "settled");
+    assert!(changed(&mut fleet, 1, 120.0), "a new class");
+    assert!(changed(&mut fleet, 2, 128.0), "still settling (until 16 s)");
+    assert!(!changed(&mut fleet, 20, 125.0), "noise");
+    assert!(!changed(&mut fleet, 21, 135.0), "out of the band (±11) by a little");
+    assert!(changed(&mut fleet, 22, 170.0), "a jump of 35 req/s, beyond twice the band (±12.4 at 170)");
+    assert!(changed(&mut fleet, 30, 170.0), "settling until 37 s");
+    assert!(!changed(&mut fleet, 38, 170.0), "settled");
+    // An engine that stops counting (its scrapes stale) changes the fleet: free again.
+    fleet.config.control_plane.signal_stale_ms = 1000;
+    assert!(changed(&mut fleet, 40, 170.0), "engines' capacities changed");
+    assert!(changed(&mut fleet, 50, 170.0), "settling until 55 s");
+    assert!(!changed(&mut fleet, 56, 170.0), "settled");
 }
 
 /// Shed prices follow the objective's scale: configured at a few ms (below any request's
