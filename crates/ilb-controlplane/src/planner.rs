@@ -20,10 +20,11 @@
 //! refits and noise do not move conversations off their caches. A round in which some class's
 //! demand jumped by more than twice its band (`REAL_CHANGE_BANDS`), or in which an engine
 //! joined, left or changed its effective capacity (a penalty given or lifted), is a real
-//! change: that model is solved without the strength (the tolerance still applies) from then until the
-//! measurement has settled (3 smoothing time constants), so a surge spills as soon as it is
-//! seen (on the fleet simulator's `surge` the strength alone delayed the re-plan from 7 to
-//! 14 s), while a demand that drifts out of its band by a little stays held.
+//! change: that model is solved without the strength (the tolerance still applies) from then
+//! until the measurement has settled (3 smoothing time constants). So a surge spills as soon
+//! as it is seen (on the fleet simulator's `surge` the strength alone delayed the re-plan from
+//! 7 to 14 s) and a recovered engine gets its traffic back, while a demand that drifts out of
+//! its band by a little stays held.
 
 use crate::config::FleetConfig;
 use crate::fleet::{Fleet, Now};
@@ -42,7 +43,7 @@ pub struct Planner {
     /// Demand planned last round, per (model, problem class id).
     held: HashMap<(String, String), f64>,
     /// Per model: until when it is solved without the stability strength, after a real
-    /// change of its demand.
+    /// change of its demand or its engines.
     free_until: HashMap<String, Now>,
     /// Per model: the engines planned last round and their effective capacities.
     capacities: HashMap<String, (Vec<usize>, Vec<f64>)>,
