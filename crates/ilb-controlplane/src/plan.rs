@@ -355,11 +355,10 @@ pub fn snapshots(
                         None => plan.capacity_rps[j],
                     };
                     engines_used.insert(fleet_idx);
-                    let expected_latency_ms = solution.map(|s| s.engines[j].expected_latency_ms);
                     weights.push(EngineWeight {
                         engine: EngineId::new(&config.engines[fleet_idx].id),
                         weight,
-                        expected_latency_ms,
+                        expected_latency_ms: solution.map(|s| s.engines[j].expected_latency_ms),
                         network_ms: Some(network),
                         // A request is in flight for its round trip and its stay on the engine.
                         in_flight_ms: solution

@@ -521,12 +521,7 @@ impl Fleet {
     /// different engine still shows: it is the outlier detector's to penalise (and its slow
     /// spell never enters its history).
     pub fn latency_profiles(&self, engines: &[usize]) -> Vec<LatencyProfile> {
-        let objective = self.config.objective();
-        engines
-            .iter()
-            .zip(self.fitted_signals(engines))
-            .map(|(&idx, (ttft, tbot))| combine(&ttft, &tbot, objective, self.nominal_capacity(idx)))
-            .collect()
+        self.latency_and_in_flight_profiles(engines).into_iter().map(|(latency, _)| latency).collect()
     }
 
     /// Per engine of `engines`: its [`Fleet::latency_profiles`] curve and how long a request
