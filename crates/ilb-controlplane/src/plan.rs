@@ -339,11 +339,23 @@ pub fn snapshots(
         }
     }
     let utilisation = if capacity > 0.0 { (planned_load / capacity).clamp(0.0, 1.0) } else { 1.0 };
+    // Per plan and engine: how long a request stays on it at its planned load (the same for
+    // every class; each adds its round trip).
+    let stays: Vec<Vec<f64>> = plans
+        .iter()
+        .zip(solutions)
+        .map(|(plan, solution)| match solution {
+            Some(s) => (0..plan.engines.len())
+                .map(|j| plan.in_flight[j].latency_ms(s.engines[j].load_rps, plan.capacity_rps[j]))
+                .collect(),
+            None => Vec::new(),
+        })
+        .collect();
     let mut out = BTreeMap::new();
     for cluster in &config.clusters {
         let mut engines_used: BTreeSet<usize> = BTreeSet::new();
         let mut models = Vec::new();
-        for (plan, solution) in plans.iter().zip(solutions) {
+        for ((plan, solution), stays) in plans.iter().zip(solutions).zip(&stays) {
             let mut classes = Vec::new();
             for (k, class) in plan.classes.iter().enumerate().filter(|(_, c)| c.key.cluster == cluster.id) {
                 let outcome = solution.map(|s| plan.outcome(k, Some(s)));
@@ -361,12 +373,9 @@ pub fn snapshots(
                         expected_latency_ms: solution.map(|s| s.engines[j].expected_latency_ms),
                         network_ms: Some(network),
                         // A request is in flight for its round trip and its stay on the engine.
-                        in_flight_ms: solution
-                            .map(|s| {
-                                network
-                                    + plan.in_flight[j]
-                                        .latency_ms(s.engines[j].load_rps, plan.capacity_rps[j])
-                            })
+                        in_flight_ms: stays
+                            .get(j)
+                            .map(|stay| network + stay)
                             .filter(|ms| ms.is_finite() && *ms > 0.0),
                     });
                 }

@@ -187,6 +187,21 @@ fn overload_sheds_the_cheapest_priority_first() {
     assert!((total - 1.0).abs() < 1e-6, "weights sum to {total}");
 }
 
+/// Cluster b reports `rps` at `t` seconds (report sequence `t`); the planner builds that
+/// round's problems.
+fn build_after_b_reports(
+    planner: &mut ilb_controlplane::planner::Planner,
+    fleet: &mut Fleet,
+    t: u64,
+    rps: f64,
+) -> ilb_controlplane::planner::Problems {
+    let now = Duration::from_secs(t);
+    let mut r = report("b", rps);
+    r.sequence = t;
+    fleet.on_report(now, r).unwrap();
+    planner.build(fleet, now)
+}
+
 /// The planner plans with the demand it planned before while the measurement moves within its
 /// noise band (3 σ of a Poisson EWMA: at 120 req/s with 5 s smoothing, ±10.4 req/s), and takes
 /// the measurement once it leaves the band.
@@ -196,11 +211,7 @@ fn demand_within_its_noise_band_is_held() {
     let mut fleet = Fleet::new(config);
     let mut planner = ilb_controlplane::planner::Planner::for_config(&fleet.config);
     let mut planned = |fleet: &mut Fleet, sequence: u64, rps: f64| {
-        let now = Duration::from_secs(sequence);
-        let mut r = report("b", rps);
-        r.sequence = sequence;
-        fleet.on_report(now, r).unwrap();
-        let problems = planner.build(fleet, now);
+        let problems = build_after_b_reports(&mut planner, fleet, sequence, rps);
         let plan = &problems.plans[0];
         let b = plan.classes.iter().position(|c| c.key.cluster == "b").unwrap();
         plan.parts_of(b).map(|i| plan.problem.classes[i].demand_rps).sum::<f64>()
@@ -223,13 +234,8 @@ fn a_real_change_of_demand_frees_its_model_of_the_stability_strength_for_a_while
     config.control_plane.signal_stale_ms = 3_600_000;
     let mut fleet = Fleet::new(config);
     let mut planner = ilb_controlplane::planner::Planner::for_config(&fleet.config);
-    let mut changed = |fleet: &mut Fleet, t: u64, rps: f64| {
-        let now = Duration::from_secs(t);
-        let mut r = report("b", rps);
-        r.sequence = t;
-        fleet.on_report(now, r).unwrap();
-        planner.build(fleet, now).changed[0]
-    };
+    let mut changed =
+        |fleet: &mut Fleet, t: u64, rps: f64| build_after_b_reports(&mut planner, fleet, t, rps).changed[0];
     assert!(changed(&mut fleet, 1, 120.0), "a new class");
     assert!(changed(&mut fleet, 2, 128.0), "still settling (until 16 s)");
     assert!(!changed(&mut fleet, 20, 125.0), "noise");

@@ -108,6 +108,24 @@ fn load_bins(capacity_rps: f64, observations: &[Observation]) -> Vec<(f64, f64, 
     bins
 }
 
+/// [`load_bins`] with `prior` evaluated at each bin's mean load: per bin, (weight, mean load,
+/// weighted latency sum, prior latency there), `None` for a bin without data or where the
+/// prior is not a positive number.
+fn bins_against(
+    prior: &LatencyProfile,
+    capacity_rps: f64,
+    observations: &[Observation],
+) -> Vec<Option<(f64, f64, f64, f64)>> {
+    load_bins(capacity_rps, observations)
+        .into_iter()
+        .map(|(w, load, latency)| {
+            let load = load / w;
+            let curve = if w > 0.0 { prior.latency_ms(load, capacity_rps) } else { 0.0 };
+            (curve.is_finite() && curve > 0.0).then_some((w, load, latency, curve))
+        })
+        .collect()
+}
+
 /// Scales `prior` by how the observed latencies compare with it, for a curve whose shape is
 /// trusted (measured offline) but whose level drifts in production (cache hit rates,
 /// burstiness). Observations are binned by load (5 % of capacity wide); the factor is the ratio
@@ -127,15 +145,11 @@ pub fn fit_level(
     if !(capacity_rps.is_finite() && capacity_rps > 0.0) {
         return prior.clone();
     }
-    let bins = load_bins(capacity_rps, observations);
     let (mut weight, mut observed, mut predicted) = (0.0, 0.0, 0.0);
-    for &(w, load, latency) in &bins {
-        let curve = if w > 0.0 { prior.latency_ms(load / w, capacity_rps) } else { 0.0 };
-        if curve.is_finite() && curve > 0.0 {
-            weight += w;
-            observed += latency;
-            predicted += w * curve;
-        }
+    for (w, _, latency, curve) in bins_against(prior, capacity_rps, observations).into_iter().flatten() {
+        weight += w;
+        observed += latency;
+        predicted += w * curve;
     }
     if weight <= 0.0 {
         return prior.clone();
@@ -167,20 +181,17 @@ pub fn fit_shape(
     }
     let prior_weight = if prior_weight.is_finite() { prior_weight.max(0.0) } else { 0.0 };
     let width = LEVEL_BIN * capacity_rps;
-    let bins = load_bins(capacity_rps, observations);
-    let count = bins.len();
     // Per bin with data: (mean load, posterior latency, weight, posterior / prior).
-    let fitted: Vec<Option<(f64, f64, f64, f64)>> = bins
-        .iter()
-        .map(|&(w, load, latency)| {
-            let load = load / w;
-            let curve = prior.latency_ms(load, capacity_rps);
-            (w > 0.0 && curve.is_finite() && curve > 0.0).then(|| {
+    let fitted: Vec<Option<(f64, f64, f64, f64)>> = bins_against(prior, capacity_rps, observations)
+        .into_iter()
+        .map(|bin| {
+            bin.map(|(w, load, latency, curve)| {
                 let posterior = (latency + prior_weight * curve) / (w + prior_weight);
                 (load, posterior, w + prior_weight, posterior / curve)
             })
         })
         .collect();
+    let count = fitted.len();
     if fitted.iter().all(Option::is_none) {
         return prior.clone();
     }

@@ -226,37 +226,31 @@ fn an_idle_engine_with_a_small_weight_does_not_attract_new_keys() {
 /// and the loads stay closer to the weights than the hash alone keeps them.
 #[test]
 fn shares_follow_the_weights_when_keys_are_placed_by_load() {
-    use rand::{Rng, SeedableRng};
+    use rand::Rng;
     let weights = [0.5, 0.03, 0.27, 0.2];
     let t = weighted(&weights);
     let class = &t.model("m").unwrap().classes[0];
     for by_load in [false, true] {
-        let mut rng = rand_pcg::Pcg64::seed_from_u64(11);
-        let mut loads = [0.0f64; 4];
-        let mut running: Vec<(usize, u32)> = Vec::new();
-        let mut placed = [0usize; 4];
         let mut imbalance = 0.0;
         let steps = 40_000u32;
-        for step in 0..steps {
-            running.retain(|&(c, until)| {
-                if until <= step {
-                    loads[c] -= 1.0;
+        let placed = place_concurrently(
+            4,
+            11,
+            steps,
+            |key, loads| {
+                if by_load {
+                    class.pick_by_load(key, |_| true, |c| loads[c]).unwrap()
+                } else {
+                    class.pick(key, |_| true).unwrap().candidate
                 }
-                until > step
-            });
+            },
             // About 8 in flight: a few per engine.
-            let key = rng.gen::<u64>();
-            let c = if by_load {
-                class.pick_by_load(key, |_| true, |c| loads[c]).unwrap()
-            } else {
-                class.pick(key, |_| true).unwrap().candidate
-            };
-            loads[c] += 1.0;
-            placed[c] += 1;
-            running.push((c, step + rng.gen_range(1..16)));
-            let total: f64 = loads.iter().sum();
-            imbalance += (0..4).map(|c| (loads[c] - weights[c] * total).abs()).sum::<f64>() / 2.0;
-        }
+            |_, rng| rng.gen_range(1..16),
+            |loads| {
+                let total: f64 = loads.iter().sum();
+                imbalance += (0..4).map(|c| (loads[c] - weights[c] * total).abs()).sum::<f64>() / 2.0;
+            },
+        );
         for (c, &w) in weights.iter().enumerate() {
             let share = placed[c] as f64 / f64::from(steps);
             assert!(
@@ -295,31 +289,28 @@ fn load_shares_count_how_long_requests_stay() {
 /// their weight; comparing in-flight counts with the weights alone starves e1.
 #[test]
 fn placing_by_load_follows_the_weights_when_engines_hold_requests_for_different_times() {
-    use rand::{Rng, SeedableRng};
+    use rand::Rng;
     let weights = [0.5, 0.5];
     for times in [Some(&[1000.0, 3000.0][..]), None] {
         let t = weighted_in_flight(&weights, times);
         let class = &t.model("m").unwrap().classes[0];
-        let mut rng = rand_pcg::Pcg64::seed_from_u64(5);
-        let mut loads = [0.0f64; 2];
-        let mut running: Vec<(usize, u32)> = Vec::new();
-        let mut placed = [0usize; 2];
         let steps = 40_000u32;
-        for step in 0..steps {
-            running.retain(|&(c, until)| {
-                if until <= step {
-                    loads[c] -= 1.0;
-                }
-                until > step
-            });
-            let key = rng.gen::<u64>();
-            let c = class.pick_by_load(key, |_| true, |c| loads[c]).unwrap();
-            loads[c] += 1.0;
-            placed[c] += 1;
+        let placed = place_concurrently(
+            2,
+            5,
+            steps,
+            |key, loads| class.pick_by_load(key, |_| true, |c| loads[c]).unwrap(),
             // Mean duration 4 steps on e0, 12 on e1: about 8 in flight.
-            let base = rng.gen_range(1..8);
-            running.push((c, step + if c == 0 { base } else { 3 * base }));
-        }
+            |c, rng| {
+                let base = rng.gen_range(1..8);
+                if c == 0 {
+                    base
+                } else {
+                    3 * base
+                }
+            },
+            |_| {},
+        );
         let share = placed[1] as f64 / f64::from(steps);
         eprintln!("in-flight times {times:?}: e1 got {share:.3} of new keys");
         if times.is_some() {
@@ -328,6 +319,40 @@ fn placing_by_load_follows_the_weights_when_engines_hold_requests_for_different_
             assert!(share < 0.4, "by weights alone e1 got {share:.3} of new keys");
         }
     }
+}
+
+/// One request a step for `steps` steps over `n` candidates: each is placed by `pick` (its key
+/// drawn from a generator seeded with `seed`, the candidates' requests in flight) and stays
+/// `stay(candidate, rng)` steps; `observe` sees the loads after each placement. Returns the
+/// requests placed on each candidate.
+fn place_concurrently(
+    n: usize,
+    seed: u64,
+    steps: u32,
+    pick: impl Fn(u64, &[f64]) -> usize,
+    mut stay: impl FnMut(usize, &mut rand_pcg::Pcg64) -> u32,
+    mut observe: impl FnMut(&[f64]),
+) -> Vec<usize> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(seed);
+    let mut loads = vec![0.0f64; n];
+    let mut running: Vec<(usize, u32)> = Vec::new();
+    let mut placed = vec![0usize; n];
+    for step in 0..steps {
+        running.retain(|&(c, until)| {
+            if until <= step {
+                loads[c] -= 1.0;
+            }
+            until > step
+        });
+        let key = rng.gen::<u64>();
+        let c = pick(key, &loads);
+        loads[c] += 1.0;
+        placed[c] += 1;
+        running.push((c, step + stay(c, &mut rng)));
+        observe(&loads);
+    }
+    placed
 }
 
 proptest::proptest! {
