@@ -380,9 +380,9 @@ pub fn snapshots(
                     });
                 }
                 if weights.iter().all(|w| w.weight <= 0.0) {
-                    // Everything shed (or nothing allowed): keep the class routable at equal
-                    // weights so admitted requests still find an engine.
-                    weights.iter_mut().for_each(|w| w.weight = 1.0);
+                    // Everything shed (or nothing allowed): keep the class routable so the
+                    // requests admitted anyway find an engine.
+                    fallback_weights(plan, k, &mut weights);
                 }
                 if weights.is_empty() {
                     continue;
@@ -428,4 +428,23 @@ pub fn snapshots(
         );
     }
     out
+}
+
+/// Weights for class `k` when the plan routes none of its traffic (all of it shed, or no
+/// solution): the nearest engines that have capacity, equally. A class shed everywhere finds
+/// every engine it may use full, or dearer than its shed price, so the requests admitted anyway
+/// (critical parts, the rounding of the shed fraction) are best served with the least network;
+/// and the choice follows the network alone, not the prices, which move with every round's
+/// noise (routing by marginal cost swung a shed class between two regions each round on the
+/// fleet simulator's `overload`). Equal weights where no engine has capacity. `weights` lists
+/// the engines class `k` may use, in the plan's engine order.
+fn fallback_weights(plan: &ModelPlan, k: usize, weights: &mut [EngineWeight]) {
+    let networks: Vec<Option<f64>> = (0..plan.engines.len())
+        .filter_map(|j| Some((j, plan.network_ms(k, j)?)))
+        .map(|(j, network)| (plan.capacity_rps[j] > 0.0).then_some(network))
+        .collect();
+    let nearest = networks.iter().flatten().copied().fold(f64::INFINITY, f64::min);
+    for (w, network) in weights.iter_mut().zip(&networks) {
+        w.weight = if nearest.is_finite() { f64::from(*network == Some(nearest)) } else { 1.0 };
+    }
 }

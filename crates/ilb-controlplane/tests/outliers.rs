@@ -241,7 +241,9 @@ fn grey_engine_is_penalised_and_recovers() {
     let healthy = healthy_curve.latency_ms(load, capacity);
     assert!(grey_curve < 1.2 * healthy, "grey curve {grey_curve} ms vs healthy {healthy} ms");
 
-    // Behaving again, it recovers step by step and the penalty is removed.
+    // Behaving again, it recovers step by step and the penalty is removed: the capacity it
+    // keeps doubles each healthy interval until the penalty halves instead (8 intervals of 10 s
+    // from the deepest penalty).
     let previous = std::cell::Cell::new(penalty);
     let took = sim
         .until(120, &|_| HEALTHY, &|f| {
@@ -252,7 +254,7 @@ fn grey_engine_is_penalised_and_recovers() {
         })
         .expect("penalty never removed");
     eprintln!("penalty removed {took} s after the engine behaved");
-    assert!(took <= 70, "recovered after {took} s");
+    assert!(took <= 90, "recovered after {took} s");
     assert_eq!(sim.fleet.engines[grey].penalty_reason, None);
 }
 

@@ -187,6 +187,31 @@ fn overload_sheds_the_cheapest_priority_first() {
     assert!((total - 1.0).abs() < 1e-6, "weights sum to {total}");
 }
 
+/// A class the plan sheds entirely is still published routable, and on its nearest engine with
+/// capacity, not spread by the prices of the round: equal weights (the old fallback) sent what
+/// the data plane admits anyway across regions, and weights that follow the marginal prices
+/// swung the class between regions from round to round.
+#[test]
+fn a_class_shed_entirely_routes_to_its_nearest_engine() {
+    let config: FleetConfig = toml::from_str(&worked_example()).unwrap();
+    let mut fleet = Fleet::new(config);
+    let now = Duration::from_secs(1);
+    let mut b = report("b", 50.0);
+    b.demand[0].by_priority = Some(PriorityRps { low: 50.0, ..PriorityRps::default() });
+    // 300 req/s of normal traffic elsewhere against 266 usable: all of b's low traffic goes.
+    for r in [report("a", 200.0), b, report("c", 100.0)] {
+        fleet.on_report(now, r).unwrap();
+    }
+    let (plans, _) = plan::build(&fleet, now);
+    let solution = Solver::default().solve(&plans[0].problem).unwrap();
+    let snapshots = plan::snapshots(&fleet, &plans, &[Some(&solution)], 1, 0);
+    let class = &snapshots["b"].models[0].classes[0];
+    assert!(class.shed_fraction > 0.999, "shed fraction {}", class.shed_fraction);
+    let weights: Vec<(&str, f64)> = class.weights.iter().map(|w| (w.engine.as_str(), w.weight)).collect();
+    assert_eq!(weights, [("engine-a", 0.0), ("engine-b", 1.0), ("engine-c", 0.0)]);
+    snapshots["b"].validate().unwrap();
+}
+
 /// Cluster b reports `rps` at `t` seconds (report sequence `t`); the planner builds that
 /// round's problems.
 fn build_after_b_reports(

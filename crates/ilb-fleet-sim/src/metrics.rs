@@ -103,6 +103,14 @@ pub struct PolicyResult {
     pub weight_churn: f64,
     /// Reversals of an engine's traffic-share trend per hour, mean over engines.
     pub oscillation: f64,
+    /// `weight_churn` over the sample periods at steady demand only (see
+    /// [`crate::workload::steady`]); `None` when the run has none after the warm-up.
+    pub steady_churn: Option<f64>,
+    /// `oscillation` over the stretches of steady demand only (each stretch's reversals, per
+    /// hour of steady demand); `None` as for `steady_churn`.
+    pub steady_oscillation: Option<f64>,
+    /// Seconds of steady demand after the warm-up.
+    pub steady_s: f64,
     pub arrivals: u64,
     pub completed: u64,
     pub shed: u64,
@@ -207,6 +215,8 @@ pub struct Series {
     pub in_flight: Vec<Vec<f32>>,
     /// `[sample][engine]` intended share of all traffic.
     pub share: Vec<Vec<f32>>,
+    /// Per sample: whether demand was steady through the period it ends.
+    pub steady: Vec<bool>,
     /// The last sampled weight matrix, `[stream * n_engines + engine]`.
     pub final_weights: Vec<f64>,
 }
@@ -234,6 +244,7 @@ pub struct Recorder {
     bin: (f64, u64),
     previous_weights: Option<Vec<f64>>,
     churn: (f64, u64),
+    steady_churn: (f64, u64),
     util_sum: Vec<f64>,
     util_samples: u64,
     predicted: (f64, u64),
@@ -305,6 +316,7 @@ impl Recorder {
             bin: (0.0, 0),
             previous_weights: None,
             churn: (0.0, 0),
+            steady_churn: (0.0, 0),
             util_sum: vec![0.0; n_engines],
             util_samples: 0,
             predicted: (0.0, 0),
@@ -441,7 +453,9 @@ impl Recorder {
     }
 
     /// A periodic sample: `weights` stream-major, `demand` per stream (the scenario's curve),
-    /// `utilisation` per engine over the period.
+    /// `utilisation` per engine over the period, `steady` whether the scenario's demand and
+    /// fleet were steady through the period.
+    #[allow(clippy::too_many_arguments)]
     pub fn sample(
         &mut self,
         t_s: f64,
@@ -450,6 +464,7 @@ impl Recorder {
         demand: &[f64],
         utilisation: &[f64],
         predicted_ms: Option<f64>,
+        steady: bool,
     ) {
         let n = in_flight.len();
         let series = &mut self.result.series;
@@ -468,6 +483,7 @@ impl Recorder {
         }
         series.share.push(share);
         let measured = t_s >= self.warmup_s;
+        series.steady.push(measured && steady);
         if let (true, Some(previous)) = (measured, &self.previous_weights) {
             if total > 0.0 {
                 let moved: f64 = weights
@@ -480,6 +496,10 @@ impl Recorder {
                     .sum();
                 self.churn.0 += moved / total;
                 self.churn.1 += 1;
+                if steady {
+                    self.steady_churn.0 += moved / total;
+                    self.steady_churn.1 += 1;
+                }
             }
         }
         if measured {
@@ -572,16 +592,42 @@ impl Recorder {
             })
             .collect();
         let first_measured = r.series.t_s.iter().position(|&t| t >= self.warmup_s).unwrap_or(0);
-        r.oscillation = oscillation(&r.series.share[first_measured..], window / 3600.0);
+        let shares = &r.series.share[first_measured..];
+        r.oscillation = oscillation(shares, &[0..shares.len()], window / 3600.0);
+        // Stretches of steady samples; a stretch's first sample ends a period that was steady,
+        // but the share it starts from is that of the sample before, so each stretch begins
+        // one sample earlier.
+        let steady = &r.series.steady[first_measured..];
+        let t = &r.series.t_s[first_measured..];
+        let mut stretches = Vec::new();
+        let mut steady_s = 0.0;
+        let mut i = 0;
+        while i < steady.len() {
+            if !steady[i] {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < steady.len() && steady[i] {
+                i += 1;
+            }
+            let from = start.saturating_sub(1);
+            steady_s += t[i - 1] - t[from];
+            stretches.push(from..i);
+        }
+        r.steady_s = steady_s;
+        r.steady_churn = (self.steady_churn.1 > 0).then(|| self.steady_churn.0 / self.steady_churn.1 as f64);
+        r.steady_oscillation = (steady_s > 0.0).then(|| oscillation(shares, &stretches, steady_s / 3600.0));
         r.series.final_weights = self.previous_weights.take().unwrap_or_default();
         self.result
     }
 }
 
-/// Mean over engines of the reversals per hour of each engine's share series, counting a
-/// reversal only once the share moved back by more than [`OSCILLATION_THRESHOLD`] × its mean
-/// share (a zig-zag filter, so sampling noise is not oscillation).
-pub fn oscillation(share: &[Vec<f32>], hours: f64) -> f64 {
+/// Mean over engines of the reversals per hour of each engine's share series within
+/// `stretches` (ranges of `share`, each counted on its own; `hours` is their total length),
+/// counting a reversal only once the share moved back by more than [`OSCILLATION_THRESHOLD`] ×
+/// its mean share over all of `share` (a zig-zag filter, so sampling noise is not oscillation).
+pub fn oscillation(share: &[Vec<f32>], stretches: &[std::ops::Range<usize>], hours: f64) -> f64 {
     let Some(first) = share.first() else { return 0.0 };
     let n = first.len();
     let mut total = 0.0;
@@ -593,7 +639,10 @@ pub fn oscillation(share: &[Vec<f32>], hours: f64) -> f64 {
             continue;
         }
         engines += 1;
-        total += reversals(&series, OSCILLATION_THRESHOLD * mean) as f64;
+        total += stretches
+            .iter()
+            .map(|r| reversals(&series[r.clone()], OSCILLATION_THRESHOLD * mean) as f64)
+            .sum::<f64>();
     }
     if engines == 0 || hours <= 0.0 {
         0.0
@@ -652,6 +701,30 @@ mod tests {
         assert_eq!(reversals(&swinging, 0.1), 18);
     }
 
+    /// Two engines, one stream of 10 req/s, a sample every 2 s from a 10-s warm-up: the weights
+    /// swing between the engines until t = 30 s, demand is steady from the period after, and the
+    /// weights move by 1 % once
+    /// at steady demand. Only that move counts at steady demand, and the swings do not.
+    #[test]
+    fn steady_figures_count_only_the_steady_periods() {
+        let mut r = Recorder::new(10.0, 1000.0, &["normal".to_owned()], &["h", "h"]);
+        for i in 0..=30 {
+            let t = f64::from(i) * 2.0;
+            let w = match t {
+                t if t < 30.0 => [f64::from(i % 2), f64::from(1 - i % 2)],
+                t if t < 44.0 => [0.5, 0.5],
+                _ => [0.51, 0.49],
+            };
+            r.sample(t, &[0, 0], w.to_vec(), &[10.0], &[0.5, 0.5], None, t >= 32.0);
+        }
+        let result = r.finish(60.0, None);
+        // 15 periods from t = 30 to 60 at steady demand, one of them moving 1 %.
+        assert!((result.steady_churn.unwrap() - 0.01 / 15.0).abs() < 1e-12);
+        assert_eq!(result.steady_s, 30.0);
+        assert_eq!(result.steady_oscillation, Some(0.0));
+        assert!(result.weight_churn > 0.3 && result.oscillation > 100.0);
+    }
+
     #[test]
     fn percentiles_are_nearest_rank() {
         let mut v: Vec<f32> = (1..=100).map(|x| x as f32).collect();
@@ -661,3 +734,4 @@ mod tests {
         assert_eq!(s.p50, 51.0);
     }
 }
+

@@ -11,14 +11,14 @@ pub fn table(c: &Comparison) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "| policy | e2e mean | e2e p50 | e2e p99 | ttft mean | ttft p50 | ttft p99 | cache hit | goodput | shed | failed | util mean±sd | churn/period | osc/h |"
+        "| policy | e2e mean | e2e p50 | e2e p99 | ttft mean | ttft p50 | ttft p99 | cache hit | goodput | shed | failed | util mean±sd | churn/period | osc/h | churn steady | osc/h steady |"
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for name in &c.order {
         let Some(r) = c.policies.get(name) else { continue };
         let _ = writeln!(
             out,
-            "| {name} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1}% | {:.1} | {:.1}% | {} | {:.2}±{:.2} | {:.2}% | {:.1} |",
+            "| {name} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1}% | {:.1} | {:.1}% | {} | {:.2}±{:.2} | {:.2}% | {:.1} | {} | {} |",
             r.e2e_ms.mean,
             r.e2e_ms.p50,
             r.e2e_ms.p99,
@@ -33,6 +33,8 @@ pub fn table(c: &Comparison) -> String {
             r.utilisation_spread,
             100.0 * r.weight_churn,
             r.oscillation,
+            r.steady_churn.map_or_else(|| "—".to_owned(), |c| format!("{:.2}%", 100.0 * c)),
+            r.steady_oscillation.map_or_else(|| "—".to_owned(), |o| format!("{o:.1}")),
         );
     }
     let _ = writeln!(out, "\nlatencies in ms (network included), goodput in req/s with TTFT within the SLO");
@@ -138,13 +140,17 @@ pub fn seeds(runs: &[Comparison]) -> String {
     );
     let _ = writeln!(
         out,
-        "| policy | e2e mean ms | e2e p99 ms | ttft mean ms | cache hit | churn/period | reversals/h | shed | failed |"
+        "| policy | e2e mean ms | e2e p99 ms | ttft mean ms | cache hit | churn/period | reversals/h | churn steady | rev/h steady | shed | failed |"
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let per =
         |name: &str| -> Vec<&PolicyResult> { runs.iter().filter_map(|c| c.policies.get(name)).collect() };
     let show = |rs: &[&PolicyResult], f: fn(&PolicyResult) -> f64, scale: f64, d: usize, unit: &str| {
         Spread::of(rs.iter().map(|r| f(r))).map_or_else(|| "—".to_owned(), |s| s.show(scale, d, unit))
+    };
+    // Over the seeds that have the figure (a run without steady demand has none).
+    let some = |rs: &[&PolicyResult], f: fn(&PolicyResult) -> Option<f64>, scale: f64, d: usize, unit: &str| {
+        Spread::of(rs.iter().filter_map(|r| f(r))).map_or_else(|| "—".to_owned(), |s| s.show(scale, d, unit))
     };
     for name in &first.order {
         let rs = per(name);
@@ -153,13 +159,15 @@ pub fn seeds(runs: &[Comparison]) -> String {
         }
         let _ = writeln!(
             out,
-            "| {name} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             show(&rs, |r| r.e2e_ms.mean, 1.0, 0, ""),
             show(&rs, |r| r.e2e_ms.p99, 1.0, 0, ""),
             show(&rs, |r| r.ttft_ms.mean, 1.0, 0, ""),
             show(&rs, |r| r.cache_hit_rate, 100.0, 1, "%"),
             show(&rs, |r| r.weight_churn, 100.0, 2, "%"),
             show(&rs, |r| r.oscillation, 1.0, 1, ""),
+            some(&rs, |r| r.steady_churn, 100.0, 2, "%"),
+            some(&rs, |r| r.steady_oscillation, 1.0, 1, ""),
             show(&rs, |r| r.shed_rate, 100.0, 2, "%"),
             show(&rs, |r| r.failed as f64, 1.0, 0, ""),
         );

@@ -33,6 +33,39 @@ pub fn demand_rps(scenario: &Scenario, stream: usize, t_s: f64) -> f64 {
     (d.rps * shape * step * surge).max(0.0)
 }
 
+/// How long after a change of the scenario (an event, a surge's end, a demand step) its demand
+/// is not yet steady: the planner's demand estimate needs about three smoothing time constants
+/// (15 s at the default 5 s) to take a step, and a plan one solve and one pull more.
+pub const STEADY_AFTER_S: f64 = 30.0;
+
+/// A stream's demand is steady while it moved by at most this share over the last
+/// [`STEADY_AFTER_S`] (a diurnal curve: near its peak and trough).
+pub const STEADY_DEMAND_CHANGE: f64 = 0.05;
+
+/// Whether the scenario's demand and fleet were steady through the [`STEADY_AFTER_S`] before
+/// `t_s`: no event, surge end or demand step in that time, and every stream's demand within
+/// [`STEADY_DEMAND_CHANGE`] of what it was at its start. Weight churn and oscillation at steady
+/// demand are the planner's reaction to measurement noise alone.
+pub fn steady(scenario: &Scenario, t_s: f64) -> bool {
+    let since = t_s - STEADY_AFTER_S;
+    if since < 0.0 {
+        return false;
+    }
+    let file = &scenario.file;
+    let events = file.events.iter().flat_map(|e| {
+        let end = (e.kind == EventKind::Surge).then(|| e.duration_s.map(|d| e.at_s + d)).flatten();
+        std::iter::once(e.at_s).chain(end)
+    });
+    let steps = scenario.streams.iter().flat_map(|s| s.demand.steps.iter().map(|step| step.at_s));
+    if events.chain(steps).any(|at| at > since && at <= t_s) {
+        return false;
+    }
+    (0..scenario.streams.len()).all(|s| {
+        let (before, now) = (demand_rps(scenario, s, since), demand_rps(scenario, s, t_s));
+        (now - before).abs() <= STEADY_DEMAND_CHANGE * now.max(before)
+    })
+}
+
 /// SplitMix64: a tiny, fast, seedable generator for per-session draws.
 #[derive(Clone, Copy, Debug)]
 pub struct SplitMix(pub u64);
@@ -132,5 +165,50 @@ impl Session {
         self.output_tokens = output_tokens;
         self.turn += 1;
         Some((self, think))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Demand is steady from 30 s after the start and after every change: the surge's start
+    /// (t = 100) and end (150), a demand step (300).
+    #[test]
+    fn steady_demand_excludes_the_changes_and_what_follows_them() {
+        let scenario = Scenario::from_toml(
+            r#"
+name = "t"
+duration_s = 400
+warmup_s = 10
+[[regions]]
+id = "r"
+lat = 0.0
+lon = 0.0
+[[clusters]]
+id = "a"
+region = "r"
+demand = [{ rps = 10.0, steps = [{ at_s = 300.0, factor = 2.0 }] }]
+[[engines]]
+group = "g"
+region = "r"
+count = 1
+hardware = "h100"
+[[events]]
+at_s = 100.0
+kind = "surge"
+cluster = "a"
+factor = 2.0
+duration_s = 50.0
+"#,
+        )
+        .unwrap();
+        let steady: Vec<u32> =
+            (0..=40).map(|i| i * 10).filter(|&t| steady(&scenario, f64::from(t))).collect();
+        let expected: Vec<u32> = [(30, 90), (130, 140), (180, 290), (330, 400)]
+            .iter()
+            .flat_map(|&(from, to)| (from..=to).step_by(10))
+            .collect();
+        assert_eq!(steady, expected);
     }
 }

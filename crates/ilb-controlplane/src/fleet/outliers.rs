@@ -31,9 +31,10 @@
 //! moves in a planned way. A new outlier starts at max(0.5, severity) — severity 1 − 1/ratio for
 //! latency (a 3× slower engine has about a third of its capacity), 1 − rate/mean for errors —
 //! and while it stays an outlier the capacity it keeps is quartered every interval, up to
-//! `max_penalty`. Every healthy interval halves the penalty; under `min_penalty` it is removed.
-//! Quick to punish, quick to forgive: in capacity terms one healthy interval gives a fully
-//! penalised engine half its capacity back, and the next judgement is one interval away.
+//! `max_penalty`. Every healthy interval halves the penalty, but at most doubles the capacity
+//! the engine keeps; under `min_penalty` it is removed. Quick to punish, quick to forgive a
+//! light penalty, and a deep one in doubling steps: a deeply penalised engine's healthy verdict
+//! rests on a trickle of requests, so each step is judged on the traffic the last one brought.
 //! A penalised engine gets little traffic by design, so it is judged again after only
 //! `probe_requests`; a window that gathers too few requests for `max_window_intervals` is given
 //! up, and a penalised engine then recovers one step on the benefit of the doubt, so a penalty
@@ -72,6 +73,8 @@ const INITIAL_PENALTY: f64 = 0.5;
 const ESCALATION_FACTOR: f64 = 0.25;
 /// Each healthy interval multiplies the penalty by this.
 const RECOVERY_FACTOR: f64 = 0.5;
+/// A healthy interval at most multiplies the capacity a penalised engine keeps by this.
+const RECOVERY_GROWTH: f64 = 2.0;
 /// Prefix of the reason of a penalty that is decaying.
 const RECOVERING: &str = "recovering after ";
 
@@ -392,7 +395,7 @@ impl Fleet {
                 // An insufficient window here has waited too long: given up, like an expired one.
                 Verdict::Insufficient | Verdict::Expired | Verdict::Healthy => {
                     if e.penalty > 0.0 {
-                        e.penalty *= RECOVERY_FACTOR;
+                        e.penalty = recovered(e.penalty);
                         if e.penalty < s.min_penalty {
                             tracing::info!(engine = %self.config.engines[j].id, "penalty removed");
                             e.penalty = 0.0;
@@ -478,8 +481,38 @@ mod tests {
     }
 
     #[test]
+    fn recovery_halves_a_light_penalty_and_doubles_what_a_deep_one_keeps() {
+        assert!((recovered(0.5) - 0.25).abs() < 1e-12);
+        assert!((recovered(0.2) - 0.1).abs() < 1e-12);
+        // 98 % withheld: 2 % kept becomes 4 %, not 51 %.
+        assert!((recovered(0.98) - 0.96).abs() < 1e-12);
+        // The two rules meet at two thirds.
+        assert!((recovered(2.0 / 3.0) - 1.0 / 3.0).abs() < 1e-12);
+        let mut p = 0.98;
+        let mut steps = 0;
+        while p >= 0.05 {
+            p = recovered(p);
+            steps += 1;
+        }
+        assert_eq!(steps, 8, "intervals from the deepest penalty to none");
+    }
+
+    #[test]
     fn population_sigma() {
         let (mean, sigma) = mean_and_sigma(&[0.9, 1.0, 1.0, 0.9]);
         assert!((mean - 0.95).abs() < 1e-12 && (sigma - 0.05).abs() < 1e-12);
     }
+}
+
+/// The penalty after a healthy interval: halved ([`RECOVERY_FACTOR`]), but the capacity the
+/// engine keeps at most doubled ([`RECOVERY_GROWTH`]). A lightly penalised engine is forgiven
+/// quickly; a deeply penalised one carried a trickle of traffic, so its healthy verdict rests on
+/// a few requests (or on none, given up on the benefit of the doubt), and it earns its capacity
+/// back in doubling steps, each judged on the traffic it brings. Halving a 98 % penalty would
+/// hand a still-slow engine half its capacity on that thin evidence, convict it again an
+/// interval later, and swing that traffic back and forth every few intervals (the fleet
+/// simulator's `grey-engine` moved 13–16 % of all traffic each way, every 30 s).
+fn recovered(penalty: f64) -> f64 {
+    let kept = (1.0 - penalty).max(0.0);
+    (penalty * RECOVERY_FACTOR).max(1.0 - RECOVERY_GROWTH * kept).max(0.0)
 }

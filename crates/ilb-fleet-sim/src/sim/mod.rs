@@ -460,7 +460,8 @@ impl Sim<'_> {
             .collect();
         self.last_sample = now;
         let predicted = self.policy.predicted_latency_ms();
-        self.recorder.sample(t_s, &self.load.in_flight, weights, &demand, &utilisation, predicted);
+        let steady = crate::workload::steady(self.scenario, t_s);
+        self.recorder.sample(t_s, &self.load.in_flight, weights, &demand, &utilisation, predicted, steady);
         self.queue.push(now + nanos(self.spec.sample_period_s), Event::Sample);
     }
 
