@@ -189,7 +189,8 @@ impl Default for ControlPlaneSettings {
 /// does not explain it. Unpenalised engines are also judged between intervals, to be convicted
 /// early. A window in which the engine was unreachable is not judged. A penalty
 /// withholds that share of the engine's capacity from the optimizer; it grows while the engine
-/// stays an outlier and halves every healthy interval.
+/// stays an outlier; every healthy interval halves it, but at most doubles the capacity the
+/// engine keeps (a deep penalty is lifted in steps, each judged on the traffic it brings back).
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OutlierSettings {
