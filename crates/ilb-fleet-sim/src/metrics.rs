@@ -734,4 +734,3 @@ mod tests {
         assert_eq!(s.p50, 51.0);
     }
 }
-

@@ -149,9 +149,11 @@ pub fn seeds(runs: &[Comparison]) -> String {
         Spread::of(rs.iter().map(|r| f(r))).map_or_else(|| "—".to_owned(), |s| s.show(scale, d, unit))
     };
     // Over the seeds that have the figure (a run without steady demand has none).
-    let some = |rs: &[&PolicyResult], f: fn(&PolicyResult) -> Option<f64>, scale: f64, d: usize, unit: &str| {
-        Spread::of(rs.iter().filter_map(|r| f(r))).map_or_else(|| "—".to_owned(), |s| s.show(scale, d, unit))
-    };
+    let some =
+        |rs: &[&PolicyResult], f: fn(&PolicyResult) -> Option<f64>, scale: f64, d: usize, unit: &str| {
+            Spread::of(rs.iter().filter_map(|r| f(r)))
+                .map_or_else(|| "—".to_owned(), |s| s.show(scale, d, unit))
+        };
     for name in &first.order {
         let rs = per(name);
         if rs.is_empty() {

@@ -94,6 +94,10 @@ fn overload_sheds_low_priority_first_and_bounds_admitted_latency() {
     assert!(low.shed_rate > 0.5, "low shed {}", low.shed_rate);
     assert!(normal.shed_rate < 0.05, "normal shed {}", normal.shed_rate);
     assert!(ilb.e2e_ms.p99 < 15_000.0, "ilb p99 {}", ilb.e2e_ms.p99);
+    // Demand is steady: the batch classes, shed entirely, stay on their nearest engine instead
+    // of swinging between regions with each round's prices (3.2 % per period before).
+    let churn = ilb.steady_churn.expect("steady demand after the warm-up");
+    assert!(churn <= 0.003, "ilb moved {:.2} % of traffic per period at steady demand", 100.0 * churn);
     for name in ["round-robin", "nearest"] {
         let other = &c.policies[name];
         assert!(
