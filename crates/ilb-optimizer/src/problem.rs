@@ -5,6 +5,8 @@
 //! engine) because the solver's inner loops scan one engine against all classes; the JSON form
 //! is class-major rows, as people write it.
 
+use std::sync::{Arc, Weak};
+
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -61,8 +63,10 @@ pub enum Latency {
 pub struct NetworkMatrix {
     n_classes: usize,
     n_engines: usize,
-    /// `values[engine_idx * n_classes + class_idx]`; `f64::INFINITY` where forbidden.
-    values: Vec<f64>,
+    /// `values[engine_idx * n_classes + class_idx]`; `f64::INFINITY` where forbidden. Shared,
+    /// never mutated: a clone of the matrix (or of its problem) is the same matrix, which lets a
+    /// warm start recognise it without comparing its values (see `Self::is`).
+    values: Arc<Vec<f64>>,
 }
 
 /// Why a problem was rejected.
@@ -111,7 +115,7 @@ impl NetworkMatrix {
                 });
             }
         }
-        Ok(Self { n_classes, n_engines, values })
+        Ok(Self { n_classes, n_engines, values: Arc::new(values) })
     }
 
     /// As [`Self::from_fn`] for callers whose values are finite and ≥ 0 by construction.
@@ -128,13 +132,13 @@ impl NetworkMatrix {
                 values.push(v);
             }
         }
-        Self { n_classes, n_engines, values }
+        Self { n_classes, n_engines, values: Arc::new(values) }
     }
 
     /// Wraps engine-major values that already satisfy the invariant (the solver's group matrix).
     pub(crate) fn from_engine_major(n_classes: usize, n_engines: usize, values: Vec<f64>) -> Self {
         debug_assert_eq!(values.len(), n_classes * n_engines);
-        Self { n_classes, n_engines, values }
+        Self { n_classes, n_engines, values: Arc::new(values) }
     }
 
     /// Builds the matrix from class-major rows, as in the JSON format.
@@ -165,7 +169,7 @@ impl NetworkMatrix {
             }
             values[engine * n_classes + class] = value;
         }
-        Ok(Self { n_classes, n_engines, values })
+        Ok(Self { n_classes, n_engines, values: Arc::new(values) })
     }
 
     pub fn n_classes(&self) -> usize {
@@ -185,6 +189,18 @@ impl NetworkMatrix {
     /// All classes' latencies to one engine, `+∞` where forbidden (the solver's hot access).
     pub(crate) fn engine_column(&self, engine_idx: usize) -> &[f64] {
         &self.values[engine_idx * self.n_classes..(engine_idx + 1) * self.n_classes]
+    }
+
+    /// A handle that identifies this matrix's storage without keeping its values alive.
+    pub(crate) fn identity(&self) -> Weak<Vec<f64>> {
+        Arc::downgrade(&self.values)
+    }
+
+    /// Whether `identity` came from this matrix or a clone of it: then the values are the same
+    /// (they are never mutated). The weak handle keeps the storage's allocation, so no other
+    /// matrix can have the same address while it exists.
+    pub(crate) fn is(&self, identity: &Weak<Vec<f64>>) -> bool {
+        std::ptr::eq(identity.as_ptr(), Arc::as_ptr(&self.values))
     }
 
     /// Class-major rows with `None` where forbidden (the JSON form).
