@@ -424,9 +424,9 @@ impl Candidates {
             if model.engine_on[j] && n > 0 {
                 let (lo, hi) = (wide.start[j] as usize, wide.start[j + 1] as usize);
                 let (classes, nets) = (&wide.class[lo..hi], &wide.net[lo..hi]);
-                // The maximum as `best_reduced_cost` takes it (a maximum does not round, and
-                // the maximiser is in the list).
-                // Each entry's reduced cost, kept for the window's test below.
+                // Each entry's reduced cost (kept for the window's test below) and their maximum,
+                // as `best_reduced_cost` takes it (a maximum does not round, and the maximiser is
+                // in the list).
                 let mut best = f64::NEG_INFINITY;
                 for ((&k, &net), slot) in classes.iter().zip(nets).zip(reduced.iter_mut()) {
                     let r = u[k as usize] - net;
