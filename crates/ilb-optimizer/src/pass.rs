@@ -239,40 +239,6 @@ pub(crate) struct Candidates {
 impl Candidates {
     /// Rebuilds the lists around prices `u`: one full scan of the network matrix.
     pub fn rebuild(&mut self, model: &Model, u: &[f64], width: f64, prev: &PrevRoutes) {
-        self.scan(model, u, width, prev, None);
-    }
-
-    /// `rebuild`, and from the same scan the wide lists of width `wide_width` (≥ `width`) at `u`.
-    pub fn rebuild_wide(
-        &mut self,
-        model: &Model,
-        u: &[f64],
-        width: f64,
-        wide_width: f64,
-        prev: &PrevRoutes,
-    ) -> WideLists {
-        let mut wide = WideLists {
-            base_u: u.to_vec(),
-            width: wide_width,
-            start: Vec::with_capacity(model.n_engines() + 1),
-            class: Vec::new(),
-            net: Vec::new(),
-            net_max: 0.0,
-        };
-        self.scan(model, u, width, prev, Some(&mut wide));
-        wide
-    }
-
-    /// One full scan of the network matrix: the lists, and the wide lists into `wide` if given
-    /// (its `base_u` and `width` set, its lists empty).
-    fn scan(
-        &mut self,
-        model: &Model,
-        u: &[f64],
-        width: f64,
-        prev: &PrevRoutes,
-        mut wide: Option<&mut WideLists>,
-    ) {
         self.start.clear();
         self.class.clear();
         self.net.clear();
@@ -293,33 +259,7 @@ impl Candidates {
         self.net.reserve(expected);
         self.prev.reserve(expected);
         self.start.push(0);
-        if let Some(wide) = wide.as_deref_mut() {
-            wide.start.push(0);
-            wide.class.reserve(2 * expected);
-            wide.net.reserve(2 * expected);
-        }
         for j in 0..m {
-            if let Some(wide) = wide.as_deref_mut() {
-                // Every engine's wide list (an engine without capacity now may have some later),
-                // from the scan that finds its window below.
-                if n > 0 {
-                    let column = model.network.engine_column(j);
-                    let best = best_reduced_cost(u, column, &mut self.blocks);
-                    window_classes(u, column, best - wide.width, &self.blocks, &mut self.window);
-                    for &k in &self.window {
-                        let net = column[k as usize];
-                        if net.is_finite() {
-                            wide.class.push(k);
-                            wide.net.push(net);
-                            wide.net_max = wide.net_max.max(net);
-                        }
-                    }
-                    // The window of width `width` within it, for the lists below.
-                    let threshold = best - width;
-                    self.window.retain(|&k| u[k as usize] - column[k as usize] >= threshold);
-                }
-                wide.start.push(wide.class.len() as u32);
-            }
             if j == m / 32 && j > 0 {
                 // Extrapolate from the first engines (plus an eighth) and reserve once more.
                 let estimate = self.class.len() * m / j + self.class.len() * m / j / 8;
@@ -331,14 +271,151 @@ impl Candidates {
             if model.engine_on[j] && n > 0 {
                 let column = model.network.engine_column(j);
                 // Forbidden pairs are +∞ and classes without demand have u = −∞.
+                let threshold = best_reduced_cost(u, column, &mut self.blocks) - width;
                 let (p_lo, p_hi) = if have_prev { (prev.start[j], prev.start[j + 1]) } else { (0, 0) };
                 let allowed = |k: usize| column[k].is_finite() && model.class_on[k];
-                if wide.is_none() {
-                    // The classes within the window, ascending (one compare per pair, the few
-                    // that pass are checked).
-                    let threshold = best_reduced_cost(u, column, &mut self.blocks) - width;
-                    window_classes(u, column, threshold, &self.blocks, &mut self.window);
+                // The classes within the window, ascending (one compare per pair, the few that
+                // pass are checked).
+                window_classes(u, column, threshold, &self.blocks, &mut self.window);
+                if p_lo == p_hi {
+                    for &k in &self.window {
+                        let k = k as usize;
+                        if allowed(k) {
+                            self.class.push(k as u32);
+                            self.net.push(column[k]);
+                            self.prev.push(0.0);
+                        }
+                    }
+                } else {
+                    // Merge the pairs within the window with the previous routes (both by class).
+                    let mut p = p_lo;
+                    let window = std::mem::take(&mut self.window);
+                    let emit = |cand: &mut Self, k: usize, x_prev: f64| {
+                        if allowed(k) {
+                            cand.class.push(k as u32);
+                            cand.net.push(column[k]);
+                            cand.prev.push(x_prev);
+                        }
+                    };
+                    for &k in &window {
+                        let k = k as usize;
+                        while p < p_hi && (prev.class[p] as usize) < k {
+                            if prev.rps[p] > 0.0 {
+                                emit(self, prev.class[p] as usize, prev.rps[p]);
+                            }
+                            p += 1;
+                        }
+                        let mut x_prev = 0.0;
+                        if p < p_hi && prev.class[p] as usize == k {
+                            x_prev = prev.rps[p];
+                            p += 1;
+                        }
+                        emit(self, k, x_prev);
+                    }
+                    for p in p..p_hi {
+                        if prev.rps[p] > 0.0 {
+                            emit(self, prev.class[p] as usize, prev.rps[p]);
+                        }
+                    }
+                    self.window = window;
                 }
+            }
+            self.start.push(self.class.len());
+        }
+    }
+
+    /// `rebuild`, and from the same scan the wide lists of width `wide_width` (≥ `width`) at `u`.
+    pub fn rebuild_wide(
+        &mut self,
+        model: &Model,
+        u: &[f64],
+        width: f64,
+        wide_width: f64,
+        prev: &PrevRoutes,
+    ) -> WideLists {
+        let mut wide = WideLists {
+            base_u: u.to_vec(),
+            width: wide_width,
+            start: Vec::with_capacity(model.n_engines() + 1),
+            class: Vec::new(),
+            net: Vec::new(),
+            net_max: 0.0,
+        };
+        self.scan_wide(model, u, width, prev, &mut wide);
+        wide
+    }
+
+    /// `rebuild` and the wide lists into `wide` (its `base_u` and `width` set, its lists empty)
+    /// from one scan of the matrix. (A copy of `rebuild`'s loop with plain column loops: sharing
+    /// `rebuild`'s loop or its column scans changed how the compiler built them there, 2–3.5 %
+    /// more instructions in cold solves, which never use this.)
+    fn scan_wide(&mut self, model: &Model, u: &[f64], width: f64, prev: &PrevRoutes, wide: &mut WideLists) {
+        self.start.clear();
+        self.class.clear();
+        self.net.clear();
+        self.prev.clear();
+        self.base_u.clear();
+        self.base_u.extend_from_slice(u);
+        self.width = width;
+        let n = model.n_classes();
+        let have_prev = !prev.start.is_empty();
+        // A few classes per engine are typical: reserving avoids most regrowth (and its copies).
+        // Only for the first 32nd of the engines at first, if the estimate below follows: growing
+        // a full-size guess there copied all of it (realloc does not know how much is used).
+        let m = model.n_engines();
+        let expected = prev.class.len() + 4 * m;
+        let expected = if m >= 64 { expected / 32 + 64 } else { expected };
+        self.start.reserve(m + 1);
+        self.class.reserve(expected);
+        self.net.reserve(expected);
+        self.prev.reserve(expected);
+        self.start.push(0);
+        wide.start.push(0);
+        wide.class.reserve(2 * expected);
+        wide.net.reserve(2 * expected);
+        for j in 0..m {
+            if j == m / 32 && j > 0 {
+                // Extrapolate from the first engines (plus an eighth) and reserve once more.
+                let estimate = self.class.len() * m / j + self.class.len() * m / j / 8;
+                let extra = estimate.saturating_sub(self.class.len());
+                self.class.reserve(extra);
+                self.net.reserve(extra);
+                self.prev.reserve(extra);
+            }
+            let on = model.engine_on[j] && n > 0;
+            // Every engine's wide list is built (an engine without capacity now may have some
+            // later), from the scan that finds its window.
+            if n > 0 {
+                let column = model.network.engine_column(j);
+                // Forbidden pairs are +∞ and classes without demand have u = −∞. Plain loops
+                // (this scan is rare): the same maximum as `best_reduced_cost` (it does not
+                // round) and the same test as `window_classes`.
+                let mut best = f64::NEG_INFINITY;
+                for (&a, &b) in u.iter().zip(column) {
+                    let r = a - b;
+                    best = if r > best { r } else { best };
+                }
+                let (threshold, wide_threshold) = (best - width, best - wide.width);
+                self.window.clear();
+                for (k, (&a, &b)) in u.iter().zip(column).enumerate() {
+                    if a - b >= wide_threshold {
+                        if b.is_finite() {
+                            wide.class.push(k as u32);
+                            wide.net.push(b);
+                            wide.net_max = wide.net_max.max(b);
+                        }
+                        // The window of width `width`, for the lists below.
+                        if a - b >= threshold {
+                            self.window.push(k as u32);
+                        }
+                    }
+                }
+            }
+            wide.start.push(wide.class.len() as u32);
+            if on {
+                let column = model.network.engine_column(j);
+                let (p_lo, p_hi) = if have_prev { (prev.start[j], prev.start[j + 1]) } else { (0, 0) };
+                let allowed = |k: usize| column[k].is_finite() && model.class_on[k];
                 if p_lo == p_hi {
                     for &k in &self.window {
                         let k = k as usize;
@@ -572,11 +649,10 @@ impl WideLists {
 }
 
 /// What a warm start keeps of its solve's candidate lists for the next solve: the network matrix
-/// and grouping they were built on (a handle, not the values), and the wide lists if the solve
-/// kept any.
+/// (its id) and grouping they were built on, and the wide lists if the solve kept any.
 #[derive(Clone)]
 pub(crate) struct KeptLists {
-    pub matrix: std::sync::Weak<Vec<f64>>,
+    pub matrix: u64,
     pub class_group: Vec<u32>,
     pub wide: Option<Arc<WideLists>>,
 }
@@ -586,28 +662,31 @@ pub(crate) struct KeptLists {
 /// `best_reduced_cost` leaves it (the shorter remainder has none and is always scanned): a block
 /// below the threshold has no class in the window and is skipped (in a warm re-solve most are:
 /// a window holds a few classes of a region, 60 % of the blocks none). In the others eight compares form a mask (branch-free, so the compiler can
-/// vectorise them) and only the set bits are visited.
+/// vectorise them) and only the set bits are visited. (Blocks indexed rather than zipped with the
+/// column's chunks: after unrelated changes to this file the compiler built the zipped form
+/// with ~1 % more instructions per cold solve.)
 fn window_classes(u: &[f64], column: &[f64], threshold: f64, blocks: &[f64], out: &mut Vec<u32>) {
     out.clear();
-    let (cu, cc) = (u.chunks_exact(8), column.chunks_exact(8));
-    let (ru, rc) = (cu.remainder(), cc.remainder());
+    let full = u.len() / 8;
     // A shorter `blocks` would silently drop the blocks past its end.
-    debug_assert_eq!(blocks.len(), cu.len(), "blocks are from another column");
-    for (chunk, ((a, b), &block)) in cu.zip(cc).zip(blocks).enumerate() {
+    debug_assert_eq!(blocks.len(), full, "blocks are from another column");
+    for (chunk, &block) in blocks.iter().enumerate() {
         if block < threshold {
             continue;
         }
+        let start = chunk * 8;
+        let (a, b) = (&u[start..start + 8], &column[start..start + 8]);
         let mut mask = 0u32;
         for i in 0..8 {
             mask |= ((a[i] - b[i] >= threshold) as u32) << i;
         }
         while mask != 0 {
-            out.push((chunk * 8) as u32 + mask.trailing_zeros());
+            out.push(start as u32 + mask.trailing_zeros());
             mask &= mask - 1;
         }
     }
-    let tail = u.len() - ru.len();
-    for (i, (a, b)) in ru.iter().zip(rc).enumerate() {
+    let tail = 8 * full;
+    for (i, (a, b)) in u[tail..].iter().zip(&column[tail..]).enumerate() {
         if a - b >= threshold {
             out.push((tail + i) as u32);
         }

@@ -137,11 +137,11 @@ pub fn solve(
     let mut run = Run::new(&model, options, scale, prev);
     if let Some(w) = warm.filter(|_| lost.is_some()) {
         run.travel = if w.after_cold { Travel::FirstWarm } else { Travel::SteadyWarm };
-        // A warm re-solve of the previous solve's network matrix (the same storage) keeps wide
+        // A warm re-solve of the previous solve's network matrix (the same id) keeps wide
         // lists, from which its candidate lists are filtered instead of scanning the matrix;
         // they carry over to the next solve while the grouping is the same too. A new matrix
         // (measured round-trip times) gets the plain scans.
-        if let Some(kept) = w.lists.0.as_ref().filter(|k| problem.network_ms.is(&k.matrix)) {
+        if let Some(kept) = w.lists.0.as_ref().filter(|k| k.matrix == problem.network_ms.id()) {
             let lists = kept.wide.clone().filter(|_| kept.class_group == groups.class_group);
             run.wide = Some(Wide { lists, extra: WIDE_EXTRA_PER_SCALE * scale });
         }
@@ -182,7 +182,7 @@ pub fn solve(
         after_cold: warm.is_none(),
         curves: CurveCache(Some(curves)),
         lists: ListCache(Some(KeptLists {
-            matrix: problem.network_ms.identity(),
+            matrix: problem.network_ms.id(),
             class_group: groups.class_group.clone(),
             wide: run.wide.and_then(|w| w.lists),
         })),
