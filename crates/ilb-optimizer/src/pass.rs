@@ -370,9 +370,10 @@ impl Candidates {
         self.net.reserve(expected);
         self.prev.reserve(expected);
         self.start.push(0);
+        wide.start.reserve(m + 1);
         wide.start.push(0);
-        wide.class.reserve(2 * expected);
-        wide.net.reserve(2 * expected);
+        wide.class.reserve(4 * expected);
+        wide.net.reserve(4 * expected);
         for j in 0..m {
             if j == m / 32 && j > 0 {
                 // Extrapolate from the first engines (plus an eighth) and reserve once more.
@@ -381,6 +382,10 @@ impl Candidates {
                 self.class.reserve(extra);
                 self.net.reserve(extra);
                 self.prev.reserve(extra);
+                let held = wide.class.len();
+                let extra = (held * m / j + held * m / j / 8).saturating_sub(held);
+                wide.class.reserve(extra);
+                wide.net.reserve(extra);
             }
             let on = model.engine_on[j] && n > 0;
             // Every engine's wide list is built (an engine without capacity now may have some
@@ -402,7 +407,9 @@ impl Candidates {
                         if b.is_finite() {
                             wide.class.push(k as u32);
                             wide.net.push(b);
-                            wide.net_max = wide.net_max.max(b);
+                            if b > wide.net_max {
+                                wide.net_max = b;
+                            }
                         }
                         // The window of width `width`, for the lists below.
                         if a - b >= threshold {
