@@ -271,12 +271,12 @@ impl Candidates {
             if model.engine_on[j] && n > 0 {
                 let column = model.network.engine_column(j);
                 // Forbidden pairs are +∞ and classes without demand have u = −∞.
-                let threshold = best_reduced_cost(u, column, &mut self.blocks) - width;
+                let threshold = best_reduced_cost::<false>(u, column, &mut self.blocks) - width;
                 let (p_lo, p_hi) = if have_prev { (prev.start[j], prev.start[j + 1]) } else { (0, 0) };
                 let allowed = |k: usize| column[k].is_finite() && model.class_on[k];
                 // The classes within the window, ascending (one compare per pair, the few that
                 // pass are checked).
-                window_classes(u, column, threshold, &self.blocks, &mut self.window);
+                window_classes::<false>(u, column, threshold, &self.blocks, &mut self.window);
                 if p_lo == p_hi {
                     for &k in &self.window {
                         let k = k as usize;
@@ -346,9 +346,9 @@ impl Candidates {
     }
 
     /// `rebuild` and the wide lists into `wide` (its `base_u` and `width` set, its lists empty)
-    /// from one scan of the matrix. (A copy of `rebuild`'s loop with plain column loops: sharing
-    /// `rebuild`'s loop or its column scans changed how the compiler built them there, 2–3.5 %
-    /// more instructions in cold solves, which never use this.)
+    /// from one scan of the matrix. (A copy of `rebuild`'s loop, with its own copies of the column
+    /// scans: sharing them changed how the compiler built `rebuild`, 2–3.5 % more instructions in
+    /// cold solves, which never use this.)
     fn scan_wide(&mut self, model: &Model, u: &[f64], width: f64, prev: &PrevRoutes, wide: &mut WideLists) {
         self.start.clear();
         self.class.clear();
@@ -392,31 +392,23 @@ impl Candidates {
             // later), from the scan that finds its window.
             if n > 0 {
                 let column = model.network.engine_column(j);
-                // Forbidden pairs are +∞ and classes without demand have u = −∞. Plain loops
-                // (this scan is rare): the same maximum as `best_reduced_cost` (it does not
-                // round) and the same test as `window_classes`.
-                let mut best = f64::NEG_INFINITY;
-                for (&a, &b) in u.iter().zip(column) {
-                    let r = a - b;
-                    best = if r > best { r } else { best };
-                }
-                let (threshold, wide_threshold) = (best - width, best - wide.width);
-                self.window.clear();
-                for (k, (&a, &b)) in u.iter().zip(column).enumerate() {
-                    if a - b >= wide_threshold {
-                        if b.is_finite() {
-                            wide.class.push(k as u32);
-                            wide.net.push(b);
-                            if b > wide.net_max {
-                                wide.net_max = b;
-                            }
-                        }
-                        // The window of width `width`, for the lists below.
-                        if a - b >= threshold {
-                            self.window.push(k as u32);
+                // Forbidden pairs are +∞ and classes without demand have u = −∞. The classes
+                // within the wide window, ascending, by the scan `rebuild` uses.
+                let best = best_reduced_cost::<true>(u, column, &mut self.blocks);
+                let threshold = best - width;
+                window_classes::<true>(u, column, best - wide.width, &self.blocks, &mut self.window);
+                for &k in &self.window {
+                    let net = column[k as usize];
+                    if net.is_finite() {
+                        wide.class.push(k);
+                        wide.net.push(net);
+                        if net > wide.net_max {
+                            wide.net_max = net;
                         }
                     }
                 }
+                // The window of width `width` within it, for the lists below.
+                self.window.retain(|&k| u[k as usize] - column[k as usize] >= threshold);
             }
             wide.start.push(wide.class.len() as u32);
             if on {
@@ -671,8 +663,16 @@ pub(crate) struct KeptLists {
 /// a window holds a few classes of a region, 60 % of the blocks none). In the others eight compares form a mask (branch-free, so the compiler can
 /// vectorise them) and only the set bits are visited. (Blocks indexed rather than zipped with the
 /// column's chunks: after unrelated changes to this file the compiler built the zipped form
-/// with ~1 % more instructions per cold solve.)
-fn window_classes(u: &[f64], column: &[f64], threshold: f64, blocks: &[f64], out: &mut Vec<u32>) {
+/// with ~1 % more instructions per cold solve.) `WIDE` only makes a separate copy for the wide
+/// lists' scan: sharing one made the compiler build `rebuild`'s scan with 2–3.5 % more
+/// instructions per cold solve (likewise `best_reduced_cost`).
+fn window_classes<const WIDE: bool>(
+    u: &[f64],
+    column: &[f64],
+    threshold: f64,
+    blocks: &[f64],
+    out: &mut Vec<u32>,
+) {
     out.clear();
     let full = u.len() / 8;
     // A shorter `blocks` would silently drop the blocks past its end.
@@ -705,7 +705,7 @@ fn window_classes(u: &[f64], column: &[f64], threshold: f64, blocks: &[f64], out
 /// not round, so the lanes' order gives the same value as a sequential scan; and the
 /// reduced costs are computed as `window_classes` computes them, so a block whose maximum is
 /// below a threshold has no entry at or above it.
-fn best_reduced_cost(u: &[f64], column: &[f64], blocks: &mut Vec<f64>) -> f64 {
+fn best_reduced_cost<const WIDE: bool>(u: &[f64], column: &[f64], blocks: &mut Vec<f64>) -> f64 {
     let max = |x: f64, y: f64| if x > y { x } else { y };
     let mut lanes = [f64::NEG_INFINITY; 4];
     let (cu, cc) = (u.chunks_exact(8), column.chunks_exact(8));
@@ -1143,8 +1143,8 @@ mod tests {
             let column: Vec<f64> = values.iter().map(|v| if v.2 == 1 { f64::INFINITY } else { v.1 }).collect();
             let mut out = vec![7];
             let mut blocks = vec![1.0];
-            let best = best_reduced_cost(&u, &column, &mut blocks);
-            window_classes(&u, &column, threshold, &blocks, &mut out);
+            let best = best_reduced_cost::<false>(&u, &column, &mut blocks);
+            window_classes::<false>(&u, &column, threshold, &blocks, &mut out);
             let expected: Vec<u32> = (0..u.len()).filter(|&k| u[k] - column[k] >= threshold).map(|k| k as u32).collect();
             prop_assert_eq!(out, expected);
             let sequential = (0..u.len()).map(|k| u[k] - column[k]).fold(f64::NEG_INFINITY, f64::max);
