@@ -1,8 +1,7 @@
 //! Solves one generated instance cold, then warm many times (for profilers):
-//! `profile_one N M [REPEATS] [overloaded] [noisy] [cold] [chained] [first] [seed=S]` (`cold`:
-//! only the cold solve, REPEATS times; `chained`: see the settling below; `first`: the first
-//! re-solve after the cold solve, without settling; the seed defaults to 1, or 2 when
-//! overloaded).
+//! `profile_one N M [REPEATS] [overloaded] [noisy] [cold] [chained] [seed=S]` (`cold`: only the
+//! cold solve, REPEATS times; `chained`: see the settling below; the seed defaults to 1, or 2
+//! when overloaded).
 //! The solves being measured run inside `measured`, so that an instruction count can be limited
 //! to them: `valgrind --tool=callgrind --toggle-collect='*measured*' target/release/examples/profile_one ...`
 //! (warm: a cold solve and one settling warm solve run outside it, then REPEATS warm re-solves
@@ -60,7 +59,7 @@ fn main() {
     // (`chained`: of a ±1 % change of it instead, so that the measured re-solve follows one like
     // it, as in a control loop).
     let p = if flag("chained") { perturb_demand(&p, 6, 0.01) } else { p };
-    let w = if flag("first") { w } else { solve(&p, Some(&w), &SolverOptions::default()).expect("valid").1 };
+    let (_, w) = solve(&p, Some(&w), &SolverOptions::default()).expect("valid");
     let q = perturb_demand(&p, 7, 0.01);
     let repeats = args.get(2).copied().unwrap_or(20);
     let start = clock();

@@ -5,8 +5,6 @@
 //! engine) because the solver's inner loops scan one engine against all classes; the JSON form
 //! is class-major rows, as people write it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -59,39 +57,12 @@ pub enum Latency {
 /// Network latency in ms for every (class, engine) pair; `None` (JSON `null`) = forbidden.
 ///
 /// Invariant: every stored value is finite and ≥ 0 or `+∞` (forbidden); the constructors check it.
-#[derive(Clone)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct NetworkMatrix {
     n_classes: usize,
     n_engines: usize,
-    /// `values[engine_idx * n_classes + class_idx]`; `f64::INFINITY` where forbidden. Never
-    /// mutated after construction.
+    /// `values[engine_idx * n_classes + class_idx]`; `f64::INFINITY` where forbidden.
     values: Vec<f64>,
-    /// Unique per constructed matrix within the process and kept by clones, so equal ids mean
-    /// equal values: a warm start recognises an unchanged matrix by it without comparing values
-    /// (see `Self::id`). Not part of `==` or `Debug`.
-    id: u64,
-}
-
-/// The next matrix id (from 1; a 64-bit counter does not wrap).
-fn next_id() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed)
-}
-
-impl PartialEq for NetworkMatrix {
-    fn eq(&self, other: &Self) -> bool {
-        self.n_classes == other.n_classes && self.n_engines == other.n_engines && self.values == other.values
-    }
-}
-
-impl std::fmt::Debug for NetworkMatrix {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NetworkMatrix")
-            .field("n_classes", &self.n_classes)
-            .field("n_engines", &self.n_engines)
-            .field("values", &self.values)
-            .finish()
-    }
 }
 
 /// Why a problem was rejected.
@@ -140,7 +111,7 @@ impl NetworkMatrix {
                 });
             }
         }
-        Ok(Self { n_classes, n_engines, values, id: next_id() })
+        Ok(Self { n_classes, n_engines, values })
     }
 
     /// As [`Self::from_fn`] for callers whose values are finite and ≥ 0 by construction.
@@ -157,13 +128,13 @@ impl NetworkMatrix {
                 values.push(v);
             }
         }
-        Self { n_classes, n_engines, values, id: next_id() }
+        Self { n_classes, n_engines, values }
     }
 
     /// Wraps engine-major values that already satisfy the invariant (the solver's group matrix).
     pub(crate) fn from_engine_major(n_classes: usize, n_engines: usize, values: Vec<f64>) -> Self {
         debug_assert_eq!(values.len(), n_classes * n_engines);
-        Self { n_classes, n_engines, values, id: next_id() }
+        Self { n_classes, n_engines, values }
     }
 
     /// Builds the matrix from class-major rows, as in the JSON format.
@@ -194,7 +165,7 @@ impl NetworkMatrix {
             }
             values[engine * n_classes + class] = value;
         }
-        Ok(Self { n_classes, n_engines, values, id: next_id() })
+        Ok(Self { n_classes, n_engines, values })
     }
 
     pub fn n_classes(&self) -> usize {
@@ -214,12 +185,6 @@ impl NetworkMatrix {
     /// All classes' latencies to one engine, `+∞` where forbidden (the solver's hot access).
     pub(crate) fn engine_column(&self, engine_idx: usize) -> &[f64] {
         &self.values[engine_idx * self.n_classes..(engine_idx + 1) * self.n_classes]
-    }
-
-    /// The matrix's identity: equal for a matrix and its clones (and so for a problem and its
-    /// clones), different for every other matrix constructed in this process, whatever its values.
-    pub(crate) fn id(&self) -> u64 {
-        self.id
     }
 
     /// Class-major rows with `None` where forbidden (the JSON form).

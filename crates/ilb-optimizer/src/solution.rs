@@ -93,10 +93,6 @@ pub struct WarmStart {
     /// The engines' processed curves (a cache: not serialised, and ignored by `==`).
     #[serde(skip)]
     pub(crate) curves: CurveCache,
-    /// The candidate lists' network matrix and wide lists (a cache: not serialised, and ignored
-    /// by `==`; the results do not depend on it, only the number of matrix scans).
-    #[serde(skip)]
-    pub(crate) lists: ListCache,
 }
 
 /// Class or engine ids, shared: a warm re-solve of a problem with the same ids shares the previous
@@ -133,23 +129,6 @@ impl PartialEq for CurveCache {
     /// A cache does not change what the state means.
     fn eq(&self, _: &Self) -> bool {
         true
-    }
-}
-
-/// [`WarmStart`]'s cache of the candidate lists (see `pass::WideLists`).
-#[derive(Clone, Default)]
-pub(crate) struct ListCache(pub(crate) Option<crate::pass::KeptLists>);
-
-impl PartialEq for ListCache {
-    /// A cache does not change what the state means.
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl std::fmt::Debug for ListCache {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() { "ListCache(kept)" } else { "ListCache(none)" })
     }
 }
 

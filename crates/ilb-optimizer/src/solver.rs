@@ -8,10 +8,10 @@ use crate::aggregate::Aggregation;
 use crate::certify::{repair, Repaired};
 use crate::coarse;
 use crate::linalg::Cholesky;
-use crate::pass::{Candidates, EngineCurves, KeptLists, Model, Pass, PrevRoutes, WideLists};
+use crate::pass::{Candidates, EngineCurves, Model, Pass, PrevRoutes};
 use crate::problem::{Problem, ProblemError};
 use crate::publish::{publish, RunSummary};
-use crate::solution::{CurveCache, Ids, ListCache, Solution, WarmStart};
+use crate::solution::{CurveCache, Ids, Solution, WarmStart};
 use crate::stability::{keep_previous, Previous};
 use crate::warm::{cold_prices, map_warm_start};
 
@@ -137,14 +137,6 @@ pub fn solve(
     let mut run = Run::new(&model, options, scale, prev);
     if let Some(w) = warm.filter(|_| lost.is_some()) {
         run.travel = if w.after_cold { Travel::FirstWarm } else { Travel::SteadyWarm };
-        // A warm re-solve of the previous solve's network matrix (the same id) keeps wide
-        // lists, from which its candidate lists are filtered instead of scanning the matrix;
-        // they carry over to the next solve while the grouping is the same too. A new matrix
-        // (measured round-trip times) gets the plain scans.
-        if let Some(kept) = w.lists.0.as_ref().filter(|k| k.matrix == problem.network_ms.id()) {
-            let lists = kept.wide.clone().filter(|_| kept.class_group == groups.class_group);
-            run.wide = Some(Wide { lists, extra: WIDE_EXTRA_PER_SCALE * scale });
-        }
     }
     let (repaired, eps) = run.solve(u, eps_start);
     let summary = RunSummary {
@@ -181,11 +173,6 @@ pub fn solve(
         epsilon: eps,
         after_cold: warm.is_none(),
         curves: CurveCache(Some(curves)),
-        lists: ListCache(Some(KeptLists {
-            matrix: problem.network_ms.id(),
-            class_group: groups.class_group.clone(),
-            wide: run.wide.and_then(|w| w.lists),
-        })),
     };
     Ok((solution, warm))
 }
@@ -241,44 +228,6 @@ pub(crate) struct Run<'m, 'p> {
     /// How far prices are expected to travel, which sets the candidate lists' drift budget
     /// (see `width`).
     pub travel: Travel,
-    /// A warm re-solve of the previous solve's matrix: the wide lists the candidate lists are
-    /// filtered from (`None`: every list is a scan of the matrix).
-    wide: Option<Wide>,
-}
-
-/// The wide candidate lists of a warm re-solve (see `pass::WideLists`).
-struct Wide {
-    lists: Option<Arc<WideLists>>,
-    /// W′ − W when they are (re)built: how far prices may drift before the next scan.
-    extra: f64,
-}
-
-/// The wide lists' extra width per unit of the price scale (W′ = W + this × scale).
-const WIDE_EXTRA_PER_SCALE: f64 = 0.01;
-
-/// Candidate lists of width `width` at prices `u` into `cand`: filtered from the wide lists when
-/// they cover them, else from a scan of the matrix (which, in a warm re-solve keeping wide lists,
-/// rebuilds those first). Returns whether the matrix was scanned.
-fn relist(
-    cand: &mut Candidates,
-    wide: &mut Option<Wide>,
-    model: &Model,
-    u: &[f64],
-    width: f64,
-    prev: &PrevRoutes,
-) -> bool {
-    let Some(wide) = wide else {
-        cand.rebuild(model, u, width, prev);
-        return true;
-    };
-    if let Some(lists) = wide.lists.as_deref().filter(|l| l.covers(u, width)) {
-        cand.rebuild_from(lists, model, u, width, prev);
-        return false;
-    }
-    let lists = cand.rebuild_wide(model, u, width, width + wide.extra, prev);
-    // Kept unless prices are so large that the rounding margin exceeds the extra width.
-    wide.lists = lists.covers(u, width).then(|| Arc::new(lists));
-    true
 }
 
 /// The kind of solve, as far as the candidate lists' drift budget is concerned.
@@ -326,7 +275,6 @@ impl<'m, 'p> Run<'m, 'p> {
             passes: 0,
             rebuilds: 0,
             travel: Travel::Cold,
-            wide: None,
         }
     }
 
@@ -371,14 +319,12 @@ impl<'m, 'p> Run<'m, 'p> {
         let mut best_eps = eps;
         let mut tolerance = STAGE_TOLERANCE;
         let mut pass_eps = f64::NAN;
-        let width = self.width(eps);
-        self.rebuilds +=
-            relist(&mut self.cand, &mut self.wide, self.model, &self.u, width, &self.prev) as usize;
+        self.cand.rebuild(self.model, &self.u, self.width(eps), &self.prev);
+        self.rebuilds += 1;
         loop {
             if !Self::lists_valid(&self.cand, &self.u, eps, rho) || self.cand.width > 4.0 * self.width(eps) {
-                let width = self.width(eps);
-                self.rebuilds +=
-                    relist(&mut self.cand, &mut self.wide, self.model, &self.u, width, &self.prev) as usize;
+                self.cand.rebuild(self.model, &self.u, self.width(eps), &self.prev);
+                self.rebuilds += 1;
                 pass_eps = f64::NAN;
             }
             // The pass is current unless ε or the lists changed (Newton keeps it in step with u).
@@ -545,10 +491,8 @@ impl<'m, 'p> Run<'m, 'p> {
                 }
                 let rebuilt = !Self::lists_valid(&self.cand, &u_trial, eps, rho);
                 if rebuilt {
-                    let width = self.width(eps);
-                    self.rebuilds +=
-                        relist(&mut self.spare, &mut self.wide, self.model, &u_trial, width, &self.prev)
-                            as usize;
+                    self.spare.rebuild(self.model, &u_trial, self.width(eps), &self.prev);
+                    self.rebuilds += 1;
                 }
                 let lists = if rebuilt { &self.spare } else { &self.cand };
                 self.trial.q.clone_from(&self.pass.q);
