@@ -599,21 +599,15 @@ impl Recorder {
         // one sample earlier.
         let steady = &r.series.steady[first_measured..];
         let t = &r.series.t_s[first_measured..];
-        let mut stretches = Vec::new();
-        let mut steady_s = 0.0;
-        let mut i = 0;
-        while i < steady.len() {
-            if !steady[i] {
-                i += 1;
-                continue;
+        let (mut stretches, mut steady_s, mut at) = (Vec::new(), 0.0, 0);
+        for run in steady.chunk_by(|a, b| a == b) {
+            let end = at + run.len();
+            if run[0] {
+                let from = at.saturating_sub(1);
+                steady_s += t[end - 1] - t[from];
+                stretches.push(from..end);
             }
-            let start = i;
-            while i < steady.len() && steady[i] {
-                i += 1;
-            }
-            let from = start.saturating_sub(1);
-            steady_s += t[i - 1] - t[from];
-            stretches.push(from..i);
+            at = end;
         }
         r.steady_s = steady_s;
         r.steady_churn = (self.steady_churn.1 > 0).then(|| self.steady_churn.0 / self.steady_churn.1 as f64);
