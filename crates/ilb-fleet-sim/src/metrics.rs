@@ -593,7 +593,7 @@ impl Recorder {
             .collect();
         let first_measured = r.series.t_s.iter().position(|&t| t >= self.warmup_s).unwrap_or(0);
         let shares = &r.series.share[first_measured..];
-        r.oscillation = oscillation(shares, &[0..shares.len()], window / 3600.0);
+        r.oscillation = oscillation(shares, std::slice::from_ref(&(0..shares.len())), window / 3600.0);
         // Stretches of steady samples; a stretch's first sample ends a period that was steady,
         // but the share it starts from is that of the sample before, so each stretch begins
         // one sample earlier.

@@ -454,6 +454,19 @@ impl Fleet {
     }
 }
 
+/// The penalty after a healthy interval: halved ([`RECOVERY_FACTOR`]), but the capacity the
+/// engine keeps at most doubled ([`RECOVERY_GROWTH`]). A lightly penalised engine is forgiven
+/// quickly; a deeply penalised one carried a trickle of traffic, so its healthy verdict rests on
+/// a few requests (or on none, given up on the benefit of the doubt), and it earns its capacity
+/// back in doubling steps, each judged on the traffic it brings. Halving a 98 % penalty would
+/// hand a still-slow engine half its capacity on that thin evidence, convict it again an
+/// interval later, and swing that traffic back and forth every few intervals (the fleet
+/// simulator's `grey-engine` moved 13–16 % of all traffic each way, every 30 s).
+fn recovered(penalty: f64) -> f64 {
+    let kept = (1.0 - penalty).max(0.0);
+    (penalty * RECOVERY_FACTOR).max(1.0 - RECOVERY_GROWTH * kept).max(0.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -502,17 +515,4 @@ mod tests {
         let (mean, sigma) = mean_and_sigma(&[0.9, 1.0, 1.0, 0.9]);
         assert!((mean - 0.95).abs() < 1e-12 && (sigma - 0.05).abs() < 1e-12);
     }
-}
-
-/// The penalty after a healthy interval: halved ([`RECOVERY_FACTOR`]), but the capacity the
-/// engine keeps at most doubled ([`RECOVERY_GROWTH`]). A lightly penalised engine is forgiven
-/// quickly; a deeply penalised one carried a trickle of traffic, so its healthy verdict rests on
-/// a few requests (or on none, given up on the benefit of the doubt), and it earns its capacity
-/// back in doubling steps, each judged on the traffic it brings. Halving a 98 % penalty would
-/// hand a still-slow engine half its capacity on that thin evidence, convict it again an
-/// interval later, and swing that traffic back and forth every few intervals (the fleet
-/// simulator's `grey-engine` moved 13–16 % of all traffic each way, every 30 s).
-fn recovered(penalty: f64) -> f64 {
-    let kept = (1.0 - penalty).max(0.0);
-    (penalty * RECOVERY_FACTOR).max(1.0 - RECOVERY_GROWTH * kept).max(0.0)
 }
