@@ -360,8 +360,11 @@ pub fn snapshots(
             for (k, class) in plan.classes.iter().enumerate().filter(|(_, c)| c.key.cluster == cluster.id) {
                 let outcome = solution.map(|s| plan.outcome(k, Some(s)));
                 let mut weights: Vec<EngineWeight> = Vec::new();
+                // The plan's index of each engine in `weights`.
+                let mut candidates: Vec<usize> = Vec::new();
                 for (j, &fleet_idx) in plan.engines.iter().enumerate() {
                     let Some(network) = plan.network_ms(k, j) else { continue };
+                    candidates.push(j);
                     let weight = match &outcome {
                         Some(o) => o.routes.iter().find(|r| r.0 == j).map_or(0.0, |r| r.2),
                         None => plan.capacity_rps[j],
@@ -382,7 +385,7 @@ pub fn snapshots(
                 if weights.iter().all(|w| w.weight <= 0.0) {
                     // Everything shed (or nothing allowed): keep the class routable so the
                     // requests admitted anyway find an engine.
-                    fallback_weights(plan, k, &mut weights);
+                    fallback_weights(plan, &candidates, &mut weights);
                 }
                 if weights.is_empty() {
                     continue;
@@ -430,21 +433,19 @@ pub fn snapshots(
     out
 }
 
-/// Weights for class `k` when the plan routes none of its traffic (all of it shed, or no
+/// Weights for a class when the plan routes none of its traffic (all of it shed, or no
 /// solution): the nearest engines that have capacity, equally. A class shed everywhere finds
 /// every engine it may use full, or dearer than its shed price, so the requests admitted anyway
 /// (critical parts, the rounding of the shed fraction) are best served with the least network;
 /// and the choice follows the network alone, not the prices, which move with every round's
 /// noise (routing by marginal cost swung a shed class between two regions each round on the
-/// fleet simulator's `overload`). Equal weights where no engine has capacity. `weights` lists
-/// the engines class `k` may use, in the plan's engine order.
-fn fallback_weights(plan: &ModelPlan, k: usize, weights: &mut [EngineWeight]) {
-    let networks: Vec<Option<f64>> = (0..plan.engines.len())
-        .filter_map(|j| Some((j, plan.network_ms(k, j)?)))
-        .map(|(j, network)| (plan.capacity_rps[j] > 0.0).then_some(network))
-        .collect();
-    let nearest = networks.iter().flatten().copied().fold(f64::INFINITY, f64::min);
-    for (w, network) in weights.iter_mut().zip(&networks) {
-        w.weight = if nearest.is_finite() { f64::from(*network == Some(nearest)) } else { 1.0 };
+/// fleet simulator's `overload`). Equal weights where no engine has capacity. `candidates[i]`
+/// is the plan's index of the engine of `weights[i]`.
+fn fallback_weights(plan: &ModelPlan, candidates: &[usize], weights: &mut [EngineWeight]) {
+    let usable = |w: &EngineWeight, j: usize| w.network_ms.filter(|_| plan.capacity_rps[j] > 0.0);
+    let nearest =
+        weights.iter().zip(candidates).filter_map(|(w, &j)| usable(w, j)).fold(f64::INFINITY, f64::min);
+    for (w, &j) in weights.iter_mut().zip(candidates) {
+        w.weight = if nearest.is_finite() { f64::from(usable(w, j) == Some(nearest)) } else { 1.0 };
     }
 }

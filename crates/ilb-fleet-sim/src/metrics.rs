@@ -697,8 +697,8 @@ mod tests {
 
     /// Two engines, one stream of 10 req/s, a sample every 2 s from a 10-s warm-up: the weights
     /// swing between the engines until t = 30 s, demand is steady from the period after, and the
-    /// weights move by 1 % once
-    /// at steady demand. Only that move counts at steady demand, and the swings do not.
+    /// weights move by 1 % once at steady demand. Only that move counts at steady demand, and
+    /// the swings do not.
     #[test]
     fn steady_figures_count_only_the_steady_periods() {
         let mut r = Recorder::new(10.0, 1000.0, &["normal".to_owned()], &["h", "h"]);
