@@ -48,6 +48,10 @@ pub struct ModelPlan {
     /// excluded; [`Fleet::latency_and_in_flight_profiles`]).
     pub in_flight: Vec<LatencyProfile>,
     pub problem: Problem,
+    /// Per problem class: how much of its demand is headroom above the demand expected (the
+    /// planner plans each class at the top of its noise band, and without headroom where that
+    /// would shed). [`ModelPlan::outcome`] takes it off the class's demand. Zero as built.
+    pub headroom_rps: Vec<f64>,
 }
 
 #[derive(Clone, Debug)]
@@ -91,6 +95,13 @@ impl ModelPlan {
         self.parts_of(k).next().and_then(|i| self.problem.network_ms.get(i, j))
     }
 
+    /// Takes the headroom off every class's demand.
+    pub fn without_headroom(&mut self) {
+        for (class, headroom) in self.problem.classes.iter_mut().zip(&mut self.headroom_rps) {
+            class.demand_rps -= std::mem::take(headroom);
+        }
+    }
+
     /// Sets class `k`'s planned demand, split over its parts as they are split now.
     pub fn set_demand(&mut self, k: usize, rps: f64) {
         let parts: Vec<usize> = self.parts_of(k).collect();
@@ -102,16 +113,18 @@ impl ModelPlan {
     }
 
     /// Class `k` in `solution` (which solves this plan's problem); without one, its demand,
-    /// prices and nothing shed or routed.
+    /// prices and nothing shed or routed. Demand is without the headroom, which is not expected
+    /// to arrive.
     pub fn outcome(&self, k: usize, solution: Option<&Solution>) -> ClassOutcome {
         let mut out = ClassOutcome::default();
         let mut rps = vec![0.0; self.engines.len()];
         for i in self.parts_of(k) {
             let class = &self.problem.classes[i];
             let shed = solution.and_then(|s| s.shed_rps.get(i).copied()).unwrap_or(0.0);
-            out.planned_demand_rps += class.demand_rps;
+            let demand = class.demand_rps - self.headroom_rps[i];
+            out.planned_demand_rps += demand;
             out.shed_rps += shed;
-            out.by_priority.push((self.parts[i].1, class.demand_rps, class.shed_penalty_ms, shed));
+            out.by_priority.push((self.parts[i].1, demand, class.shed_penalty_ms, shed));
             for r in solution.map_or(&[][..], |s| s.class_routes(i)) {
                 rps[r.engine] += r.rps;
             }
@@ -271,6 +284,7 @@ pub fn build(fleet: &Fleet, now: Now) -> (Vec<ModelPlan>, Vec<Unplanned>) {
             engines: engine_idx,
             capacity_rps,
             in_flight,
+            headroom_rps: vec![0.0; problem.classes.len()],
             problem,
         });
     }
