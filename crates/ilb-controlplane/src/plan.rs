@@ -49,8 +49,8 @@ pub struct ModelPlan {
     pub in_flight: Vec<LatencyProfile>,
     pub problem: Problem,
     /// Per problem class: how much of its demand is headroom above the demand expected (the
-    /// planner plans each class at the top of its noise band, and without headroom where that
-    /// would shed). [`ModelPlan::outcome`] takes it off the class's demand. Zero as built.
+    /// planner plans each class at the top of its noise band, and a model without headroom
+    /// where it would not fit in the model's usable capacity). [`ModelPlan::outcome`] takes it off the class's demand. Zero as built.
     pub headroom_rps: Vec<f64>,
 }
 

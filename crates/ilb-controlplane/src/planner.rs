@@ -153,6 +153,13 @@ impl Planner {
                 class.demand_rps = centre + *headroom;
                 held.insert(key, centre);
             }
+            // Headroom is for bursts the fleet has room for: a model whose demand with headroom
+            // is beyond its usable capacity could only have it by shedding traffic.
+            let with_headroom: f64 = plan.problem.classes.iter().map(|c| c.demand_rps).sum();
+            let usable: f64 = plan.capacity_rps.iter().sum::<f64>() * plan.problem.rho;
+            if with_headroom > usable {
+                plan.without_headroom();
+            }
             // The fleet changed: an engine joined, left, or its effective capacity moved (a
             // penalty given or lifted, replicas down or back), so a recovered engine gets its
             // traffic back at once.
@@ -182,21 +189,15 @@ impl Planner {
     /// its model gets the panic as its error (the snapshots then route it by capacity), it is
     /// logged with the model, and the model starts from a fresh solver next round.
     pub fn solve(&mut self, problems: Problems) -> Round {
-        let Problems { mut plans, unplanned, changed } = problems;
+        let Problems { plans, unplanned, changed } = problems;
         let mut panics = 0;
         let mut results = Vec::with_capacity(plans.len());
-        for (plan, changed) in plans.iter_mut().zip(changed) {
+        for (plan, changed) in plans.iter().zip(changed) {
             let solver =
                 self.solvers.entry(plan.model.clone()).or_insert_with(|| Solver::new(self.options.clone()));
             solver.options.stability_ms = if changed { 0.0 } else { self.options.stability_ms };
             let started = crate::clock::now();
-            let (mut result, mut panicked) = guarded(&plan.model, || solver.solve(&plan.problem));
-            // Headroom is for bursts the fleet has room for: where planning it would shed
-            // traffic, the model is planned without it.
-            if result.as_ref().is_ok_and(sheds) && plan.headroom_rps.iter().any(|&h| h > 0.0) {
-                plan.without_headroom();
-                (result, panicked) = guarded(&plan.model, || solver.solve(&plan.problem));
-            }
+            let (result, panicked) = guarded(&plan.model, || solver.solve(&plan.problem));
             if panicked {
                 panics += 1;
                 // A solver that panicked may hold half-updated state.
@@ -265,11 +266,6 @@ const REAL_CHANGE_BANDS: f64 = 2.0;
 /// An engine whose effective capacity moves by more than this fraction between rounds counts
 /// as a change of the fleet (penalties and health move it in steps; nothing moves it by noise).
 const CAPACITY_CHANGE: f64 = 0.01;
-
-/// Whether a solution sheds more than rounding: 10⁻⁶ req/s of some class.
-fn sheds(solution: &Solution) -> bool {
-    solution.shed_rps.iter().any(|&s| s > 1e-6)
-}
 
 /// The half-width of the band a demand of `rps` measured with an EWMA of time constant `tau_s`
 /// moves within by noise alone: `sigmas` × √(rps / 2τ).

@@ -227,25 +227,65 @@ fn build_after_b_reports(
     planner.build(fleet, now)
 }
 
-/// The planner plans with the demand it planned before while the measurement moves within its
-/// noise band (3 σ of a Poisson EWMA: at 120 req/s with 5 s smoothing, ±10.4 req/s), and takes
-/// the measurement once it leaves the band.
+/// The planner keeps a band around each class's demand (3 σ of a Poisson EWMA: at 120 req/s
+/// with 5 s smoothing, ±10.4 req/s) and moves it only as far as the measurement leaves it; a
+/// jump beyond twice the band re-centres it on the measurement. Each class is planned at its
+/// band's top, the headroom above the centre shown in `headroom_rps`.
 #[test]
-fn demand_within_its_noise_band_is_held() {
-    let config: FleetConfig = toml::from_str(&worked_example()).unwrap();
+fn demand_is_planned_at_the_top_of_a_band_that_moves_only_as_far_as_the_measurement_leaves_it() {
+    let mut config: FleetConfig = toml::from_str(&worked_example()).unwrap();
+    // Engines never scraped stay healthy for the whole test: their capacity does not change.
+    config.control_plane.signal_stale_ms = 3_600_000;
     let mut fleet = Fleet::new(config);
     let mut planner = ilb_controlplane::planner::Planner::for_config(&fleet.config);
+    // (centre, headroom) of cluster b's class.
     let mut planned = |fleet: &mut Fleet, sequence: u64, rps: f64| {
         let problems = build_after_b_reports(&mut planner, fleet, sequence, rps);
         let plan = &problems.plans[0];
         let b = plan.classes.iter().position(|c| c.key.cluster == "b").unwrap();
-        plan.parts_of(b).map(|i| plan.problem.classes[i].demand_rps).sum::<f64>()
+        let demand: f64 = plan.parts_of(b).map(|i| plan.problem.classes[i].demand_rps).sum();
+        let headroom: f64 = plan.parts_of(b).map(|i| plan.headroom_rps[i]).sum();
+        (demand - headroom, headroom)
     };
-    assert_eq!(planned(&mut fleet, 1, 120.0), 120.0);
-    assert_eq!(planned(&mut fleet, 2, 128.0), 120.0, "within the band: held");
-    assert_eq!(planned(&mut fleet, 3, 112.0), 120.0, "within the band: held");
-    assert_eq!(planned(&mut fleet, 4, 135.0), 135.0, "outside the band: taken");
-    assert_eq!(planned(&mut fleet, 5, 90.0), 90.0, "outside the band: taken");
+    let band = |rps: f64| 3.0 * (rps / 10.0f64).sqrt();
+    let near = |(centre, headroom): (f64, f64), want: f64, what: &str| {
+        assert!((centre - want).abs() < 1e-9, "{what}: centre {centre}, want {want}");
+        assert!((headroom - band(want)).abs() < 1e-9, "{what}: headroom {headroom}, want {}", band(want));
+    };
+    near(planned(&mut fleet, 1, 120.0), 120.0, "first measurement");
+    near(planned(&mut fleet, 2, 128.0), 120.0, "within the band: held");
+    near(planned(&mut fleet, 3, 112.0), 120.0, "within the band: held");
+    near(planned(&mut fleet, 4, 135.0), 135.0 - band(135.0), "out of the band: moved to hold it on the edge");
+    near(planned(&mut fleet, 5, 125.0), 135.0 - band(135.0), "back inside the moved band: held");
+    near(planned(&mut fleet, 6, 90.0), 90.0, "beyond twice the band: re-centred");
+}
+
+/// Headroom is for bursts the fleet has room for: a model whose demand at its bands' tops is
+/// beyond its usable capacity is planned without headroom, so the headroom does not displace
+/// traffic the plan would admit (300 req/s of normal traffic against 266 usable sheds).
+#[test]
+fn a_model_beyond_its_capacity_is_planned_without_headroom() {
+    let config: FleetConfig = toml::from_str(&worked_example()).unwrap();
+    let mut fleet = Fleet::new(config);
+    let now = Duration::from_secs(1);
+    let mut planner = ilb_controlplane::planner::Planner::for_config(&fleet.config);
+    for r in [report("a", 100.0), report("b", 50.0), report("c", 50.0)] {
+        fleet.on_report(now, r).unwrap();
+    }
+    let round = planner.plan(&fleet, now);
+    assert!(round.plans[0].headroom_rps.iter().all(|&h| h > 0.0), "room for headroom");
+    let later = now + Duration::from_secs(1);
+    for mut r in [report("a", 200.0), report("b", 50.0), report("c", 50.0)] {
+        r.sequence = 2;
+        fleet.on_report(later, r).unwrap();
+    }
+    let round = planner.plan(&fleet, later);
+    assert!(round.plans[0].headroom_rps.iter().all(|&h| h == 0.0), "{:?}", round.plans[0].headroom_rps);
+    let solution = round.solutions()[0].expect("solved");
+    assert!(solution.shed_rps.iter().sum::<f64>() > 1.0, "over capacity: sheds");
+    let demand: f64 = round.plans[0].problem.classes.iter().map(|c| c.demand_rps).sum();
+    let measured: f64 = round.plans[0].classes.iter().map(|c| c.measured_demand_rps).sum();
+    assert!((demand - measured).abs() < 1e-9, "planned {demand} vs measured {measured}");
 }
 
 /// A demand that jumps by more than twice its noise band is a real change: its model is
