@@ -49,8 +49,8 @@ pub struct ModelPlan {
     pub in_flight: Vec<LatencyProfile>,
     pub problem: Problem,
     /// Per problem class: how much of its demand is headroom above the demand expected (the
-    /// planner plans each class at the top of its noise band, and a model without headroom
-    /// where it would not fit in the model's usable capacity). [`ModelPlan::outcome`] takes it off the class's demand. Zero as built.
+    /// planner plans each class at the top of its noise band, as far as the model's usable
+    /// capacity has room for it). [`ModelPlan::outcome`] takes it off the class's demand. Zero as built.
     pub headroom_rps: Vec<f64>,
 }
 
@@ -95,10 +95,11 @@ impl ModelPlan {
         self.parts_of(k).next().and_then(|i| self.problem.network_ms.get(i, j))
     }
 
-    /// Takes the headroom off every class's demand.
-    pub fn without_headroom(&mut self) {
+    /// Scales every class's headroom by `factor` (in [0, 1]).
+    pub fn scale_headroom(&mut self, factor: f64) {
         for (class, headroom) in self.problem.classes.iter_mut().zip(&mut self.headroom_rps) {
-            class.demand_rps -= std::mem::take(headroom);
+            class.demand_rps -= *headroom * (1.0 - factor);
+            *headroom *= factor;
         }
     }
 
@@ -114,14 +115,15 @@ impl ModelPlan {
 
     /// Class `k` in `solution` (which solves this plan's problem); without one, its demand,
     /// prices and nothing shed or routed. Demand is without the headroom, which is not expected
-    /// to arrive.
+    /// to arrive, and what the plan sheds of a part comes out of its headroom first.
     pub fn outcome(&self, k: usize, solution: Option<&Solution>) -> ClassOutcome {
         let mut out = ClassOutcome::default();
         let mut rps = vec![0.0; self.engines.len()];
         for i in self.parts_of(k) {
             let class = &self.problem.classes[i];
+            let headroom = self.headroom_rps[i];
             let shed = solution.and_then(|s| s.shed_rps.get(i).copied()).unwrap_or(0.0);
-            let demand = class.demand_rps - self.headroom_rps[i];
+            let (demand, shed) = (class.demand_rps - headroom, (shed - headroom).max(0.0));
             out.planned_demand_rps += demand;
             out.shed_rps += shed;
             out.by_priority.push((self.parts[i].1, demand, class.shed_penalty_ms, shed));

@@ -153,12 +153,14 @@ impl Planner {
                 class.demand_rps = centre + *headroom;
                 held.insert(key, centre);
             }
-            // Headroom is for bursts the fleet has room for: a model whose demand with headroom
-            // is beyond its usable capacity could only have it by shedding traffic.
-            let with_headroom: f64 = plan.problem.classes.iter().map(|c| c.demand_rps).sum();
+            // Headroom is for bursts the fleet has room for: it takes at most the model's usable
+            // capacity left over by the centres (shrinking smoothly as demand nears capacity),
+            // and none from traffic the plan would otherwise admit.
+            let headroom: f64 = plan.headroom_rps.iter().sum();
+            let centres: f64 = plan.problem.classes.iter().map(|c| c.demand_rps).sum::<f64>() - headroom;
             let usable: f64 = plan.capacity_rps.iter().sum::<f64>() * plan.problem.rho;
-            if with_headroom > usable {
-                plan.without_headroom();
+            if headroom > 0.0 {
+                plan.scale_headroom(((usable - centres) / headroom).clamp(0.0, 1.0));
             }
             // The fleet changed: an engine joined, left, or its effective capacity moved (a
             // penalty given or lifted, replicas down or back), so a recovered engine gets its

@@ -35,6 +35,19 @@ fn ilb_mean_below(runs: &[Comparison], others: &[&str], of: fn(&PolicyResult) ->
     }
 }
 
+/// Issue 14's targets at steady demand, over the seeds: ilb moves at most 0.3 % of traffic per
+/// solve period and reverses a weight at most a third as often as `feedback`.
+fn steady_targets(runs: &[Comparison]) {
+    let mean = |f: fn(&PolicyResult) -> Option<f64>, policy: &str| {
+        runs.iter().map(|c| f(&c.policies[policy]).expect("steady demand after the warm-up")).sum::<f64>()
+            / runs.len() as f64
+    };
+    let churn = mean(|r| r.steady_churn, "ilb");
+    assert!(churn <= 0.003, "ilb moved {:.2} % of traffic per period at steady demand", 100.0 * churn);
+    let (ilb, feedback) = (mean(|r| r.steady_oscillation, "ilb"), mean(|r| r.steady_oscillation, "feedback"));
+    assert!(3.0 * ilb <= feedback, "reversals per hour at steady demand: ilb {ilb:.1}, feedback {feedback:.1}");
+}
+
 fn transient<'a>(c: &'a Comparison, policy: &str) -> &'a TransientStats {
     c.policies[policy].transients.first().expect("the scenario has an event")
 }
@@ -60,6 +73,10 @@ fn hot_residency_ilb_keeps_the_bound_traffic_home_and_spills_the_free_traffic() 
         }
         assert_eq!(c.policies["ilb"].failed, 0, "seed {}", c.seed);
     }
+    // The spill from eu-west follows the residency-bound class's demand, which is noisier
+    // than Poisson (conversations): moving the demand band only as far as the measurement
+    // leaves it took steady churn from 0.26 % to 0.12 % on seeds 1–3.
+    steady_targets(&runs);
 }
 
 #[test]
@@ -71,7 +88,8 @@ fn surge_ilb_replans_from_the_demand_reports_and_has_the_lowest_latency_during_t
         // The data planes' demand is smoothed over 5 s, solves run every 2 s and snapshots are
         // pulled 1 s later: two time constants (86 % of the step) plus a solve and a pull make
         // 13 s. Measured: 5–7 s hashing new conversations blindly, 5–11 s placing them by load
-        // (whose better-spread local load makes the first spill a little smaller).
+        // (whose better-spread local load makes the first spill a little smaller), 7–13 s
+        // with the demand band moved only as far as the measurement leaves it.
         assert!(replan <= 13.0, "seed {}: ilb re-planned after {replan} s", c.seed);
         for name in ["feedback", "nearest"] {
             let other = transient(c, name);
@@ -112,21 +130,10 @@ fn grey_engine_ilb_moves_traffic_off_the_slow_engine_and_beats_round_robin_durin
             c.seed, ilb.e2e_ms.mean, feedback.e2e_ms.mean, feedback.replan_s
         );
     }
-    // Once the grey engine is penalised, its traffic does not swing back and forth (issue 14's
-    // targets at steady demand, over the seeds): a deep penalty is lifted in doubling steps,
-    // each judged on the traffic it brings (halving it moved 13–16 % of all traffic each way
-    // every 30 s on seed 2).
-    let mean = |f: fn(&PolicyResult) -> Option<f64>, policy: &str| {
-        runs.iter().map(|c| f(&c.policies[policy]).expect("steady demand after the event")).sum::<f64>()
-            / runs.len() as f64
-    };
-    let churn = mean(|r| r.steady_churn, "ilb");
-    assert!(churn <= 0.003, "ilb moved {:.2} % of traffic per period at steady demand", 100.0 * churn);
-    let (ilb, feedback) = (mean(|r| r.steady_oscillation, "ilb"), mean(|r| r.steady_oscillation, "feedback"));
-    assert!(
-        3.0 * ilb <= feedback,
-        "reversals per hour at steady demand: ilb {ilb:.1}, feedback {feedback:.1}"
-    );
+    // Once the grey engine is penalised, its traffic does not swing back and forth: a deep
+    // penalty is lifted in doubling steps, each judged on the traffic it brings (halving it
+    // moved 13–16 % of all traffic each way every 30 s on seed 2).
+    steady_targets(&runs);
 }
 
 #[test]
