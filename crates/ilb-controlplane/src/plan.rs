@@ -115,15 +115,14 @@ impl ModelPlan {
 
     /// Class `k` in `solution` (which solves this plan's problem); without one, its demand,
     /// prices and nothing shed or routed. Demand is without the headroom, which is not expected
-    /// to arrive, and what the plan sheds of a part comes out of its headroom first.
+    /// to arrive.
     pub fn outcome(&self, k: usize, solution: Option<&Solution>) -> ClassOutcome {
         let mut out = ClassOutcome::default();
         let mut rps = vec![0.0; self.engines.len()];
         for i in self.parts_of(k) {
             let class = &self.problem.classes[i];
-            let headroom = self.headroom_rps[i];
             let shed = solution.and_then(|s| s.shed_rps.get(i).copied()).unwrap_or(0.0);
-            let (demand, shed) = (class.demand_rps - headroom, (shed - headroom).max(0.0));
+            let demand = class.demand_rps - self.headroom_rps[i];
             out.planned_demand_rps += demand;
             out.shed_rps += shed;
             out.by_priority.push((self.parts[i].1, demand, class.shed_penalty_ms, shed));
