@@ -72,11 +72,11 @@ pub struct ControlPlaneSettings {
     pub stability_tolerance: f64,
     /// Demand band: the half-width, in standard deviations of the measurement's noise
     /// (√(rate / 2·smoothing) for Poisson arrivals), of the band each class's demand is planned
-    /// from. The band moves only when the measured rate leaves it, and only as far as it takes
-    /// to hold the rate on its edge (re-centred on it after a jump of more than twice its
-    /// width), so that noise moves no traffic; each class is planned at the band's top, as far
-    /// as the model's usable capacity has room for that headroom. 0 = plan with every
-    /// measurement as it is. Default 3.
+    /// from. The band moves only when the measured rate leaves it: upwards only as far as it
+    /// takes to hold the rate on its top edge, downwards (or after a jump of more than twice
+    /// its width) re-centred on it, so that noise moves no traffic; each class is planned at
+    /// the band's top, as far as the model's usable capacity has room for that headroom.
+    /// 0 = plan with every measurement as it is. Default 3.
     pub demand_band_sigmas: f64,
     /// Which latency the optimizer minimises.
     pub objective: ObjectiveSetting,

@@ -228,11 +228,12 @@ fn build_after_b_reports(
 }
 
 /// The planner keeps a band around each class's demand (3 σ of a Poisson EWMA: at 120 req/s
-/// with 5 s smoothing, ±10.4 req/s) and moves it only as far as the measurement leaves it; a
-/// jump beyond twice the band re-centres it on the measurement. Each class is planned at its
-/// band's top, the headroom above the centre shown in `headroom_rps`.
+/// with 5 s smoothing, ±10.4 req/s). A measurement above it moves it only as far as it takes
+/// to hold the measurement on its top edge; one below it, or a jump beyond twice its width,
+/// re-centres it on the measurement. Each class is planned at its band's top, the headroom
+/// above the centre shown in `headroom_rps`.
 #[test]
-fn demand_is_planned_at_the_top_of_a_band_that_moves_only_as_far_as_the_measurement_leaves_it() {
+fn demand_is_planned_at_the_top_of_a_band_that_rises_only_as_far_as_the_measurement_leaves_it() {
     let mut config: FleetConfig = toml::from_str(&worked_example()).unwrap();
     // Engines never scraped stay healthy for the whole test: their capacity does not change.
     config.control_plane.signal_stale_ms = 3_600_000;
@@ -257,7 +258,8 @@ fn demand_is_planned_at_the_top_of_a_band_that_moves_only_as_far_as_the_measurem
     near(planned(&mut fleet, 3, 112.0), 120.0, "within the band: held");
     near(planned(&mut fleet, 4, 135.0), 135.0 - band(135.0), "out of the band: moved to hold it on the edge");
     near(planned(&mut fleet, 5, 125.0), 135.0 - band(135.0), "back inside the moved band: held");
-    near(planned(&mut fleet, 6, 90.0), 90.0, "beyond twice the band: re-centred");
+    near(planned(&mut fleet, 6, 110.0), 110.0, "out of the band downwards: re-centred");
+    near(planned(&mut fleet, 7, 70.0), 70.0, "beyond twice the band: re-centred");
 }
 
 /// Headroom is for bursts the fleet has room for: it takes at most the usable capacity left

@@ -142,7 +142,7 @@ fn grey_engine_ilb_moves_traffic_off_the_slow_engine_and_beats_round_robin_durin
 /// During the outage ilb is ahead of `feedback` over the seeds, not on every one: planning
 /// each class at the top of its demand band spills a little more than the demand that comes,
 /// which costs seed 3's outage (ilb 967 ms against `feedback`'s 953; 909 planned at the band's
-/// centre). Over seeds 1–10 ilb is ahead on nine: 858 ms against 1,170 averaged over them.
+/// centre). Over seeds 1–10 ilb is ahead on nine: 859 ms against 1,170 averaged over them.
 #[test]
 fn peak_outage_ilb_replans_at_once_loses_only_in_flight_requests_and_beats_feedback_during_it() {
     let runs = runs(include_str!("../../../scenarios/peak-outage.toml"), &["nearest", "feedback", "ilb"]);
