@@ -17,7 +17,7 @@
 //! excursion's excess, and the way back, inside the shifted band, moves nothing. Downwards it
 //! is re-centred on the measurement, so that a falling demand is planned one band above what is
 //! measured, not two (on `global-day`, whose demand follows the sun, a deadband both ways cost
-//! 0.5–0.7 % on every seed's p99). Taking the measurement itself both ways pinned the plan to
+//! 0.5–0.7 % of the p99 on each of seeds 1–3). Taking the measurement itself both ways pinned the plan to
 //! an excursion's peak, and the return crossed the band again: on the fleet simulator's
 //! `hot-residency`, `surge` and `grey-engine` that moved 0.3–0.4 % of all traffic per solve at
 //! steady demand (figures in crates/ilb-fleet-sim/README.md).
