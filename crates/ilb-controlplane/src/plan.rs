@@ -50,7 +50,8 @@ pub struct ModelPlan {
     pub problem: Problem,
     /// Per problem class: how much of its demand is headroom above the demand expected (the
     /// planner plans each class at the top of its noise band, as far as the model's usable
-    /// capacity has room for it). [`ModelPlan::outcome`] takes it off the class's demand. Zero as built.
+    /// capacity has room for it). [`ModelPlan::outcome`] takes it off the class's demand.
+    /// Zero as built.
     pub headroom_rps: Vec<f64>,
 }
 

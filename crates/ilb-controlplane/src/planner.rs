@@ -6,43 +6,42 @@
 //! Building reads the fleet and is cheap; solving owns only the problems and the solvers, so
 //! the control loop can move a [`Planner`] to a blocking thread while it keeps taking signals.
 //!
-//! **Demand within its noise.** A measured rate is an EWMA of arrivals, and arrivals are noisy:
-//! for a Poisson stream of λ req/s smoothed with time constant τ the estimate's standard
-//! deviation is √(λ / 2τ), and conversations make real traffic burstier than that. Re-planning
-//! on every wiggle of it moves traffic for nothing (and where an engine's capacity binds, every
-//! wiggle changes the spill fraction). So the planner keeps a band around each class's demand,
-//! `control_plane.demand_band_sigmas` standard deviations wide on each side (default 3), and
-//! moves it only when the measurement leaves it. Upwards it moves only as far as it takes to
-//! hold the measurement on its top edge (a deadband): a noise excursion shifts the band by the
-//! excursion's excess, and the way back, inside the shifted band, moves nothing. Downwards it
-//! is re-centred on the measurement, so that a falling demand is planned one band above what is
-//! measured, not two (on `global-day`, whose demand follows the sun, a deadband both ways cost
-//! 0.5–0.7 % of the p99 on each of seeds 1–3). Taking the measurement itself both ways pinned the plan to
-//! an excursion's peak, and the return crossed the band again: on the fleet simulator's
-//! `hot-residency`, `surge` and `grey-engine` that moved 0.3–0.4 % of all traffic per solve at
-//! steady demand (figures in crates/ilb-fleet-sim/README.md).
+//! **Demand within its noise.** A measured rate is an EWMA of arrivals, and arrivals are noisy: for
+//! a Poisson stream of λ req/s smoothed with time constant τ the estimate's standard deviation is
+//! √(λ / 2τ), and conversations make real traffic burstier than that. Re-planning on every wiggle
+//! of it moves traffic for nothing (and where an engine's capacity binds, every wiggle changes the
+//! spill fraction). So the planner keeps a band around each class's demand,
+//! `control_plane.demand_band_sigmas` standard deviations wide on each side (default 3), and moves
+//! it only when the measurement leaves it. Upwards it moves only as far as it takes to hold the
+//! measurement on its top edge (a deadband): a noise excursion shifts the band by the excursion's
+//! excess, and the way back, inside the shifted band, moves nothing. Downwards it is re-centred on
+//! the measurement, so that a falling demand is planned one band above what is measured, not two
+//! (on `global-day`, whose demand follows the sun, a deadband both ways cost 0.5–0.7 % of the p99
+//! on each of seeds 1–3). Taking the measurement itself both ways pinned the plan to an excursion's
+//! peak, and the return crossed the band again: on the fleet simulator's `hot-residency`, `surge`
+//! and `grey-engine` that moved 0.3–0.4 % of all traffic per solve at steady demand (figures in
+//! crates/ilb-fleet-sim/README.md).
 //!
-//! **Planned at the band's top.** The weights hold between re-plans while the demand moves
-//! within its band, and an engine whose capacity binds pays for the top of the band in
-//! queueing, not for its centre (latency is convex in load). So each class is planned at its
-//! band's top, centre + one band, as far as the model's usable capacity (ρ × the engines'
-//! capacity) has room for that headroom over the centres: it shrinks smoothly to nothing as
-//! demand nears capacity, so it does not displace traffic the plan would otherwise admit. The
-//! snapshots' shed fractions and `/v1/state` take demand without the headroom. Planned at the
-//! centre, `far-regions` (the EU's excess spilled to the US) was 1.7 % slower on the mean and
-//! 4.7 % on the p99 over 30 seeds: a band that rose with the start-up ramp sits below the demand.
+//! **Planned at the band's top.** The weights hold between re-plans while the demand moves within
+//! its band, and an engine whose capacity binds pays for the top of the band in queueing, not for
+//! its centre (latency is convex in load). So each class is planned at its band's top, centre + one
+//! band, as far as the model's usable capacity (ρ × the engines' capacity) has room for that
+//! headroom over the centres: it shrinks smoothly to nothing as demand nears capacity, so it does
+//! not displace traffic the plan would otherwise admit. The snapshots' shed fractions and
+//! `/v1/state` take demand without the headroom. Planned at the centre, `far-regions` (the EU's
+//! excess spilled to the US) was 1.7 % slower on the mean and 4.7 % on the p99 over 30 seeds: a
+//! band that rose with the start-up ramp sits below the demand.
 //!
 //! **Real changes are planned at once.** The stability strength (`control_plane.stability_ms`)
-//! makes a plan save that much latency per request it moves before traffic moves, so that
-//! refits and noise do not move conversations off their caches. A round in which some class's
-//! demand jumped by more than twice its band (`REAL_CHANGE_BANDS`), or in which an engine
-//! joined, left or changed its effective capacity (a penalty given or lifted), is a real
-//! change: the class's band is re-centred on the measurement, and that model is solved without
-//! the strength (the tolerance still applies) from then until the measurement has settled (3
-//! smoothing time constants). So a surge spills as soon
-//! as it is seen (on the fleet simulator's `surge` the strength alone delayed the re-plan from
-//! 7 to 14 s) and a recovered engine gets its traffic back, while a demand that drifts out of
-//! its band by a little stays held.
+//! makes a plan save that much latency per request it moves before traffic moves, so that refits
+//! and noise do not move conversations off their caches. A round in which some class's demand
+//! jumped by more than twice its band (`REAL_CHANGE_BANDS`), or in which an engine joined, left or
+//! changed its effective capacity (a penalty given or lifted), is a real change: the class's band
+//! is re-centred on the measurement, and that model is solved without the strength (the tolerance
+//! still applies) from then until the measurement has settled (3 smoothing time constants). So a
+//! surge spills as soon as it is seen (on the fleet simulator's `surge` the strength alone delayed
+//! the re-plan from 7 to 14 s) and a recovered engine gets its traffic back, while a demand that
+//! drifts out of its band by a little stays held.
 
 use crate::config::FleetConfig;
 use crate::fleet::{Fleet, Now};
