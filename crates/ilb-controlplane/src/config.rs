@@ -75,7 +75,8 @@ pub struct ControlPlaneSettings {
     /// from. The band moves only when the measured rate leaves it: upwards only as far as it
     /// takes to hold the rate on its top edge, downwards (or after a jump of more than twice
     /// its width) re-centred on it, so that noise moves no traffic; each class is planned at
-    /// the band's top, as far as the model's usable capacity has room for that headroom.
+    /// the band's top, as far as three quarters of the slack the centres leave under the
+    /// model's usable capacity has room for that headroom.
     /// 0 = plan with every measurement as it is. Default 3.
     pub demand_band_sigmas: f64,
     /// Which latency the optimizer minimises.

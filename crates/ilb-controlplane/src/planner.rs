@@ -26,8 +26,10 @@
 //! its band, and an engine whose capacity binds pays for the top of the band in queueing, not for
 //! its centre (latency is convex in load). So each class is planned at its band's top, centre + one
 //! band, as far as the model's usable capacity (ρ × the engines' capacity) has room for that
-//! headroom over the centres: it shrinks smoothly to nothing as demand nears capacity, so it does
-//! not displace traffic the plan would otherwise admit. The snapshots' shed fractions and
+//! headroom over the centres. It takes at most three quarters of that slack
+//! (`HEADROOM_SHARE_OF_SLACK`), so the optimizer keeps room to place load by latency, and it
+//! shrinks smoothly to nothing as demand nears capacity, so it does not displace traffic the
+//! plan would otherwise admit. The snapshots' shed fractions and
 //! `/v1/state` take demand without the headroom. Planned at the centre, `far-regions` (the EU's
 //! excess spilled to the US) was 1.7 % slower on the mean and 4.7 % on the p99 over 30 seeds: a
 //! band that rose with the start-up ramp sits below the demand.
@@ -166,14 +168,16 @@ impl Planner {
                 class.demand_rps = centre + *headroom;
                 held.insert(key, centre);
             }
-            // Headroom is for bursts the fleet has room for: it takes at most the model's usable
-            // capacity left over by the centres (shrinking smoothly as demand nears capacity),
+            // Headroom is for bursts the fleet has room for: it takes at most a share of the
+            // usable capacity the centres leave (shrinking smoothly as demand nears capacity),
             // and none from traffic the plan would otherwise admit.
             let headroom: f64 = plan.headroom_rps.iter().sum();
             let centres: f64 = plan.problem.classes.iter().map(|c| c.demand_rps).sum::<f64>() - headroom;
             let usable: f64 = plan.capacity_rps.iter().sum::<f64>() * plan.problem.rho;
             if headroom > 0.0 {
-                plan.scale_headroom(((usable - centres) / headroom).clamp(0.0, 1.0));
+                plan.scale_headroom(
+                    (HEADROOM_SHARE_OF_SLACK * (usable - centres) / headroom).clamp(0.0, 1.0),
+                );
             }
             // The fleet changed: an engine joined, left, or its effective capacity moved (a
             // penalty given or lifted, replicas down or back), so a recovered engine gets its
@@ -277,6 +281,14 @@ impl Round {
 /// the measurement's noise with the default band) has really changed: noise alone does that
 /// about once in 10^9 rounds, while a drifting demand leaves its band by a little.
 const REAL_CHANGE_BANDS: f64 = 2.0;
+
+/// The largest share of the slack under the usable capacity (ρ × the engines' capacity, less
+/// the demand bands' centres) that the headroom may take. All of it would plan every engine at
+/// ρ × its capacity whenever the bursts fill the slack: a split in proportion to capacity, whatever
+/// the engines' latencies and distances (on the fleet simulator's `three-regions`, at 89 % of
+/// capacity, that cost 3 % of the p99). Half or three quarters both avoid it; a quarter gave up
+/// some of what the headroom is for (figures in crates/ilb-fleet-sim/README.md).
+const HEADROOM_SHARE_OF_SLACK: f64 = 0.75;
 
 /// An engine whose effective capacity moves by more than this fraction between rounds counts
 /// as a change of the fleet (penalties and health move it in steps; nothing moves it by noise).

@@ -293,6 +293,33 @@ fn a_model_beyond_its_capacity_is_planned_without_headroom() {
     assert!((demand - measured).abs() < 1e-9, "planned {demand} vs measured {measured}");
 }
 
+/// Near capacity the headroom takes at most three quarters of the slack the centres leave under
+/// ρ × capacity: all of it would put every engine at ρ × its capacity, a split in proportion
+/// to capacity whatever the engines' latencies and distances.
+#[test]
+fn headroom_leaves_the_optimizer_part_of_the_slack_near_capacity() {
+    let config: FleetConfig = toml::from_str(&worked_example()).unwrap();
+    let mut fleet = Fleet::new(config);
+    let now = Duration::from_secs(1);
+    let mut planner = ilb_controlplane::planner::Planner::for_config(&fleet.config);
+    // The brief's demand, 250 req/s, against 280 req/s of engines: 16 req/s of slack under
+    // ρ = 0.95, less than the bands' 25 req/s of headroom.
+    for r in [report("a", 90.0), report("b", 120.0), report("c", 40.0)] {
+        fleet.on_report(now, r).unwrap();
+    }
+    let round = planner.plan(&fleet, now);
+    let plan = &round.plans[0];
+    let usable = 0.95 * plan.capacity_rps.iter().sum::<f64>();
+    let headroom: f64 = plan.headroom_rps.iter().sum();
+    assert!((usable - 266.0).abs() < 1e-9, "{usable}");
+    assert!((headroom - 0.75 * (usable - 250.0)).abs() < 1e-9, "three quarters of the slack: {headroom}");
+    let solution = round.solutions()[0].expect("solved");
+    let idle: Vec<f64> = (0..plan.engines.len())
+        .map(|j| 0.95 * plan.problem.engines[j].capacity_rps - solution.engines[j].load_rps)
+        .collect();
+    assert!(idle.iter().sum::<f64>() > 3.9, "the plan leaves the rest of the slack: {idle:?}");
+}
+
 /// A demand that jumps by more than twice its noise band is a real change: its model is
 /// solved without the stability strength until the measurement has settled (3 × 5 s
 /// smoothing), so a surge spills at once; a drift out of the band by a little is not.
