@@ -304,6 +304,23 @@ fn latencies_from_an_outage_do_not_convict() {
 }
 
 #[test]
+fn peers_slowed_by_a_failover_are_not_convicted_while_the_fleet_settles() {
+    // Engine 3 goes down (seen once its scrapes are 5 s stale) and engine 4, taking some of its
+    // traffic, is 3× slower for a while: for three smoothing time constants (15 s) after the
+    // model's set of engines that are up changed, that says nothing about engine 4's speed.
+    // If it stays slow, it is an outlier.
+    let mut sim = Sim::new(config(8, &[], ""));
+    sim.until(30, &|_| HEALTHY, &|_| false);
+    let slow = |j: usize| if j == 4 { Behaviour { slowdown: 3.0, ..HEALTHY } } else { HEALTHY };
+    sim.down[3] = true;
+    sim.until(6, &|_| HEALTHY, &|_| false);
+    let early = sim.until(12, &slow, &|f| f.engines[4].penalty > 0.0);
+    assert_eq!(early, None, "penalised while the fleet settled from engine 3's outage");
+    let took = sim.until(20, &slow, &|f| f.engines[4].penalty > 0.0).expect("never penalised");
+    assert!(took <= 5, "penalised {took} s after the 12 s");
+}
+
+#[test]
 fn error_outlier_found_from_proxy_reports_per_window() {
     let mut sim = Sim::new(config(8, &[], "interval_ms = 2000"));
     sim.until(4, &|_| HEALTHY, &|_| false);

@@ -139,14 +139,13 @@ fn grey_engine_ilb_moves_traffic_off_the_slow_engine_and_beats_round_robin_durin
     steady_targets(&runs);
 }
 
-/// During the outage ilb is ahead of `feedback` over the seeds, not on every one: planning
-/// each class at the top of its demand band spills a little more than the demand that comes,
-/// which costs seed 3's outage (ilb 967 ms against `feedback`'s 953; 909 planned at the band's
-/// centre). Over seeds 1–10 ilb is ahead on nine: 859 ms against 1,170 averaged over them.
+/// During the outage ilb is ahead of `feedback` on every seed. Before engines that took the
+/// failed region's traffic were spared outlier judgement while the fleet settled, seed 3's
+/// outage penalised one of them, the plan shed for the withheld capacity, and ilb was behind
+/// (967 ms against 953).
 #[test]
 fn peak_outage_ilb_replans_at_once_loses_only_in_flight_requests_and_beats_feedback_during_it() {
     let runs = runs(include_str!("../../../scenarios/peak-outage.toml"), &["nearest", "feedback", "ilb"]);
-    let (mut ilb_sum, mut feedback_sum) = (0.0, 0.0);
     for c in &runs {
         let ilb = &c.policies["ilb"];
         let outage = transient(c, "ilb");
@@ -157,17 +156,12 @@ fn peak_outage_ilb_replans_at_once_loses_only_in_flight_requests_and_beats_feedb
         assert!(c.policies["nearest"].failed_no_engine > 0, "nearest has nowhere to send b's traffic");
         let feedback = transient(c, "feedback");
         assert!(
-            outage.e2e_ms.mean < 1.05 * feedback.e2e_ms.mean,
+            outage.e2e_ms.mean < feedback.e2e_ms.mean,
             "seed {}: mean e2e during the outage: ilb {:.1} vs feedback {:.1}",
             c.seed,
             outage.e2e_ms.mean,
             feedback.e2e_ms.mean
         );
-        ilb_sum += outage.e2e_ms.mean;
-        feedback_sum += feedback.e2e_ms.mean;
+        assert_eq!(outage.shed, 0, "seed {}: shed during the outage", c.seed);
     }
-    assert!(
-        ilb_sum < feedback_sum,
-        "mean e2e during the outage over the seeds: ilb {ilb_sum:.1} vs feedback {feedback_sum:.1}"
-    );
 }

@@ -174,6 +174,9 @@ pub struct Fleet {
     engine_index: HashMap<String, usize>,
     /// When outliers were last evaluated.
     last_outlier_evaluation: Option<Now>,
+    /// Per model: the ids of its engines that were up at the last outlier evaluation, and when
+    /// that set last changed (None: not since it was first seen).
+    engines_up: HashMap<String, (Vec<String>, Option<Now>)>,
 }
 
 impl Fleet {
@@ -189,6 +192,7 @@ impl Fleet {
             rtt: BTreeMap::new(),
             engine_index,
             last_outlier_evaluation: None,
+            engines_up: HashMap::new(),
         }
     }
 

@@ -25,7 +25,12 @@
 //! convicted: a grey engine is penalised as soon as its open window shows it, not at the end
 //! of an interval that may have begun before it turned slow. A window in which the engine was
 //! down is not judged: requests that waited through the outage finish after it with
-//! latencies that say nothing about the engine's speed.
+//! latencies that say nothing about the engine's speed. Nor, for three smoothing time constants
+//! after an engine of the model went down or came back, are the windows of its engines not
+//! yet penalised: the traffic that moved queues on its new engines and has lost its cached
+//! prefixes, so they look slow for a while. On the fleet simulator's `peak-outage` such
+//! windows penalised an engine that took the failed region's traffic (seed 3) or came back
+//! from the outage (seed 6), and the plan shed for the capacity withheld.
 //!
 //! A penalty withholds a share of the engine's capacity from the optimizer, so its traffic
 //! moves in a planned way. A new outlier starts at max(0.5, severity) — severity 1 − 1/ratio for
@@ -99,9 +104,9 @@ pub struct OutlierWindow {
     /// TBOT observations (tokens) and their sum, ms.
     pub tbot_count: f64,
     pub tbot_sum_ms: f64,
-    /// The engine was down during this window. Requests that waited through the outage
-    /// finish after it with latencies that say nothing about the engine's speed, so such a
-    /// window is given up at the next interval instead of judged.
+    /// The engine was down during this window, or the model's engines that are up changed
+    /// recently (see the module's documentation). Such a window says nothing about the
+    /// engine's speed, so it is given up at the next interval instead of judged.
     pub disturbed: bool,
 }
 
@@ -220,9 +225,32 @@ impl Fleet {
         for (idx, engine) in self.config.engines.iter().enumerate() {
             models.entry(engine.model.clone()).or_default().push(idx);
         }
-        for engine_idx in models.values() {
+        let settle = 3 * self.tau();
+        for (model, engine_idx) in &models {
+            let up: Vec<&str> = engine_idx
+                .iter()
+                .filter(|&&j| self.health(j, now) > 0.0)
+                .map(|&j| self.config.engines[j].id.as_str())
+                .collect();
+            let settling = match self.engines_up.get_mut(model) {
+                Some((before, changed)) => {
+                    if before.iter().map(String::as_str).ne(up.iter().copied()) {
+                        *before = up.iter().map(|id| id.to_string()).collect();
+                        *changed = Some(now);
+                    }
+                    changed.is_some_and(|at| now < at + settle)
+                }
+                None => {
+                    self.engines_up
+                        .insert(model.clone(), (up.iter().map(|id| id.to_string()).collect(), None));
+                    false
+                }
+            };
             for &j in engine_idx {
-                if self.health(j, now) <= 0.0 {
+                // Down engines' windows, and for a while after an engine of the model went down
+                // or came back the windows of engines not yet penalised: their traffic moved
+                // between engines and queued, which says nothing about any one engine's speed.
+                if self.health(j, now) <= 0.0 || settling && self.engines[j].penalty == 0.0 {
                     self.engines[j].outlier_window.disturbed = true;
                 }
             }
