@@ -227,25 +227,18 @@ impl Fleet {
         }
         let settle = 3 * self.tau();
         for (model, engine_idx) in &models {
-            let up: Vec<&str> = engine_idx
+            let up: Vec<String> = engine_idx
                 .iter()
                 .filter(|&&j| self.health(j, now) > 0.0)
-                .map(|&j| self.config.engines[j].id.as_str())
+                .map(|&j| self.config.engines[j].id.clone())
                 .collect();
-            let settling = match self.engines_up.get_mut(model) {
-                Some((before, changed)) => {
-                    if before.iter().map(String::as_str).ne(up.iter().copied()) {
-                        *before = up.iter().map(|id| id.to_string()).collect();
-                        *changed = Some(now);
-                    }
-                    changed.is_some_and(|at| now < at + settle)
-                }
-                None => {
-                    self.engines_up
-                        .insert(model.clone(), (up.iter().map(|id| id.to_string()).collect(), None));
-                    false
-                }
-            };
+            let (before, changed) =
+                self.engines_up.entry(model.clone()).or_insert_with(|| (up.clone(), None));
+            if *before != up {
+                *before = up;
+                *changed = Some(now);
+            }
+            let settling = changed.is_some_and(|at| now < at + settle);
             for &j in engine_idx {
                 // Down engines' windows, and for a while after an engine of the model went down
                 // or came back the windows of engines not yet penalised: their traffic moved
