@@ -78,7 +78,10 @@ pub struct Unplanned {
 pub struct ClassOutcome {
     /// Per problem engine index: planned req/s and the share of the class's admitted traffic.
     pub routes: Vec<(usize, f64, f64)>,
+    /// The demand the plan expects (its demand band's centre), without the headroom.
     pub planned_demand_rps: f64,
+    /// Planned on top of `planned_demand_rps` for bursts within the demand's noise band.
+    pub headroom_rps: f64,
     pub shed_rps: f64,
     /// Per part, in `parts` order: (priority, planned demand, shed price, shed req/s).
     pub by_priority: Vec<(Priority, f64, f64, f64)>,
@@ -125,6 +128,7 @@ impl ModelPlan {
             let shed = solution.and_then(|s| s.shed_rps.get(i).copied()).unwrap_or(0.0);
             let demand = class.demand_rps - self.headroom_rps[i];
             out.planned_demand_rps += demand;
+            out.headroom_rps += self.headroom_rps[i];
             out.shed_rps += shed;
             out.by_priority.push((self.parts[i].1, demand, class.shed_penalty_ms, shed));
             for r in solution.map_or(&[][..], |s| s.class_routes(i)) {

@@ -56,8 +56,13 @@ pub struct ClassView {
     pub require: Vec<String>,
     /// Demand reported by data planes, req/s.
     pub measured_demand_rps: f64,
-    /// Demand planned for (at least the configured floor), req/s.
+    /// The demand the plan expects, req/s: the centre of the class's demand band (at least the
+    /// configured floor). It moves only when the measurement leaves the band, so it can sit up
+    /// to a band below the measurement.
     pub planned_demand_rps: f64,
+    /// What the plan routes on top of `planned_demand_rps` for bursts within the band (the
+    /// optimizer plans each class at its band's top where the fleet has room), req/s.
+    pub headroom_rps: f64,
     pub shed_rps: f64,
     /// The class's demand by priority, as planned: each part is shed at its priority's price,
     /// so the cheapest goes first.
@@ -257,6 +262,7 @@ pub fn build(fleet: &Fleet, now: Now, round: &Round, version: u64, solved_unix_m
                         require: c.require.clone(),
                         measured_demand_rps: c.measured_demand_rps,
                         planned_demand_rps: outcome.planned_demand_rps,
+                        headroom_rps: outcome.headroom_rps,
                         shed_rps: outcome.shed_rps,
                         priorities,
                         routes,

@@ -314,6 +314,11 @@ fn headroom_leaves_the_optimizer_part_of_the_slack_near_capacity() {
     assert!((usable - 266.0).abs() < 1e-9, "{usable}");
     assert!((headroom - 0.75 * (usable - 250.0)).abs() < 1e-9, "three quarters of the slack: {headroom}");
     let solution = round.solutions()[0].expect("solved");
+    // What `/v1/state` shows per class: the expected demand and the headroom on top of it.
+    let outcomes: Vec<_> = (0..plan.classes.len()).map(|k| plan.outcome(k, Some(solution))).collect();
+    let expected: f64 = outcomes.iter().map(|o| o.planned_demand_rps).sum();
+    let shown: f64 = outcomes.iter().map(|o| o.headroom_rps).sum();
+    assert!((expected - 250.0).abs() < 1e-9 && (shown - headroom).abs() < 1e-9, "{expected} + {shown}");
     let idle: Vec<f64> = (0..plan.engines.len())
         .map(|j| 0.95 * plan.problem.engines[j].capacity_rps - solution.engines[j].load_rps)
         .collect();
