@@ -38,9 +38,10 @@
 //! makes a plan save that much latency per request it moves before traffic moves, so that refits
 //! and noise do not move conversations off their caches. A round in which some class's demand
 //! jumped by more than twice its band (`REAL_CHANGE_BANDS`), or in which an engine joined, left or
-//! changed its effective capacity (a penalty given or lifted), is a real change: the class's band
-//! is re-centred on the measurement, and that model is solved without the strength (the tolerance
-//! still applies) from then until the measurement has settled (3 smoothing time constants). So a
+//! changed its effective capacity (a penalty given or lifted), is a real change: that model is
+//! solved without the strength (the tolerance still applies) from then until the measurement has
+//! settled (3 smoothing time constants), and a class whose demand jumped has its band re-centred
+//! on the measurement. So a
 //! surge spills as soon as it is seen (on the fleet simulator's `surge` the strength alone delayed
 //! the re-plan from 7 to 14 s) and a recovered engine gets its traffic back, while a demand that
 //! drifts out of its band by a little stays held.
@@ -48,6 +49,7 @@
 use crate::config::FleetConfig;
 use crate::fleet::{Fleet, Now};
 use crate::plan::{self, ModelPlan, Unplanned};
+use crate::smoothing::SETTLING_TAUS;
 use ilb_core::snapshot::Snapshot;
 use ilb_optimizer::{Solution, Solver, SolverOptions};
 use std::collections::{BTreeMap, HashMap};
@@ -195,7 +197,8 @@ impl Planner {
             // The measurement keeps moving for a few time constants after a jump (an EWMA
             // covers 95 % of a step in 3τ): the model stays free of the strength until then.
             if *changed {
-                self.free_until.insert(plan.model.clone(), now + Duration::from_secs_f64(3.0 * tau_s));
+                let settled = Duration::from_secs_f64(f64::from(SETTLING_TAUS) * tau_s);
+                self.free_until.insert(plan.model.clone(), now + settled);
             } else {
                 *changed = self.free_until.get(&plan.model).is_some_and(|&until| now < until);
             }

@@ -13,6 +13,10 @@
 
 use std::time::Duration;
 
+/// Time constants an EWMA takes to follow a step (95 % of it). After a change of demand or of
+/// the fleet, the measurements are taken as settled once this many have passed.
+pub const SETTLING_TAUS: u32 = 3;
+
 /// A point in time. Implemented for `std` and tokio instants, and for `Duration` read as the
 /// time since an arbitrary epoch (what a virtual-time simulator has).
 pub trait TimePoint: Copy {

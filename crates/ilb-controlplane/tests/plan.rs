@@ -262,10 +262,10 @@ fn demand_is_planned_at_the_top_of_a_band_that_rises_only_as_far_as_the_measurem
     near(planned(&mut fleet, 7, 70.0), 70.0, "beyond twice the band: re-centred");
 }
 
-/// Headroom is for bursts the fleet has room for: it takes at most the usable capacity left
-/// over by the demand expected, so a model beyond its capacity is planned without any and the
-/// headroom does not displace traffic the plan would admit (300 req/s of normal traffic against
-/// 266 usable sheds).
+/// Headroom is for bursts the fleet has room for: it takes at most a share of the usable
+/// capacity left over by the demand expected, so a model beyond its capacity is planned without
+/// any and the headroom does not displace traffic the plan would admit (300 req/s of normal
+/// traffic against 266 usable sheds).
 #[test]
 fn a_model_beyond_its_capacity_is_planned_without_headroom() {
     let config: FleetConfig = toml::from_str(&worked_example()).unwrap();

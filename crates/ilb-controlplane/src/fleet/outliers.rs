@@ -225,12 +225,14 @@ impl Fleet {
         for (idx, engine) in self.config.engines.iter().enumerate() {
             models.entry(engine.model.clone()).or_default().push(idx);
         }
-        let settle = 3 * self.tau();
+        let settle = crate::smoothing::SETTLING_TAUS * self.tau();
         for (model, engine_idx) in &models {
+            let down: Vec<bool> = engine_idx.iter().map(|&j| self.health(j, now) <= 0.0).collect();
             let up: Vec<String> = engine_idx
                 .iter()
-                .filter(|&&j| self.health(j, now) > 0.0)
-                .map(|&j| self.config.engines[j].id.clone())
+                .zip(&down)
+                .filter(|(_, &down)| !down)
+                .map(|(&j, _)| self.config.engines[j].id.clone())
                 .collect();
             let (before, changed) =
                 self.engines_up.entry(model.clone()).or_insert_with(|| (up.clone(), None));
@@ -239,11 +241,11 @@ impl Fleet {
                 *changed = Some(now);
             }
             let settling = changed.is_some_and(|at| now < at + settle);
-            for &j in engine_idx {
+            for (&j, down) in engine_idx.iter().zip(down) {
                 // Down engines' windows, and for a while after an engine of the model went down
                 // or came back the windows of engines not yet penalised: their traffic moved
                 // between engines and queued, which says nothing about any one engine's speed.
-                if self.health(j, now) <= 0.0 || settling && self.engines[j].penalty == 0.0 {
+                if down || settling && self.engines[j].penalty == 0.0 {
                     self.engines[j].outlier_window.disturbed = true;
                 }
             }
