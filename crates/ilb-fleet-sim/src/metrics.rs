@@ -109,6 +109,11 @@ pub struct PolicyResult {
     /// `oscillation` over the stretches of steady demand only (each stretch's reversals, per
     /// hour of steady demand); `None` as for `steady_churn`.
     pub steady_oscillation: Option<f64>,
+    /// The largest share of one stream's traffic (a cluster's class) whose intended engine
+    /// changed from one sample period to the next at steady demand; `None` as for
+    /// `steady_churn`. The mean over the fleet (`steady_churn`) can hide a rare large move of
+    /// one cluster: an operator watching that cluster sees this one.
+    pub steady_largest_move: Option<f64>,
     /// Seconds of steady demand after the warm-up.
     pub steady_s: f64,
     pub arrivals: u64,
@@ -486,19 +491,21 @@ impl Recorder {
         series.steady.push(measured && steady);
         if let (true, Some(previous)) = (measured, &self.previous_weights) {
             if total > 0.0 {
-                let moved: f64 = weights
-                    .chunks(n)
-                    .zip(previous.chunks(n))
-                    .zip(demand)
-                    .map(|((now, before), d)| {
-                        d * 0.5 * now.iter().zip(before).map(|(a, b)| (a - b).abs()).sum::<f64>()
-                    })
-                    .sum();
+                let (mut moved, mut largest) = (0.0, 0.0f64);
+                for ((now, before), &d) in weights.chunks(n).zip(previous.chunks(n)).zip(demand) {
+                    let share = 0.5 * now.iter().zip(before).map(|(a, b)| (a - b).abs()).sum::<f64>();
+                    moved += d * share;
+                    if d > 0.0 {
+                        largest = largest.max(share);
+                    }
+                }
                 self.churn.0 += moved / total;
                 self.churn.1 += 1;
                 if steady {
                     self.steady_churn.0 += moved / total;
                     self.steady_churn.1 += 1;
+                    let r = &mut self.result;
+                    r.steady_largest_move = Some(r.steady_largest_move.unwrap_or(0.0).max(largest));
                 }
             }
         }
@@ -717,6 +724,26 @@ mod tests {
         assert_eq!(result.steady_s, 30.0);
         assert_eq!(result.steady_oscillation, Some(0.0));
         assert!(result.weight_churn > 0.3 && result.oscillation > 100.0);
+        assert!((result.steady_largest_move.unwrap() - 0.01).abs() < 1e-12);
+    }
+
+    /// A small stream that moves a fifth of its traffic once at steady demand shows in the
+    /// largest move, while the fleet-wide churn (weighted by demand) stays small; moves before
+    /// demand is steady do not count.
+    #[test]
+    fn the_largest_move_is_per_stream() {
+        let mut r = Recorder::new(0.0, 1000.0, &["normal".to_owned()], &["h", "h"]);
+        for i in 0..=10 {
+            let t = f64::from(i) * 2.0;
+            let big = if i < 3 { [f64::from(i % 2), f64::from(1 - i % 2)] } else { [0.5, 0.5] };
+            let small = if i < 8 { [1.0, 0.0] } else { [0.8, 0.2] };
+            let weights = [big, small].concat();
+            r.sample(t, &[0, 0], weights, &[90.0, 10.0], &[0.5, 0.5], None, i >= 4);
+        }
+        let result = r.finish(20.0, None);
+        assert!((result.steady_largest_move.unwrap() - 0.2).abs() < 1e-12);
+        // One move of 0.2 × 10 of 100 req/s over the 7 steady periods.
+        assert!((result.steady_churn.unwrap() - 0.02 / 7.0).abs() < 1e-12);
     }
 
     #[test]

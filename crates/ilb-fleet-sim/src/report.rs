@@ -11,14 +11,17 @@ pub fn table(c: &Comparison) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "| policy | e2e mean | e2e p50 | e2e p99 | ttft mean | ttft p50 | ttft p99 | cache hit | goodput | shed | failed | util mean±sd | churn/period | osc/h | churn steady | osc/h steady |"
+        "| policy | e2e mean | e2e p50 | e2e p99 | ttft mean | ttft p50 | ttft p99 | cache hit | goodput | shed | failed | util mean±sd | churn/period | osc/h | churn steady | osc/h steady | largest move steady |"
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        out,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
     for name in &c.order {
         let Some(r) = c.policies.get(name) else { continue };
         let _ = writeln!(
             out,
-            "| {name} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1}% | {:.1} | {:.1}% | {} | {:.2}±{:.2} | {:.2}% | {:.1} | {} | {} |",
+            "| {name} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1}% | {:.1} | {:.1}% | {} | {:.2}±{:.2} | {:.2}% | {:.1} | {} | {} | {} |",
             r.e2e_ms.mean,
             r.e2e_ms.p50,
             r.e2e_ms.p99,
@@ -35,6 +38,7 @@ pub fn table(c: &Comparison) -> String {
             r.oscillation,
             r.steady_churn.map_or_else(|| "—".to_owned(), |c| format!("{:.2}%", 100.0 * c)),
             r.steady_oscillation.map_or_else(|| "—".to_owned(), |o| format!("{o:.1}")),
+            r.steady_largest_move.map_or_else(|| "—".to_owned(), |m| format!("{:.1}%", 100.0 * m)),
         );
     }
     let _ = writeln!(out, "\nlatencies in ms (network included), goodput in req/s with TTFT within the SLO");
@@ -140,9 +144,9 @@ pub fn seeds(runs: &[Comparison]) -> String {
     );
     let _ = writeln!(
         out,
-        "| policy | e2e mean ms | e2e p99 ms | ttft mean ms | cache hit | churn/period | reversals/h | churn steady | rev/h steady | shed | failed |"
+        "| policy | e2e mean ms | e2e p99 ms | ttft mean ms | cache hit | churn/period | reversals/h | churn steady | rev/h steady | largest move steady | shed | failed |"
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let per =
         |name: &str| -> Vec<&PolicyResult> { runs.iter().filter_map(|c| c.policies.get(name)).collect() };
     let show = |rs: &[&PolicyResult], f: fn(&PolicyResult) -> f64, scale: f64, d: usize, unit: &str| {
@@ -161,7 +165,7 @@ pub fn seeds(runs: &[Comparison]) -> String {
         }
         let _ = writeln!(
             out,
-            "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             show(&rs, |r| r.e2e_ms.mean, 1.0, 0, ""),
             show(&rs, |r| r.e2e_ms.p99, 1.0, 0, ""),
             show(&rs, |r| r.ttft_ms.mean, 1.0, 0, ""),
@@ -170,6 +174,7 @@ pub fn seeds(runs: &[Comparison]) -> String {
             show(&rs, |r| r.oscillation, 1.0, 1, ""),
             some(&rs, |r| r.steady_churn, 100.0, 2, "%"),
             some(&rs, |r| r.steady_oscillation, 1.0, 1, ""),
+            some(&rs, |r| r.steady_largest_move, 100.0, 1, "%"),
             show(&rs, |r| r.shed_rate, 100.0, 2, "%"),
             show(&rs, |r| r.failed as f64, 1.0, 0, ""),
         );
