@@ -109,8 +109,8 @@ pub struct PolicyResult {
     /// `oscillation` over the stretches of steady demand only (each stretch's reversals, per
     /// hour of steady demand); `None` as for `steady_churn`.
     pub steady_oscillation: Option<f64>,
-    /// The largest share of one stream's traffic (a cluster's class) whose intended engine
-    /// changed from one sample period to the next at steady demand; `None` as for
+    /// The largest share of one stream's traffic (one demand entry of a cluster) whose intended
+    /// engine changed from one sample period to the next at steady demand; `None` as for
     /// `steady_churn`. The mean over the fleet (`steady_churn`) can hide a rare large move of
     /// one cluster: an operator watching that cluster sees this one.
     pub steady_largest_move: Option<f64>,
