@@ -191,12 +191,13 @@ impl Default for ControlPlaneSettings {
 /// fleet's median ratio) and what its fitted curve predicts, and decodes `latency_ratio` times
 /// slower than its fitted TBOT curve where it reports TBOT: it became slow, and its workload
 /// does not explain it. Unpenalised engines are also judged between intervals, to be convicted
-/// early. A window in which the engine was unreachable is not judged, nor, for three
-/// `smoothing_ms` after an engine of the model went down or came back, the windows of engines
-/// not yet penalised (the traffic that moved queues and lost its cached prefixes). A penalty
-/// withholds that share of the engine's capacity from the optimizer; it grows while the engine
-/// stays an outlier; every healthy interval halves it, but at most doubles the capacity the
-/// engine keeps (a deep penalty is lifted in steps, each judged on the traffic it brings back).
+/// early, once their window spans half an interval. A window in which the engine was
+/// unreachable is not judged, nor, for three `smoothing_ms` after an engine of the model went
+/// down or came back, the windows of engines not yet penalised (the traffic that moved queues
+/// and lost its cached prefixes). A penalty withholds that share of the engine's capacity from
+/// the optimizer; it grows while the engine stays an outlier; every healthy interval halves it,
+/// but at most doubles the capacity the engine keeps (a deep penalty is lifted in steps, each
+/// judged on the traffic it brings back).
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OutlierSettings {

@@ -218,10 +218,11 @@ fn grey_engine_is_penalised_and_recovers() {
 
     let slow = |j: usize| if j == grey { Behaviour { slowdown: 3.0, ..HEALTHY } } else { HEALTHY };
     // The interval (10 s) began when the engine turned slow, but its open window convicts it
-    // as soon as it holds enough requests (40 a second here; 20 needed), not at its end.
+    // once it spans half an interval (and holds enough requests: 40 a second here, 20
+    // needed), not at its end.
     let took = sim.until(30, &slow, &|f| f.engines[grey].penalty > 0.0).expect("grey engine never penalised");
     eprintln!("grey engine penalised {took} s after it slowed down");
-    assert_eq!(took, 1, "penalised after {took} s");
+    assert_eq!(took, 5, "penalised after {took} s");
     let e = &sim.fleet.engines[grey];
     assert!(e.penalty >= 0.5, "penalty {}", e.penalty);
     let reason = e.penalty_reason.clone().unwrap();
@@ -256,6 +257,30 @@ fn grey_engine_is_penalised_and_recovers() {
     eprintln!("penalty removed {took} s after the engine behaved");
     assert!(took <= 90, "recovered after {took} s");
     assert_eq!(sim.fleet.engines[grey].penalty_reason, None);
+}
+
+#[test]
+fn a_slow_moment_at_the_start_of_a_window_is_not_an_outlier() {
+    // Eight equal engines; one is three times slower for the first two seconds of a window
+    // (a queue build-up, a burst of long prompts), then normal again. Those two seconds hold
+    // 80 requests, four times what a verdict needs, but they are one moment: judged early on
+    // them alone, the engine would be convicted. Over half an interval it is not.
+    let mut sim = Sim::new(config(8, &[], ""));
+    sim.until(30, &|_| HEALTHY, &|_| false);
+    let start = sim.now;
+    let (spike, hiccup) = (3, Duration::from_secs(2));
+    let behaviour = |j: usize, now: Duration| {
+        if j == spike && now < start + hiccup {
+            Behaviour { slowdown: 3.0, ..HEALTHY }
+        } else {
+            HEALTHY
+        }
+    };
+    for _ in 0..30 {
+        let now = sim.now;
+        sim.second(&|j| behaviour(j, now));
+        assert_eq!(sim.penalties(), vec![0.0; 8], "a {hiccup:?} slow moment penalised at {:?}", sim.now);
+    }
 }
 
 #[test]
@@ -316,8 +341,10 @@ fn peers_slowed_by_a_failover_are_not_convicted_while_the_fleet_settles() {
     sim.until(6, &|_| HEALTHY, &|_| false);
     let early = sim.until(12, &slow, &|f| f.engines[4].penalty > 0.0);
     assert_eq!(early, None, "penalised while the fleet settled from engine 3's outage");
+    // Within an interval: the disturbed window is given up at the interval's end, and the next
+    // one convicts once it spans half an interval.
     let took = sim.until(20, &slow, &|f| f.engines[4].penalty > 0.0).expect("never penalised");
-    assert!(took <= 5, "penalised {took} s after the 12 s");
+    assert!(took <= 10, "penalised {took} s after the 12 s");
 }
 
 #[test]
