@@ -30,14 +30,14 @@
 //! call tests it again and again. In 900-s runs of the fleet simulator's `far-regions` and
 //! `three-regions` (seeds 1–5), all three penalties of healthy engines came from early verdicts
 //! on windows of 21–119 requests, and each moved a fifth to a quarter of a cluster's traffic.
-//! A window in which the engine was
-//! down is not judged: requests that waited through the outage finish after it with
-//! latencies that say nothing about the engine's speed. Nor, for three smoothing time constants
-//! after an engine of the model went down or came back, are the windows of its engines not
-//! yet penalised: the traffic that moved queues on its new engines and has lost its cached
-//! prefixes, so they look slow for a while. On the fleet simulator's `peak-outage` such
-//! windows penalised an engine that took the failed region's traffic (seed 3) or came back
-//! from the outage (seed 6), and the plan shed for the capacity withheld.
+//!
+//! A window in which the engine was down is not judged: requests that waited through the
+//! outage finish after it with latencies that say nothing about the engine's speed. Nor, for
+//! three smoothing time constants after an engine of the model went down or came back, are the
+//! windows of its engines not yet penalised: the traffic that moved queues on its new engines
+//! and has lost its cached prefixes, so they look slow for a while. On the fleet simulator's
+//! `peak-outage` such windows penalised an engine that took the failed region's traffic (seed
+//! 3) or came back from the outage (seed 6), and the plan shed for the capacity withheld.
 //!
 //! A penalty withholds a share of the engine's capacity from the optimizer, so its traffic
 //! moves in a planned way. A new outlier starts at max(0.5, severity) — severity 1 − 1/ratio for
