@@ -6,16 +6,6 @@
 //! typical two minutes, not the long-run mean the plan is judged by (in the fleet simulator's
 //! `three-regions` the prediction error fell from +2.3 % to +0.9 % on average over ten seeds when
 //! the history grew from two to ten minutes). Pooling keeps that history at 60 entries per engine.
-//!
-//! The fits read the closed buckets, and the open one only while none has closed (a new engine
-//! learns from its first seconds) or while the fleet settles after an engine of the model went
-//! down or came back (`settling` when recorded: the loads move to where no bucket has measured
-//! them, and the plan needs what the open bucket shows at once). Otherwise the open bucket,
-//! which changes with every scrape, would move the engine's curve at every solve on a few
-//! seconds of partial data, and the stability rule holds such small changes until their sum
-//! moves a large share of a cluster at once. On the fleet simulator's `far-regions`, over 30
-//! seeds, leaving it out halved the largest move of one cluster at steady demand (figures in
-//! crates/ilb-fleet-sim/README.md).
 
 use crate::profile::Observation;
 use std::collections::VecDeque;
@@ -35,8 +25,6 @@ struct Bucket {
     start: Now,
     ttft: Observation,
     tbot: Option<Observation>,
-    /// A window of it was recorded while the fleet was settling: read it while it is open.
-    settling: bool,
 }
 
 #[derive(Debug, Default)]
@@ -47,9 +35,8 @@ pub struct LoadHistory {
 
 impl LoadHistory {
     /// Records one scrape window at `now`: TTFT (and TBOT if the engine exposes it), both at
-    /// load `ttft.load_rps` and weighted by `ttft.weight` requests; `settling` if an engine of
-    /// the model went down or came back within the last three smoothing time constants.
-    pub fn record(&mut self, now: Now, ttft: Observation, tbot: Option<Observation>, settling: bool) {
+    /// load `ttft.load_rps` and weighted by `ttft.weight` requests.
+    pub fn record(&mut self, now: Now, ttft: Observation, tbot: Option<Observation>) {
         if let Some(open) = &mut self.open {
             if now.saturating_sub(open.start) < BUCKET {
                 open.ttft = pooled(open.ttft, ttft);
@@ -57,7 +44,6 @@ impl LoadHistory {
                     (Some(a), Some(b)) => Some(pooled(a, b)),
                     (a, b) => a.or(b),
                 };
-                open.settling |= settling;
                 return;
             }
         }
@@ -67,7 +53,7 @@ impl LoadHistory {
                 self.closed.pop_front();
             }
         }
-        self.open = Some(Bucket { start: now, ttft, tbot, settling });
+        self.open = Some(Bucket { start: now, ttft, tbot });
     }
 
     /// Forgets everything that may include windows from `started` on (the windows that got an
@@ -77,11 +63,8 @@ impl LoadHistory {
         self.closed.retain(|b| b.start + BUCKET <= started);
     }
 
-    /// What the fits read: the closed buckets, and the open one while none has closed or
-    /// while the fleet settles.
     fn buckets(&self) -> impl Iterator<Item = &Bucket> {
-        let open = self.open.as_ref().filter(|open| self.closed.is_empty() || open.settling);
-        self.closed.iter().chain(open)
+        self.closed.iter().chain(self.open.iter())
     }
 
     pub fn ttft(&self) -> Vec<Observation> {
@@ -117,44 +100,24 @@ mod tests {
     #[test]
     fn windows_pool_into_buckets_and_age_out() {
         let mut h = LoadHistory::default();
-        h.record(Duration::from_secs(0), at(10.0, 100.0, 1.0), None, false);
-        h.record(Duration::from_secs(5), at(20.0, 200.0, 3.0), Some(at(20.0, 30.0, 3.0)), false);
+        h.record(Duration::from_secs(0), at(10.0, 100.0, 1.0), None);
+        h.record(Duration::from_secs(5), at(20.0, 200.0, 3.0), Some(at(20.0, 30.0, 3.0)));
         let ttft = h.ttft();
         assert_eq!(ttft.len(), 1);
         assert_eq!((ttft[0].load_rps, ttft[0].latency_ms, ttft[0].weight), (17.5, 175.0, 4.0));
         assert_eq!(h.tbot().len(), 1);
         for s in 1..=100 {
-            h.record(Duration::from_secs(10 * s), at(1.0, 1.0, 1.0), None, false);
+            h.record(Duration::from_secs(10 * s), at(1.0, 1.0, 1.0), None);
         }
-        assert_eq!(h.ttft().len(), MAX_BUCKETS, "closed buckets only, once one has closed");
+        assert_eq!(h.ttft().len(), MAX_BUCKETS + 1);
         assert!(h.tbot().is_empty(), "the first bucket aged out");
-    }
-
-    /// The open bucket changes with every scrape: once a bucket has closed, the fits read it
-    /// only while the fleet settles, so at steady state a curve moves when a bucket closes and
-    /// not at every scrape.
-    #[test]
-    fn the_open_bucket_is_read_only_until_one_closes_or_while_the_fleet_settles() {
-        let mut h = LoadHistory::default();
-        h.record(Duration::from_secs(0), at(10.0, 100.0, 5.0), None, false);
-        assert_eq!(h.ttft(), [at(10.0, 100.0, 5.0)], "a new engine learns from its first bucket");
-        h.record(Duration::from_secs(10), at(20.0, 400.0, 5.0), None, false);
-        assert_eq!(h.ttft(), [at(10.0, 100.0, 5.0)], "the open bucket (10–20 s) is not read");
-        h.record(Duration::from_secs(12), at(40.0, 900.0, 5.0), None, true);
-        assert_eq!(
-            h.ttft(),
-            [at(10.0, 100.0, 5.0), at(30.0, 650.0, 10.0)],
-            "a window recorded while the fleet settles makes its bucket read at once"
-        );
-        h.record(Duration::from_secs(20), at(40.0, 900.0, 5.0), None, false);
-        assert_eq!(h.ttft().len(), 2, "the next open bucket waits for its close again");
     }
 
     #[test]
     fn forgetting_drops_buckets_that_may_hold_later_windows() {
         let mut h = LoadHistory::default();
         for s in 0..5 {
-            h.record(Duration::from_secs(10 * s), at(1.0, 1.0, 1.0), None, false);
+            h.record(Duration::from_secs(10 * s), at(1.0, 1.0, 1.0), None);
         }
         // Buckets start at 0, 10, 20, 30 (closed) and 40 (open); 25 s on is suspect.
         h.forget_since(Duration::from_secs(25));

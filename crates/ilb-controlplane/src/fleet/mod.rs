@@ -200,14 +200,6 @@ impl Fleet {
         Duration::from_millis(self.config.control_plane.smoothing_ms)
     }
 
-    /// Whether an engine of `model` went down or came back within the last three smoothing
-    /// time constants (as of the last outlier evaluation): traffic is moving between its
-    /// engines, and their loads and queues have not settled.
-    pub(crate) fn settling(&self, model: &str, now: Now) -> bool {
-        let settle = crate::smoothing::SETTLING_TAUS * self.tau();
-        self.engines_up.get(model).and_then(|(_, changed)| *changed).is_some_and(|at| now < at + settle)
-    }
-
     /// A scrape of engine `idx` finished: its samples for the engine's model, or why it failed.
     pub fn on_scrape(
         &mut self,
@@ -216,7 +208,6 @@ impl Fleet {
         result: Result<Vec<(ModelName, EngineSample)>, String>,
     ) {
         let model = self.config.engines[idx].model.clone();
-        let settling = self.settling(&model, now);
         let e = &mut self.engines[idx];
         let samples = match result {
             Ok(samples) => samples,
@@ -275,7 +266,7 @@ impl Fleet {
                     // Both latencies count per request (TBOT's own count is in tokens).
                     let at =
                         |mean_ms| Observation { load_rps: rate, latency_ms: mean_ms, weight: ttft.count };
-                    e.observations.record(now, at(ttft.mean_ms), w.tbot.map(|t| at(t.mean_ms)), settling);
+                    e.observations.record(now, at(ttft.mean_ms), w.tbot.map(|t| at(t.mean_ms)));
                 }
                 if let Some(hit) = w.prefix_cache_hit_rate {
                     e.cache_hit_rate.update(now, hit);
@@ -369,7 +360,6 @@ impl Fleet {
                     .map(move |o| o.requests as f64 / secs)
             })
             .sum();
-        let settling = self.settling(&self.config.engines[idx].model, now);
         let e = &mut self.engines[idx];
         if !e.requests_from_engine {
             e.request_rate.update(now, reported_rps);
@@ -387,7 +377,7 @@ impl Fleet {
         if let (Some(rate), Some(ms), true) = (e.request_rate.value(), ttft, e.penalty == 0.0) {
             let weight = obs.streams as f64;
             let at = |latency_ms| Observation { load_rps: rate, latency_ms, weight };
-            e.observations.record(now, at(ms), tbot.map(at), settling);
+            e.observations.record(now, at(ms), tbot.map(at));
         }
     }
 

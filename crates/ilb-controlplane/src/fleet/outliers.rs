@@ -236,6 +236,7 @@ impl Fleet {
         for (idx, engine) in self.config.engines.iter().enumerate() {
             models.entry(engine.model.clone()).or_default().push(idx);
         }
+        let settle = crate::smoothing::SETTLING_TAUS * self.tau();
         for (model, engine_idx) in &models {
             let down: Vec<bool> = engine_idx.iter().map(|&j| self.health(j, now) <= 0.0).collect();
             let up: Vec<String> = engine_idx
@@ -250,7 +251,7 @@ impl Fleet {
                 *before = up;
                 *changed = Some(now);
             }
-            let settling = self.settling(model, now);
+            let settling = changed.is_some_and(|at| now < at + settle);
             for (&j, down) in engine_idx.iter().zip(down) {
                 // Down engines' windows, and for a while after an engine of the model went down
                 // or came back the windows of engines not yet penalised: their traffic moved
