@@ -80,6 +80,7 @@ pub(crate) fn keep_previous(
         match previous_routes(problem, old, k, new.shed_rps[k]) {
             Some(routes) => {
                 let moved = moved_rps(&routes, new.class_routes(k));
+                mix.previous[k] = Some(routes.clone());
                 reverts.push(Revert { class: k, routes, moved });
             }
             None => whole = false,
@@ -107,6 +108,14 @@ pub(crate) fn keep_previous(
         order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.class.cmp(&b.1.class)));
         for (_, revert) in order {
             mix.try_revert(std::slice::from_ref(revert), partial);
+        }
+        // A class whose previous weights no longer fit only because a moving class's new
+        // routes took the room they need keeps them if the moving class can take that traffic
+        // elsewhere: the largest movements avoided first.
+        let mut blocked: Vec<&Revert> = reverts.iter().filter(|r| !mix.kept[r.class]).collect();
+        blocked.sort_by(|a, b| b.moved.total_cmp(&a.moved).then(a.class.cmp(&b.class)));
+        for revert in blocked {
+            mix.try_revert_making_room(revert, partial);
         }
     }
     if mix.avoided == 0.0 {
@@ -187,6 +196,10 @@ struct Mix<'a> {
     new_cost: f64,
     /// Req/s that the reverted classes would have moved.
     avoided: f64,
+    /// Per class: whether it holds its previous weights.
+    kept: Vec<bool>,
+    /// Per class: its previous routes re-evaluated on the new problem, where they still apply.
+    previous: Vec<Option<Vec<Route>>>,
 }
 
 impl<'a> Mix<'a> {
@@ -197,7 +210,8 @@ impl<'a> Mix<'a> {
         let network: f64 =
             new.routes.iter().map(|r| r.rps * problem.network_ms.get(r.class, r.engine).unwrap_or(0.0)).sum();
         let cost = network + load.iter().zip(curves).map(|(y, c)| c.cost(*y)).sum::<f64>();
-        Mix { problem, curves, routes, load, cost, new_cost: cost, avoided: 0.0 }
+        let n = problem.classes.len();
+        Mix { problem, curves, routes, load, cost, new_cost: cost, avoided: 0.0, kept: vec![false; n], previous: vec![None; n] }
     }
 
     /// Gives each class of `reverts` (class, routes, req/s its new split moves) its previous
@@ -211,10 +225,83 @@ impl<'a> Mix<'a> {
         }
         for r in reverts {
             self.routes[r.class] = r.routes.clone();
+            self.kept[r.class] = true;
         }
         for (j, y) in load {
             self.load[j] = y;
         }
+        self.cost = cost;
+        self.avoided = avoided;
+        true
+    }
+
+    /// As [`Mix::try_revert`] for one class whose previous routes overflow some engines: the
+    /// classes that move anyway give up what their new split added on those engines, to the
+    /// engines with room where it costs them least (network plus the engine's marginal cost).
+    /// What those classes move in all never grows: they only take back traffic the new split
+    /// moved onto the full engines.
+    fn try_revert_making_room(&mut self, revert: &Revert, budget: impl Fn(f64) -> f64) -> bool {
+        let mut trial = Mix {
+            problem: self.problem,
+            curves: self.curves,
+            routes: self.routes.clone(),
+            load: self.load.clone(),
+            cost: self.cost,
+            new_cost: self.new_cost,
+            avoided: self.avoided,
+            kept: self.kept.clone(),
+            previous: Vec::new(),
+        };
+        for r in &trial.routes[revert.class] {
+            trial.load[r.engine] -= r.rps;
+        }
+        for r in &revert.routes {
+            trial.load[r.engine] += r.rps;
+        }
+        trial.routes[revert.class] = revert.routes.clone();
+        trial.kept[revert.class] = true;
+        let network = |k: usize, j: usize| self.problem.network_ms.get(k, j);
+        for j in 0..trial.load.len() {
+            let cap = self.curves[j].cap();
+            let mut over = trial.load[j] - cap;
+            if over <= cap * 1e-9 {
+                continue;
+            }
+            for k in 0..trial.routes.len() {
+                if trial.kept[k] || over <= cap * 1e-9 {
+                    continue;
+                }
+                let on = |routes: &[Route]| routes.iter().find(|r| r.engine == j).map_or(0.0, |r| r.rps);
+                let previous = self.previous[k].as_deref().map_or(0.0, on);
+                let mut added = (on(&trial.routes[k]) - previous).max(0.0);
+                while added > 0.0 && over > cap * 1e-9 {
+                    // The cheapest engine with room that class k may use.
+                    let target = (0..trial.load.len())
+                        .filter(|&i| i != j && trial.load[i] < self.curves[i].cap() * (1.0 - 1e-9))
+                        .filter_map(|i| Some((network(k, i)? + self.curves[i].marginal(trial.load[i]), i)))
+                        .min_by(|a, b| a.0.total_cmp(&b.0));
+                    let Some((_, i)) = target else { break };
+                    let shift = added.min(over).min(self.curves[i].cap() - trial.load[i]);
+                    shift_route(&mut trial.routes[k], k, j, i, shift);
+                    trial.load[j] -= shift;
+                    trial.load[i] += shift;
+                    added -= shift;
+                    over -= shift;
+                }
+            }
+            if over > cap * 1e-9 {
+                return false;
+            }
+        }
+        let cost = trial.routes.iter().flatten().map(|r| r.rps * network(r.class, r.engine).unwrap_or(0.0)).sum::<f64>()
+            + trial.load.iter().zip(self.curves).map(|(y, c)| c.cost(y.max(0.0))).sum::<f64>();
+        let avoided = self.avoided + revert.moved;
+        if cost - self.new_cost > budget(avoided) {
+            return false;
+        }
+        self.routes = trial.routes;
+        self.load = trial.load;
+        self.kept = trial.kept;
         self.cost = cost;
         self.avoided = avoided;
         true
@@ -253,6 +340,26 @@ impl<'a> Mix<'a> {
             cost += curve.cost(*y) - curve.cost(self.load[*j]);
         }
         Some((cost, load))
+    }
+}
+
+/// Moves `rps` of class `k`'s routes (sorted by engine) from engine `from` to engine `to`, and
+/// re-weighs them.
+fn shift_route(routes: &mut Vec<Route>, k: usize, from: usize, to: usize, rps: f64) {
+    if let Some(r) = routes.iter_mut().find(|r| r.engine == from) {
+        r.rps = (r.rps - rps).max(0.0);
+    }
+    match routes.iter_mut().find(|r| r.engine == to) {
+        Some(r) => r.rps += rps,
+        None => {
+            let at = routes.partition_point(|r| r.engine < to);
+            routes.insert(at, Route { class: k, engine: to, rps, weight: 0.0 });
+        }
+    }
+    routes.retain(|r| r.rps > 0.0);
+    let total: f64 = routes.iter().map(|r| r.rps).sum();
+    for r in routes.iter_mut() {
+        r.weight = if total > 0.0 { r.rps / total } else { 0.0 };
     }
 }
 

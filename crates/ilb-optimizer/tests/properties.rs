@@ -408,3 +408,43 @@ fn stability_tolerance_holds_the_classes_that_need_not_move() {
     assert!(moved > 0.1, "the optimum moves {:.3} of b", moved / 2.0);
     assert!(kept.objective <= free.objective * 1.001 + 1e-9);
 }
+
+/// A class the stability rule holds keeps its weights even where a moving class's new split
+/// took the room they need: the moving class takes that traffic elsewhere. Here b fills its
+/// nearby engine e1 and spills onto e2; c outgrows its own e3, and the optimum spills c onto e1
+/// and moves as much of b from e1 to e2 (c is closer to e1 than b's detour costs). b's previous
+/// weights plus c's new spill would overflow e1, so before this rule b moved too.
+#[test]
+fn a_held_class_keeps_the_room_a_moving_class_would_take() {
+    let engine = |id: &str, capacity_rps: f64| Engine {
+        id: id.into(),
+        capacity_rps,
+        latency: Latency::Queueing { t0_ms: 100.0, b_ms: 1.0 },
+    };
+    let class = |id: &str, demand_rps: f64| Class { id: id.into(), demand_rps, shed_penalty_ms: 10_000.0 };
+    let rows = [[Some(10.0), Some(100.0), None], [Some(5.0), Some(120.0), Some(2.0)]];
+    let problem = |c_demand: f64| Problem {
+        rho: 0.9,
+        classes: vec![class("b", 60.0), class("c", c_demand)],
+        engines: vec![engine("e1", 50.0), engine("e2", 100.0), engine("e3", 25.0)],
+        network_ms: NetworkMatrix::from_fn(2, 3, |k, j| rows[k][j]).unwrap(),
+    };
+    let options = SolverOptions { stability_ms: 100.0, ..SolverOptions::default() };
+    let mut solver = Solver::new(options);
+    let first = solver.solve(&problem(15.0)).unwrap();
+    let weights = |s: &ilb_optimizer::Solution, k: usize| -> Vec<(usize, f64)> {
+        s.class_routes(k).iter().map(|r| (r.engine, r.weight)).collect()
+    };
+    assert!(weights(&first, 1).iter().all(|&(j, _)| j == 2), "c starts on e3 alone: {:?}", first.routes);
+
+    let grown = problem(30.0);
+    let (free, _) = solve(&grown, None, &SolverOptions::default()).unwrap();
+    let on_e1 = |s: &ilb_optimizer::Solution, k: usize| s.class_routes(k).iter().find(|r| r.engine == 0).map_or(0.0, |r| r.rps);
+    assert!(on_e1(&free, 1) > 1.0, "the optimum spills c onto e1: {:?}", free.routes);
+    assert!(on_e1(&first, 0) + on_e1(&free, 1) > 45.0, "b's weights and c's new spill fit e1: {:?}", free.routes);
+    let kept = solver.solve(&grown).unwrap();
+    common::check_invariants(&grown, &kept);
+    assert_eq!(weights(&kept, 0), weights(&first, 0), "b moved: {:?}", kept.routes);
+    assert!(on_e1(&kept, 1) <= 45.0 - on_e1(&first, 0) + 1e-9, "c takes more of e1 than b leaves: {:?}", kept.routes);
+    assert!(kept.class_routes(1).iter().any(|r| r.engine == 1 && r.rps > 1.0), "c spills: {:?}", kept.routes);
+}
