@@ -15,7 +15,12 @@
 //! does not pass, the classes are tried one at a time, cheapest first (the least cost per req/s of
 //! movement avoided, each on its own against the new split), and such a partial mix may spend
 //! only half of τ (`PARTIAL_SHARE`). The mix must be feasible: every kept
-//! pair still allowed, no engine above its usable capacity. Because every solve compares with the
+//! pair still allowed, no engine above its usable capacity. A class whose previous weights
+//! overflow an engine only because a class that moves anyway spilled onto it gets the room
+//! back: the moving class takes what its new split added there to the engines with room where
+//! that costs it least, which never makes it move more (in `ilb demo`, a noise step of cluster a's
+//! demand, spilling off its full engine, otherwise released 15–17 % of cluster b's traffic that
+//! the rule had been holding). Because every solve compares with the
 //! new optimum, what the stability costs never accumulates from solve to solve: the kept solution
 //! carries the new solve's lower bound, so its gap says what it costs.
 
@@ -211,7 +216,17 @@ impl<'a> Mix<'a> {
             new.routes.iter().map(|r| r.rps * problem.network_ms.get(r.class, r.engine).unwrap_or(0.0)).sum();
         let cost = network + load.iter().zip(curves).map(|(y, c)| c.cost(*y)).sum::<f64>();
         let n = problem.classes.len();
-        Mix { problem, curves, routes, load, cost, new_cost: cost, avoided: 0.0, kept: vec![false; n], previous: vec![None; n] }
+        Mix {
+            problem,
+            curves,
+            routes,
+            load,
+            cost,
+            new_cost: cost,
+            avoided: 0.0,
+            kept: vec![false; n],
+            previous: vec![None; n],
+        }
     }
 
     /// Gives each class of `reverts` (class, routes, req/s its new split moves) its previous
@@ -293,7 +308,12 @@ impl<'a> Mix<'a> {
                 return false;
             }
         }
-        let cost = trial.routes.iter().flatten().map(|r| r.rps * network(r.class, r.engine).unwrap_or(0.0)).sum::<f64>()
+        let cost = trial
+            .routes
+            .iter()
+            .flatten()
+            .map(|r| r.rps * network(r.class, r.engine).unwrap_or(0.0))
+            .sum::<f64>()
             + trial.load.iter().zip(self.curves).map(|(y, c)| c.cost(y.max(0.0))).sum::<f64>();
         let avoided = self.avoided + revert.moved;
         if cost - self.new_cost > budget(avoided) {

@@ -439,12 +439,22 @@ fn a_held_class_keeps_the_room_a_moving_class_would_take() {
 
     let grown = problem(30.0);
     let (free, _) = solve(&grown, None, &SolverOptions::default()).unwrap();
-    let on_e1 = |s: &ilb_optimizer::Solution, k: usize| s.class_routes(k).iter().find(|r| r.engine == 0).map_or(0.0, |r| r.rps);
+    let on_e1 = |s: &ilb_optimizer::Solution, k: usize| {
+        s.class_routes(k).iter().find(|r| r.engine == 0).map_or(0.0, |r| r.rps)
+    };
     assert!(on_e1(&free, 1) > 1.0, "the optimum spills c onto e1: {:?}", free.routes);
-    assert!(on_e1(&first, 0) + on_e1(&free, 1) > 45.0, "b's weights and c's new spill fit e1: {:?}", free.routes);
+    assert!(
+        on_e1(&first, 0) + on_e1(&free, 1) > 45.0,
+        "b's weights and c's new spill fit e1: {:?}",
+        free.routes
+    );
     let kept = solver.solve(&grown).unwrap();
     common::check_invariants(&grown, &kept);
     assert_eq!(weights(&kept, 0), weights(&first, 0), "b moved: {:?}", kept.routes);
-    assert!(on_e1(&kept, 1) <= 45.0 - on_e1(&first, 0) + 1e-9, "c takes more of e1 than b leaves: {:?}", kept.routes);
+    assert!(
+        on_e1(&kept, 1) <= 45.0 - on_e1(&first, 0) + 1e-9,
+        "c takes more of e1 than b leaves: {:?}",
+        kept.routes
+    );
     assert!(kept.class_routes(1).iter().any(|r| r.engine == 1 && r.rps > 1.0), "c spills: {:?}", kept.routes);
 }
