@@ -256,74 +256,52 @@ impl<'a> Mix<'a> {
     /// What those classes move in all never grows: they only take back traffic the new split
     /// moved onto the full engines.
     fn try_revert_making_room(&mut self, revert: &Revert, budget: impl Fn(f64) -> f64) -> bool {
-        let mut trial = Mix {
-            problem: self.problem,
-            curves: self.curves,
-            routes: self.routes.clone(),
-            load: self.load.clone(),
-            cost: self.cost,
-            new_cost: self.new_cost,
-            avoided: self.avoided,
-            kept: self.kept.clone(),
-            previous: Vec::new(),
-        };
-        for r in &trial.routes[revert.class] {
-            trial.load[r.engine] -= r.rps;
+        let (mut routes, mut load, mut kept) = (self.routes.clone(), self.load.clone(), self.kept.clone());
+        for r in &routes[revert.class] {
+            load[r.engine] -= r.rps;
         }
         for r in &revert.routes {
-            trial.load[r.engine] += r.rps;
+            load[r.engine] += r.rps;
         }
-        trial.routes[revert.class] = revert.routes.clone();
-        trial.kept[revert.class] = true;
+        routes[revert.class] = revert.routes.clone();
+        kept[revert.class] = true;
         let network = |k: usize, j: usize| self.problem.network_ms.get(k, j);
-        for j in 0..trial.load.len() {
+        let room = |load: &[f64], i: usize| self.curves[i].cap() - load[i];
+        for j in 0..load.len() {
             let cap = self.curves[j].cap();
-            let mut over = trial.load[j] - cap;
-            if over <= cap * 1e-9 {
-                continue;
-            }
-            for k in 0..trial.routes.len() {
-                if trial.kept[k] || over <= cap * 1e-9 {
+            let fits = |load: &[f64]| load[j] - cap <= cap * 1e-9;
+            for k in 0..routes.len() {
+                if kept[k] || fits(&load) {
                     continue;
                 }
                 let on = |routes: &[Route]| routes.iter().find(|r| r.engine == j).map_or(0.0, |r| r.rps);
-                let previous = self.previous[k].as_deref().map_or(0.0, on);
-                let mut added = (on(&trial.routes[k]) - previous).max(0.0);
-                while added > 0.0 && over > cap * 1e-9 {
-                    // The cheapest engine with room that class k may use.
-                    let target = (0..trial.load.len())
-                        .filter(|&i| i != j && trial.load[i] < self.curves[i].cap() * (1.0 - 1e-9))
-                        .filter_map(|i| Some((network(k, i)? + self.curves[i].marginal(trial.load[i]), i)))
+                let mut added = (on(&routes[k]) - self.previous[k].as_deref().map_or(0.0, on)).max(0.0);
+                while added > 0.0 && !fits(&load) {
+                    // The engine with room where class k's traffic costs least.
+                    let cheapest = (0..load.len())
+                        .filter(|&i| i != j && room(&load, i) > self.curves[i].cap() * 1e-9)
+                        .filter_map(|i| Some((network(k, i)? + self.curves[i].marginal(load[i]), i)))
                         .min_by(|a, b| a.0.total_cmp(&b.0));
-                    let Some((_, i)) = target else { break };
-                    let shift = added.min(over).min(self.curves[i].cap() - trial.load[i]);
-                    shift_route(&mut trial.routes[k], k, j, i, shift);
-                    trial.load[j] -= shift;
-                    trial.load[i] += shift;
+                    let Some((_, i)) = cheapest else { break };
+                    let shift = added.min(load[j] - cap).min(room(&load, i));
+                    shift_route(&mut routes[k], k, j, i, shift);
+                    load[j] -= shift;
+                    load[i] += shift;
                     added -= shift;
-                    over -= shift;
                 }
             }
-            if over > cap * 1e-9 {
+            if !fits(&load) {
                 return false;
             }
         }
-        let cost = trial
-            .routes
-            .iter()
-            .flatten()
-            .map(|r| r.rps * network(r.class, r.engine).unwrap_or(0.0))
-            .sum::<f64>()
-            + trial.load.iter().zip(self.curves).map(|(y, c)| c.cost(y.max(0.0))).sum::<f64>();
+        let cost =
+            routes.iter().flatten().map(|r| r.rps * network(r.class, r.engine).unwrap_or(0.0)).sum::<f64>()
+                + load.iter().zip(self.curves).map(|(y, c)| c.cost(y.max(0.0))).sum::<f64>();
         let avoided = self.avoided + revert.moved;
         if cost - self.new_cost > budget(avoided) {
             return false;
         }
-        self.routes = trial.routes;
-        self.load = trial.load;
-        self.kept = trial.kept;
-        self.cost = cost;
-        self.avoided = avoided;
+        (self.routes, self.load, self.kept, self.cost, self.avoided) = (routes, load, kept, cost, avoided);
         true
     }
 
