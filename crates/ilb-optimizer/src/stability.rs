@@ -270,6 +270,9 @@ impl<'a> Mix<'a> {
         for j in 0..load.len() {
             let cap = self.curves[j].cap();
             let fits = |load: &[f64]| load[j] - cap <= cap * 1e-9;
+            if fits(&load) {
+                continue;
+            }
             for k in 0..routes.len() {
                 if kept[k] || fits(&load) {
                     continue;
