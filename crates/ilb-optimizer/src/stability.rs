@@ -212,9 +212,7 @@ impl<'a> Mix<'a> {
         let routes: Vec<Vec<Route>> =
             (0..problem.classes.len()).map(|k| new.class_routes(k).to_vec()).collect();
         let load = new.engine_load_rps();
-        let network: f64 =
-            new.routes.iter().map(|r| r.rps * problem.network_ms.get(r.class, r.engine).unwrap_or(0.0)).sum();
-        let cost = network + load.iter().zip(curves).map(|(y, c)| c.cost(*y)).sum::<f64>();
+        let cost = total_cost(problem, curves, &new.routes, &load);
         let n = problem.classes.len();
         Mix {
             problem,
@@ -297,9 +295,7 @@ impl<'a> Mix<'a> {
                 return false;
             }
         }
-        let cost =
-            routes.iter().flatten().map(|r| r.rps * network(r.class, r.engine).unwrap_or(0.0)).sum::<f64>()
-                + load.iter().zip(self.curves).map(|(y, c)| c.cost(y.max(0.0))).sum::<f64>();
+        let cost = total_cost(self.problem, self.curves, routes.iter().flatten(), &load);
         let avoided = self.avoided + revert.moved;
         if cost - self.new_cost > budget(avoided) {
             return false;
@@ -342,6 +338,18 @@ impl<'a> Mix<'a> {
         }
         Some((cost, load))
     }
+}
+
+/// Σ n·x over `routes` + Σ f(y) over the engines' `load`: the cost the rule compares.
+fn total_cost<'r>(
+    problem: &Problem,
+    curves: &[Curve],
+    routes: impl IntoIterator<Item = &'r Route>,
+    load: &[f64],
+) -> f64 {
+    let network: f64 =
+        routes.into_iter().map(|r| r.rps * problem.network_ms.get(r.class, r.engine).unwrap_or(0.0)).sum();
+    network + load.iter().zip(curves).map(|(y, c)| c.cost(y.max(0.0))).sum::<f64>()
 }
 
 /// Moves `rps` of class `k`'s routes (sorted by engine) from engine `from` to engine `to`, and

@@ -367,6 +367,28 @@ fn stability_tolerance_keeps_the_split_within_its_cost() {
     assert!(moved.traffic_moved.unwrap() > 0.01);
 }
 
+/// Classes b (60 req/s) and c (`c_demand`) and engines e1, e2, e3 of `capacities`, all with the
+/// same queueing curve, ρ = 0.9; `rows` are the classes' network latencies (None: forbidden).
+fn two_classes(rows: [[Option<f64>; 3]; 2], capacities: [f64; 3], c_demand: f64) -> Problem {
+    let engine = |id: &str, capacity_rps: f64| Engine {
+        id: id.into(),
+        capacity_rps,
+        latency: Latency::Queueing { t0_ms: 100.0, b_ms: 1.0 },
+    };
+    let class = |id: &str, demand_rps: f64| Class { id: id.into(), demand_rps, shed_penalty_ms: 10_000.0 };
+    Problem {
+        rho: 0.9,
+        classes: vec![class("b", 60.0), class("c", c_demand)],
+        engines: vec![engine("e1", capacities[0]), engine("e2", capacities[1]), engine("e3", capacities[2])],
+        network_ms: NetworkMatrix::from_fn(2, 3, |k, j| rows[k][j]).unwrap(),
+    }
+}
+
+/// Class `k`'s published (engine, weight) pairs.
+fn class_weights(s: &ilb_optimizer::Solution, k: usize) -> Vec<(usize, f64)> {
+    s.class_routes(k).iter().map(|r| (r.engine, r.weight)).collect()
+}
+
 /// The tolerance holds classes one at a time: when one class must move (its demand outgrew its
 /// nearby engine, so it spills onto a twin engine another class shares), the other class keeps
 /// its weights even though the optimum would rebalance it across the twins, since that
@@ -374,37 +396,32 @@ fn stability_tolerance_keeps_the_split_within_its_cost() {
 /// before this rule both classes moved.
 #[test]
 fn stability_tolerance_holds_the_classes_that_need_not_move() {
-    let engine = |id: &str, capacity_rps: f64| Engine {
-        id: id.into(),
-        capacity_rps,
-        latency: Latency::Queueing { t0_ms: 100.0, b_ms: 1.0 },
-    };
-    let class = |id: &str, demand_rps: f64| Class { id: id.into(), demand_rps, shed_penalty_ms: 10_000.0 };
     // b reaches the twins e1 and e2 equally; c prefers its own e3 and can spill onto e2.
     let rows = [[Some(10.0), Some(10.0), None], [None, Some(10.0), Some(5.0)]];
-    let problem = |c_demand: f64| Problem {
-        rho: 0.9,
-        classes: vec![class("b", 60.0), class("c", c_demand)],
-        engines: vec![engine("e1", 100.0), engine("e2", 100.0), engine("e3", 25.0)],
-        network_ms: NetworkMatrix::from_fn(2, 3, |k, j| rows[k][j]).unwrap(),
-    };
+    let problem = |c_demand: f64| two_classes(rows, [100.0, 100.0, 25.0], c_demand);
     let options = SolverOptions { stability_tolerance: 0.001, ..SolverOptions::default() };
     let mut solver = Solver::new(options);
     let first = solver.solve(&problem(15.0)).unwrap();
-    let weights = |s: &ilb_optimizer::Solution, k: usize| -> Vec<(usize, f64)> {
-        s.class_routes(k).iter().map(|r| (r.engine, r.weight)).collect()
-    };
-    assert!(weights(&first, 1).iter().all(|&(j, _)| j == 2), "c starts on e3 alone: {:?}", first.routes);
+    assert!(
+        class_weights(&first, 1).iter().all(|&(j, _)| j == 2),
+        "c starts on e3 alone: {:?}",
+        first.routes
+    );
 
     let grown = problem(29.0);
     let kept = solver.solve(&grown).unwrap();
     common::check_invariants(&grown, &kept);
-    assert_eq!(weights(&kept, 0), weights(&first, 0), "b moved");
-    assert!(weights(&kept, 1).iter().any(|&(j, w)| j == 1 && w > 0.2), "c must spill: {:?}", kept.routes);
+    assert_eq!(class_weights(&kept, 0), class_weights(&first, 0), "b moved");
+    assert!(
+        class_weights(&kept, 1).iter().any(|&(j, w)| j == 1 && w > 0.2),
+        "c must spill: {:?}",
+        kept.routes
+    );
     assert!(kept.gap <= 0.001 + 1e-3, "gap {}", kept.gap);
     // The optimum itself rebalances b across the twins.
     let (free, _) = solve(&grown, None, &SolverOptions::default()).unwrap();
-    let moved: f64 = weights(&free, 0).iter().zip(weights(&first, 0)).map(|(a, b)| (a.1 - b.1).abs()).sum();
+    let moved: f64 =
+        class_weights(&free, 0).iter().zip(class_weights(&first, 0)).map(|(a, b)| (a.1 - b.1).abs()).sum();
     assert!(moved > 0.1, "the optimum moves {:.3} of b", moved / 2.0);
     assert!(kept.objective <= free.objective * 1.001 + 1e-9);
 }
@@ -416,26 +433,16 @@ fn stability_tolerance_holds_the_classes_that_need_not_move() {
 /// weights plus c's new spill would overflow e1, so before this rule b moved too.
 #[test]
 fn a_held_class_keeps_the_room_a_moving_class_would_take() {
-    let engine = |id: &str, capacity_rps: f64| Engine {
-        id: id.into(),
-        capacity_rps,
-        latency: Latency::Queueing { t0_ms: 100.0, b_ms: 1.0 },
-    };
-    let class = |id: &str, demand_rps: f64| Class { id: id.into(), demand_rps, shed_penalty_ms: 10_000.0 };
     let rows = [[Some(10.0), Some(100.0), None], [Some(5.0), Some(120.0), Some(2.0)]];
-    let problem = |c_demand: f64| Problem {
-        rho: 0.9,
-        classes: vec![class("b", 60.0), class("c", c_demand)],
-        engines: vec![engine("e1", 50.0), engine("e2", 100.0), engine("e3", 25.0)],
-        network_ms: NetworkMatrix::from_fn(2, 3, |k, j| rows[k][j]).unwrap(),
-    };
+    let problem = |c_demand: f64| two_classes(rows, [50.0, 100.0, 25.0], c_demand);
     let options = SolverOptions { stability_ms: 100.0, ..SolverOptions::default() };
     let mut solver = Solver::new(options);
     let first = solver.solve(&problem(15.0)).unwrap();
-    let weights = |s: &ilb_optimizer::Solution, k: usize| -> Vec<(usize, f64)> {
-        s.class_routes(k).iter().map(|r| (r.engine, r.weight)).collect()
-    };
-    assert!(weights(&first, 1).iter().all(|&(j, _)| j == 2), "c starts on e3 alone: {:?}", first.routes);
+    assert!(
+        class_weights(&first, 1).iter().all(|&(j, _)| j == 2),
+        "c starts on e3 alone: {:?}",
+        first.routes
+    );
 
     let grown = problem(30.0);
     let (free, _) = solve(&grown, None, &SolverOptions::default()).unwrap();
@@ -450,7 +457,7 @@ fn a_held_class_keeps_the_room_a_moving_class_would_take() {
     );
     let kept = solver.solve(&grown).unwrap();
     common::check_invariants(&grown, &kept);
-    assert_eq!(weights(&kept, 0), weights(&first, 0), "b moved: {:?}", kept.routes);
+    assert_eq!(class_weights(&kept, 0), class_weights(&first, 0), "b moved: {:?}", kept.routes);
     assert!(
         on_e1(&kept, 1) <= 45.0 - on_e1(&first, 0) + 1e-9,
         "c takes more of e1 than b leaves: {:?}",
