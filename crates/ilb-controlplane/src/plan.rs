@@ -47,12 +47,11 @@ pub struct ModelPlan {
     /// Per engine: how long a request stays on it as a function of its load, ms (network
     /// excluded; [`Fleet::latency_and_in_flight_profiles`]).
     pub in_flight: Vec<LatencyProfile>,
+    /// Each class's `headroom_rps` is how much of its demand is headroom above the demand
+    /// expected (the planner plans each class at the top of its noise band, as far as the
+    /// model's usable capacity has room for it); [`ModelPlan::outcome`] takes it off the
+    /// class's demand. Zero as built.
     pub problem: Problem,
-    /// Per problem class: how much of its demand is headroom above the demand expected (the
-    /// planner plans each class at the top of its noise band, as far as the model's usable
-    /// capacity has room for it). [`ModelPlan::outcome`] takes it off the class's demand.
-    /// Zero as built.
-    pub headroom_rps: Vec<f64>,
 }
 
 #[derive(Clone, Debug)]
@@ -101,9 +100,9 @@ impl ModelPlan {
 
     /// Scales every class's headroom by `factor` (in [0, 1]).
     pub fn scale_headroom(&mut self, factor: f64) {
-        for (class, headroom) in self.problem.classes.iter_mut().zip(&mut self.headroom_rps) {
-            class.demand_rps -= *headroom * (1.0 - factor);
-            *headroom *= factor;
+        for class in &mut self.problem.classes {
+            class.demand_rps -= class.headroom_rps * (1.0 - factor);
+            class.headroom_rps *= factor;
         }
     }
 
@@ -122,25 +121,31 @@ impl ModelPlan {
     /// to arrive.
     pub fn outcome(&self, k: usize, solution: Option<&Solution>) -> ClassOutcome {
         let mut out = ClassOutcome::default();
-        let mut rps = vec![0.0; self.engines.len()];
+        let (mut rps, mut share) = (vec![0.0; self.engines.len()], vec![0.0; self.engines.len()]);
         for i in self.parts_of(k) {
             let class = &self.problem.classes[i];
             let shed = solution.and_then(|s| s.shed_rps.get(i).copied()).unwrap_or(0.0);
-            let demand = class.demand_rps - self.headroom_rps[i];
+            let demand = class.demand_rps - class.headroom_rps;
             out.planned_demand_rps += demand;
-            out.headroom_rps += self.headroom_rps[i];
+            out.headroom_rps += class.headroom_rps;
             out.shed_rps += shed;
             out.by_priority.push((self.parts[i].1, demand, class.shed_penalty_ms, shed));
-            for r in solution.map_or(&[][..], |s| s.class_routes(i)) {
+            let routes = solution.map_or(&[][..], |s| s.class_routes(i));
+            let admitted: f64 = routes.iter().map(|r| r.rps).sum();
+            for r in routes {
                 rps[r.engine] += r.rps;
+                // The published weight: the share of the admitted traffic, except for a class
+                // holding its weights, whose headroom may be planned elsewhere.
+                share[r.engine] += r.weight * admitted;
             }
         }
-        let admitted: f64 = rps.iter().sum();
+        let admitted: f64 = share.iter().sum();
         out.routes = rps
             .into_iter()
+            .zip(share)
             .enumerate()
-            .filter(|&(_, x)| x > 0.0)
-            .map(|(j, x)| (j, x, x / admitted))
+            .filter(|&(_, (x, w))| x > 0.0 || w > 0.0)
+            .map(|(j, (x, w))| (j, x, if admitted > 0.0 { w / admitted } else { 0.0 }))
             .collect();
         out
     }
@@ -223,6 +228,7 @@ pub fn build(fleet: &Fleet, now: Now) -> (Vec<ModelPlan>, Vec<Unplanned>) {
                         id: part_id(&key, priority),
                         demand_rps,
                         shed_penalty_ms: price(priority),
+                        headroom_rps: 0.0,
                     });
                 }
                 classes.push(PlanClass {
@@ -290,7 +296,6 @@ pub fn build(fleet: &Fleet, now: Now) -> (Vec<ModelPlan>, Vec<Unplanned>) {
             engines: engine_idx,
             capacity_rps,
             in_flight,
-            headroom_rps: vec![0.0; problem.classes.len()],
             problem,
         });
     }

@@ -139,7 +139,7 @@ impl Planner {
         let mut held = HashMap::with_capacity(self.held.len());
         for (plan, changed) in problems.plans.iter_mut().zip(&mut problems.changed) {
             *changed = false;
-            for (class, headroom) in plan.problem.classes.iter_mut().zip(&mut plan.headroom_rps) {
+            for class in &mut plan.problem.classes {
                 let key = (plan.model.clone(), class.id.clone());
                 let measured = class.demand_rps;
                 let centre = match self.held.get(&key) {
@@ -166,14 +166,14 @@ impl Planner {
                         measured
                     }
                 };
-                *headroom = band(centre);
-                class.demand_rps = centre + *headroom;
+                class.headroom_rps = band(centre);
+                class.demand_rps = centre + class.headroom_rps;
                 held.insert(key, centre);
             }
             // Headroom is for bursts the fleet has room for: it takes at most a share of the
             // usable capacity the centres leave (shrinking smoothly as demand nears capacity),
             // and none from traffic the plan would otherwise admit.
-            let headroom: f64 = plan.headroom_rps.iter().sum();
+            let headroom: f64 = plan.problem.classes.iter().map(|c| c.headroom_rps).sum();
             let centres: f64 = plan.problem.classes.iter().map(|c| c.demand_rps).sum::<f64>() - headroom;
             let usable: f64 = plan.capacity_rps.iter().sum::<f64>() * plan.problem.rho;
             if headroom > 0.0 {

@@ -245,7 +245,7 @@ fn demand_is_planned_at_the_top_of_a_band_that_rises_only_as_far_as_the_measurem
         let plan = &problems.plans[0];
         let b = plan.classes.iter().position(|c| c.key.cluster == "b").unwrap();
         let demand: f64 = plan.parts_of(b).map(|i| plan.problem.classes[i].demand_rps).sum();
-        let headroom: f64 = plan.parts_of(b).map(|i| plan.headroom_rps[i]).sum();
+        let headroom: f64 = plan.parts_of(b).map(|i| plan.problem.classes[i].headroom_rps).sum();
         (demand - headroom, headroom)
     };
     let band = |rps: f64| 3.0 * (rps / 10.0f64).sqrt();
@@ -277,7 +277,7 @@ fn a_model_beyond_its_capacity_is_planned_without_headroom() {
     }
     let round = planner.plan(&fleet, now);
     let band = |rps: f64| 3.0 * (rps / 10.0f64).sqrt();
-    let headroom: f64 = round.plans[0].headroom_rps.iter().sum();
+    let headroom: f64 = round.plans[0].problem.classes.iter().map(|c| c.headroom_rps).sum();
     assert!((headroom - band(100.0) - 2.0 * band(50.0)).abs() < 1e-9, "room for all of it: {headroom}");
     let later = now + Duration::from_secs(1);
     for mut r in [report("a", 200.0), report("b", 50.0), report("c", 50.0)] {
@@ -285,7 +285,8 @@ fn a_model_beyond_its_capacity_is_planned_without_headroom() {
         fleet.on_report(later, r).unwrap();
     }
     let round = planner.plan(&fleet, later);
-    assert!(round.plans[0].headroom_rps.iter().all(|&h| h == 0.0), "{:?}", round.plans[0].headroom_rps);
+    let headrooms: Vec<f64> = round.plans[0].problem.classes.iter().map(|c| c.headroom_rps).collect();
+    assert!(headrooms.iter().all(|&h| h == 0.0), "{headrooms:?}");
     let solution = round.solutions()[0].expect("solved");
     assert!(solution.shed_rps.iter().sum::<f64>() > 1.0, "over capacity: sheds");
     let demand: f64 = round.plans[0].problem.classes.iter().map(|c| c.demand_rps).sum();
@@ -310,7 +311,7 @@ fn headroom_leaves_the_optimizer_part_of_the_slack_near_capacity() {
     let round = planner.plan(&fleet, now);
     let plan = &round.plans[0];
     let usable = 0.95 * plan.capacity_rps.iter().sum::<f64>();
-    let headroom: f64 = plan.headroom_rps.iter().sum();
+    let headroom: f64 = plan.problem.classes.iter().map(|c| c.headroom_rps).sum();
     assert!((usable - 266.0).abs() < 1e-9, "{usable}");
     assert!((headroom - 0.75 * (usable - 250.0)).abs() < 1e-9, "three quarters of the slack: {headroom}");
     let solution = round.solutions()[0].expect("solved");

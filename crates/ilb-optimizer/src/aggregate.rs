@@ -196,6 +196,7 @@ mod tests {
                     id: format!("c{k}"),
                     demand_rps: d,
                     shed_penalty_ms: 1000.0 * k as f64,
+                    headroom_rps: 0.0,
                 })
                 .collect(),
             engines: (0..rows[0].len())

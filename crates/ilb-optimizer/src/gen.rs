@@ -215,6 +215,7 @@ pub fn generate(config: &GenConfig) -> Problem {
             id: format!("class-{k}"),
             demand_rps: config.load_factor * usable * raw / raw_total,
             shed_penalty_ms: [5_000.0, 10_000.0, 20_000.0][tier],
+            headroom_rps: 0.0,
         });
     }
     // Values are finite and non-negative by construction.

@@ -106,8 +106,8 @@ pub(crate) fn keep_previous(
         let mut order: Vec<(f64, &Revert)> = reverts
             .iter()
             .filter_map(|r| {
-                let (cost, _) = mix.cost_of(std::slice::from_ref(r))?;
-                Some(((cost - mix.new_cost) / r.moved, r))
+                let applied = mix.apply(std::slice::from_ref(r))?;
+                Some(((applied.cost - mix.new_cost) / r.moved, r))
             })
             .collect();
         order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.class.cmp(&b.1.class)));
@@ -228,22 +228,20 @@ impl<'a> Mix<'a> {
     }
 
     /// Gives each class of `reverts` (class, routes, req/s its new split moves) its previous
-    /// routes if the mix then stays within every engine's capacity and
+    /// weights if the mix then stays within every engine's capacity and
     /// cost(mix) − cost(new) ≤ budget(req/s the reverted classes would have moved).
     fn try_revert(&mut self, reverts: &[Revert], budget: impl Fn(f64) -> f64) -> bool {
-        let Some((cost, load)) = self.cost_of(reverts) else { return false };
+        let Some(applied) = self.apply(reverts) else { return false };
         let avoided = self.avoided + reverts.iter().map(|r| r.moved).sum::<f64>();
-        if cost - self.new_cost > budget(avoided) {
+        if applied.cost - self.new_cost > budget(avoided) {
             return false;
         }
-        for r in reverts {
-            self.routes[r.class] = r.routes.clone();
+        for (r, routes) in reverts.iter().zip(applied.routes) {
+            self.routes[r.class] = routes;
             self.kept[r.class] = true;
         }
-        for (j, y) in load {
-            self.load[j] = y;
-        }
-        self.cost = cost;
+        self.load = applied.load;
+        self.cost = applied.cost;
         self.avoided = avoided;
         true
     }
@@ -263,35 +261,23 @@ impl<'a> Mix<'a> {
         }
         routes[revert.class] = revert.routes.clone();
         kept[revert.class] = true;
-        let network = |k: usize, j: usize| self.problem.network_ms.get(k, j);
-        let room = |load: &[f64], i: usize| self.curves[i].cap() - load[i];
         for j in 0..load.len() {
             let cap = self.curves[j].cap();
-            let fits = |load: &[f64]| load[j] - cap <= cap * 1e-9;
-            if fits(&load) {
+            let over = |load: &[f64]| load[j] - cap;
+            if over(&load) <= cap * 1e-9 {
                 continue;
             }
+            let own = self.headroom_on(revert.class, &revert.routes, j).min(over(&load));
+            self.offload(&mut routes[revert.class], revert.class, j, own, &mut load, false);
             for k in 0..routes.len() {
-                if kept[k] || fits(&load) {
+                if kept[k] || over(&load) <= cap * 1e-9 {
                     continue;
                 }
                 let on = |routes: &[Route]| routes.iter().find(|r| r.engine == j).map_or(0.0, |r| r.rps);
-                let mut added = (on(&routes[k]) - self.previous[k].as_deref().map_or(0.0, on)).max(0.0);
-                while added > 0.0 && !fits(&load) {
-                    // The engine with room where class k's traffic costs least.
-                    let cheapest = (0..load.len())
-                        .filter(|&i| i != j && room(&load, i) > self.curves[i].cap() * 1e-9)
-                        .filter_map(|i| Some((network(k, i)? + self.curves[i].marginal(load[i]), i)))
-                        .min_by(|a, b| a.0.total_cmp(&b.0));
-                    let Some((_, i)) = cheapest else { break };
-                    let shift = added.min(load[j] - cap).min(room(&load, i));
-                    shift_route(&mut routes[k], k, j, i, shift);
-                    load[j] -= shift;
-                    load[i] += shift;
-                    added -= shift;
-                }
+                let added = (on(&routes[k]) - self.previous[k].as_deref().map_or(0.0, on)).max(0.0);
+                self.offload(&mut routes[k], k, j, added.min(over(&load)), &mut load, true);
             }
-            if !fits(&load) {
+            if over(&load) > cap * 1e-9 {
                 return false;
             }
         }
@@ -304,40 +290,94 @@ impl<'a> Mix<'a> {
         true
     }
 
-    /// The mix's cost with `reverts` applied and the loads of the engines they change; None if
-    /// an engine would go above its usable capacity.
-    fn cost_of(&self, reverts: &[Revert]) -> Option<(f64, Vec<(usize, f64)>)> {
-        let network = |r: &Route| r.rps * self.problem.network_ms.get(r.class, r.engine).unwrap_or(0.0);
-        let mut delta: Vec<(usize, f64)> = Vec::new();
-        let mut cost = self.cost;
+    /// The mix with `reverts` applied; None if an engine they add load to would go above its
+    /// usable capacity even with their headroom planned on engines with room.
+    fn apply(&self, reverts: &[Revert]) -> Option<Applied> {
+        let mut load = self.load.clone();
+        let mut routes: Vec<Vec<Route>> = Vec::with_capacity(reverts.len());
         for revert in reverts {
             for r in &self.routes[revert.class] {
-                delta.push((r.engine, -r.rps));
-                cost -= network(r);
+                load[r.engine] -= r.rps;
             }
             for r in &revert.routes {
-                delta.push((r.engine, r.rps));
-                cost += network(r);
+                load[r.engine] += r.rps;
             }
+            routes.push(revert.routes.clone());
         }
-        delta.sort_by_key(|&(j, _)| j);
-        let mut load: Vec<(usize, f64)> = Vec::with_capacity(delta.len());
-        for (j, d) in delta {
-            match load.last_mut() {
-                Some((last, y)) if *last == j => *y += d,
-                _ => load.push((j, self.load[j] + d)),
+        for j in 0..load.len() {
+            let cap = self.curves[j].cap();
+            let over = |load: &[f64]| load[j] - cap;
+            if load[j] <= self.load[j] || over(&load) <= cap * 1e-9 {
+                continue;
             }
-        }
-        for (j, y) in &mut load {
-            let curve = &self.curves[*j];
-            if *y > self.load[*j] && *y > curve.cap() * (1.0 + 1e-9) {
+            for (revert, routes) in reverts.iter().zip(&mut routes) {
+                let own = self.headroom_on(revert.class, &revert.routes, j).min(over(&load));
+                self.offload(routes, revert.class, j, own, &mut load, false);
+            }
+            if over(&load) > cap * 1e-9 {
                 return None;
             }
-            *y = y.max(0.0);
-            cost += curve.cost(*y) - curve.cost(self.load[*j]);
         }
-        Some((cost, load))
+        let network = |r: &Route| r.rps * self.problem.network_ms.get(r.class, r.engine).unwrap_or(0.0);
+        let mut cost = self.cost;
+        for (revert, routes) in reverts.iter().zip(&routes) {
+            cost += routes.iter().map(network).sum::<f64>()
+                - self.routes[revert.class].iter().map(network).sum::<f64>();
+        }
+        for (j, curve) in self.curves.iter().enumerate() {
+            if load[j] != self.load[j] {
+                load[j] = load[j].max(0.0);
+                cost += curve.cost(load[j]) - curve.cost(self.load[j]);
+            }
+        }
+        Some(Applied { routes, load, cost })
     }
+
+    /// The part of class `k`'s headroom that its previous `routes` put on engine `j`.
+    fn headroom_on(&self, k: usize, routes: &[Route], j: usize) -> f64 {
+        let served: f64 = routes.iter().map(|r| r.rps).sum();
+        let weight = routes.iter().find(|r| r.engine == j).map_or(0.0, |r| r.weight);
+        self.problem.classes[k].headroom_rps.clamp(0.0, served) * weight
+    }
+
+    /// Moves up to `rps` of class `k`'s `routes` off engine `j` to the engines with room where
+    /// it costs least (network plus the engine's marginal cost), updating `load`. With
+    /// `reweigh`, the class's weights follow its routes (a class that moves anyway); without,
+    /// they stay (a class holding its weights, whose headroom this is).
+    fn offload(
+        &self,
+        routes: &mut Vec<Route>,
+        k: usize,
+        j: usize,
+        rps: f64,
+        load: &mut [f64],
+        reweigh: bool,
+    ) {
+        let mut left = rps;
+        while left > 0.0 {
+            let room = |i: usize| self.curves[i].cap() - load[i];
+            let cheapest = (0..load.len())
+                .filter(|&i| i != j && room(i) > self.curves[i].cap() * 1e-9)
+                .filter_map(|i| {
+                    Some((self.problem.network_ms.get(k, i)? + self.curves[i].marginal(load[i]), i))
+                })
+                .min_by(|a, b| a.0.total_cmp(&b.0));
+            let Some((_, i)) = cheapest else { return };
+            let shift = left.min(room(i));
+            shift_route(routes, k, j, i, shift, reweigh);
+            load[j] -= shift;
+            load[i] += shift;
+            left -= shift;
+        }
+    }
+}
+
+/// A class's routes and the engines' load and cost with some reverts applied.
+struct Applied {
+    /// Per revert, in order: the class's routes.
+    routes: Vec<Vec<Route>>,
+    load: Vec<f64>,
+    cost: f64,
 }
 
 /// Σ n·x over `routes` + Σ f(y) over the engines' `load`: the cost the rule compares.
@@ -352,9 +392,9 @@ fn total_cost<'r>(
     network + load.iter().zip(curves).map(|(y, c)| c.cost(y.max(0.0))).sum::<f64>()
 }
 
-/// Moves `rps` of class `k`'s routes (sorted by engine) from engine `from` to engine `to`, and
-/// re-weighs them.
-fn shift_route(routes: &mut Vec<Route>, k: usize, from: usize, to: usize, rps: f64) {
+/// Moves `rps` of class `k`'s routes (sorted by engine) from engine `from` to engine `to`;
+/// with `reweigh`, the weights follow the routes.
+fn shift_route(routes: &mut Vec<Route>, k: usize, from: usize, to: usize, rps: f64, reweigh: bool) {
     if let Some(r) = routes.iter_mut().find(|r| r.engine == from) {
         r.rps = (r.rps - rps).max(0.0);
     }
@@ -365,10 +405,12 @@ fn shift_route(routes: &mut Vec<Route>, k: usize, from: usize, to: usize, rps: f
             routes.insert(at, Route { class: k, engine: to, rps, weight: 0.0 });
         }
     }
-    routes.retain(|r| r.rps > 0.0);
-    let total: f64 = routes.iter().map(|r| r.rps).sum();
-    for r in routes.iter_mut() {
-        r.weight = if total > 0.0 { r.rps / total } else { 0.0 };
+    if reweigh {
+        routes.retain(|r| r.rps > 0.0);
+        let total: f64 = routes.iter().map(|r| r.rps).sum();
+        for r in routes.iter_mut() {
+            r.weight = if total > 0.0 { r.rps / total } else { 0.0 };
+        }
     }
 }
 

@@ -90,6 +90,7 @@ fn merged_classes_shed_cheapest_first() {
         id: id.into(),
         demand_rps: demand,
         shed_penalty_ms: penalty,
+        headroom_rps: 0.0,
     };
     let engine = |id: &str, capacity: f64| Engine {
         id: id.into(),

@@ -102,7 +102,7 @@ proptest! {
 }
 
 fn class(id: &str, demand: f64) -> Class {
-    Class { id: id.into(), demand_rps: demand, shed_penalty_ms: 10_000.0 }
+    Class { id: id.into(), demand_rps: demand, shed_penalty_ms: 10_000.0, headroom_rps: 0.0 }
 }
 
 fn engine(id: &str, capacity: f64) -> Engine {
@@ -375,7 +375,12 @@ fn two_classes(rows: [[Option<f64>; 3]; 2], capacities: [f64; 3], c_demand: f64)
         capacity_rps,
         latency: Latency::Queueing { t0_ms: 100.0, b_ms: 1.0 },
     };
-    let class = |id: &str, demand_rps: f64| Class { id: id.into(), demand_rps, shed_penalty_ms: 10_000.0 };
+    let class = |id: &str, demand_rps: f64| Class {
+        id: id.into(),
+        demand_rps,
+        shed_penalty_ms: 10_000.0,
+        headroom_rps: 0.0,
+    };
     Problem {
         rho: 0.9,
         classes: vec![class("b", 60.0), class("c", c_demand)],

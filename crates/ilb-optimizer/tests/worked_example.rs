@@ -8,7 +8,12 @@ use ilb_optimizer::{solve, Class, Curve, Engine, Latency, NetworkMatrix, Problem
 fn example() -> Problem {
     let classes = [("A", 90.0), ("B", 120.0), ("C", 40.0)]
         .iter()
-        .map(|(id, d)| Class { id: id.to_string(), demand_rps: *d, shed_penalty_ms: 10_000.0 })
+        .map(|(id, d)| Class {
+            id: id.to_string(),
+            demand_rps: *d,
+            shed_penalty_ms: 10_000.0,
+            headroom_rps: 0.0,
+        })
         .collect();
     let engines = [("A", 100.0), ("B", 100.0), ("C", 80.0)]
         .iter()
