@@ -10,7 +10,9 @@ pub struct Route {
     pub class: usize,
     pub engine: usize,
     pub rps: f64,
-    /// rps / (demand − shed) of the class: the published weight. Weights of a class sum to 1.
+    /// The published weight: rps / (demand − shed) of the class, except where a class keeps its
+    /// previous weights and part of its headroom (`Class::headroom_rps`) is planned on engines
+    /// the weights do not send it to. Weights of a class sum to 1.
     pub weight: f64,
 }
 
@@ -43,7 +45,9 @@ pub struct Solution {
     pub gap: f64,
     /// objective / total demand (ms); 0 without demand.
     pub mean_latency_ms: f64,
-    /// Σ|x − x_prev| / 2 / Σ d against the warm-start routes; `None` on a cold solve.
+    /// Σ|x − x_prev| / 2 / Σ d against the warm-start routes; `None` on a cold solve. For a
+    /// split the stability rule kept in part, against the split published before, both as the
+    /// data planes see them (admitted req/s spread by the weights).
     pub traffic_moved: Option<f64>,
     /// Newton steps taken on the full problem (diagnostics).
     pub newton_steps: usize,

@@ -20,7 +20,14 @@
 //! back: the moving class takes what its new split added there to the engines with room where
 //! that costs it least, which never makes it move more (in `ilb demo`, a noise step of cluster a's
 //! demand, spilling off its full engine, otherwise released 15–17 % of cluster b's traffic that
-//! the rule had been holding). Because every solve compares with the
+//! the rule had been holding). A class holding its weights need only fit its engines without
+//! its headroom (`Class::headroom_rps`, the margin the planner adds above the demand it expects):
+//! what its weights would put of the headroom beyond an engine's usable capacity is planned on
+//! the engines with room where it costs least, and its published weights stay (in `ilb demo`, a
+//! noise step of cluster a's demand estimate otherwise moved 1.2–4.6 % of a off its full
+//! engine). The weights then send the expected demand where the plan puts it; a burst to the
+//! top of the band goes by them too, beyond that engine's usable capacity (ρ), as any demand
+//! above the plan does. Because every solve compares with the
 //! new optimum, what the stability costs never accumulates from solve to solve: the kept solution
 //! carries the new solve's lower bound, so its gap says what it costs.
 
@@ -144,7 +151,8 @@ pub(crate) fn keep_previous(
                 capacity_binds: y >= c.cap() * (1.0 - 1e-9),
             })
             .collect(),
-        traffic_moved: (old_total > 0.0 && total > 0.0).then(|| moved_rps(&routes, &old.routes) / total),
+        traffic_moved: (old_total > 0.0 && total > 0.0)
+            .then(|| moved_rps(&published(&routes), &published(&old.routes)) / total),
         routes,
         shed_rps: new.shed_rps.clone(),
         objective,
@@ -412,6 +420,17 @@ fn shift_route(routes: &mut Vec<Route>, k: usize, from: usize, to: usize, rps: f
             r.weight = if total > 0.0 { r.rps / total } else { 0.0 };
         }
     }
+}
+
+/// `routes` (sorted by class) as the data planes see them: each class's admitted req/s spread by
+/// its weights (a class holding its weights may plan part of its headroom elsewhere).
+fn published(routes: &[Route]) -> Vec<Route> {
+    let mut out = Vec::with_capacity(routes.len());
+    for class in routes.chunk_by(|a, b| a.class == b.class) {
+        let admitted: f64 = class.iter().map(|r| r.rps).sum();
+        out.extend(class.iter().filter(|r| r.weight > 0.0).map(|r| Route { rps: r.weight * admitted, ..*r }));
+    }
+    out
 }
 
 /// Σ |a − b| / 2 over (class, engine) of two route lists sorted by class, then engine.

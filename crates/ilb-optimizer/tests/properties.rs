@@ -431,6 +431,54 @@ fn stability_tolerance_holds_the_classes_that_need_not_move() {
     assert!(kept.objective <= free.objective * 1.001 + 1e-9);
 }
 
+/// A class holding its weights need only fit its engines without its headroom (the margin the
+/// planner adds above the demand it expects): when a noise step of the demand estimate would
+/// overflow the class's full engine, the overflow (at most its headroom there) is planned on the
+/// engine with room, and the published weights stay. Without headroom the same demand moves
+/// the class.
+#[test]
+fn a_held_class_plans_the_headroom_that_does_not_fit_elsewhere() {
+    let engine = |id: &str| Engine {
+        id: id.into(),
+        capacity_rps: 50.0 / 0.9,
+        latency: Latency::Queueing { t0_ms: 100.0, b_ms: 1.0 },
+    };
+    let problem = |centre: f64, headroom: f64| Problem {
+        rho: 0.9,
+        classes: vec![Class {
+            id: "a".into(),
+            demand_rps: centre + headroom,
+            shed_penalty_ms: 10_000.0,
+            headroom_rps: headroom,
+        }],
+        engines: vec![engine("near"), engine("far")],
+        network_ms: NetworkMatrix::from_rows(&[vec![Some(5.0), Some(100.0)]]).unwrap(),
+    };
+    let options = SolverOptions { stability_ms: 100.0, ..SolverOptions::default() };
+    let mut solver = Solver::new(options.clone());
+    let first = solver.solve(&problem(40.0, 8.0)).unwrap();
+    assert_eq!(class_weights(&first, 0), vec![(0, 1.0)], "a starts on its near engine alone");
+
+    // The estimate steps up: 43 + 8 overflows the near engine's 50 req/s.
+    let stepped = problem(43.0, 8.0);
+    let kept = solver.solve(&stepped).unwrap();
+    common::check_invariants(&stepped, &kept);
+    let published: Vec<(usize, f64)> =
+        class_weights(&kept, 0).into_iter().filter(|&(_, w)| w > 0.0).collect();
+    assert_eq!(published, vec![(0, 1.0)], "a moved: {:?}", kept.routes);
+    assert!(
+        kept.engines[1].load_rps >= 1.0 - 1e-6,
+        "the overflow is planned on the far engine: {:?}",
+        kept.engines
+    );
+
+    // The same demand with no headroom: all of it is expected, so a moves.
+    let mut solver = Solver::new(options);
+    solver.solve(&problem(48.0, 0.0)).unwrap();
+    let moved = solver.solve(&problem(51.0, 0.0)).unwrap();
+    assert!(class_weights(&moved, 0).iter().any(|&(j, w)| j == 1 && w > 0.01), "{:?}", moved.routes);
+}
+
 /// A class the stability rule holds keeps its weights even where a moving class's new split
 /// took the room they need: the moving class takes that traffic elsewhere. Here b fills its
 /// nearby engine e1 and spills onto e2; c outgrows its own e3, and the optimum spills c onto e1

@@ -147,7 +147,11 @@ pub fn check_invariants(problem: &Problem, solution: &Solution) {
     let mut weight_sum = vec![0.0; n];
     let mut load = vec![0.0; m];
     for r in &solution.routes {
-        assert!(r.rps > 0.0 && r.weight > 0.0 && r.weight <= 1.0 + 1e-12, "{r:?}");
+        // A route may carry only headroom (weight 0) where a class holds its previous weights.
+        assert!(
+            r.rps >= 0.0 && r.weight >= 0.0 && r.rps + r.weight > 0.0 && r.weight <= 1.0 + 1e-12,
+            "{r:?}"
+        );
         assert!(problem.network_ms.get(r.class, r.engine).is_some(), "forbidden pair used: {r:?}");
         routed[r.class] += r.rps;
         weight_sum[r.class] += r.weight;
@@ -160,6 +164,15 @@ pub fn check_invariants(problem: &Problem, solution: &Solution) {
         assert!((routed[k] + s - d).abs() <= 1e-9 * d.max(1.0), "class {k}: {} + {s} != {d}", routed[k]);
         if routed[k] > 0.0 {
             assert!((weight_sum[k] - 1.0).abs() < 1e-9, "class {k}: weights sum to {}", weight_sum[k]);
+        }
+        // The weights send what is expected of the class (its demand without the headroom)
+        // where its routes plan it; only the headroom may be planned elsewhere.
+        let expected = (routed[k] - problem.classes[k].headroom_rps).max(0.0);
+        for r in solution.class_routes(k) {
+            assert!(
+                r.rps >= r.weight * expected - 1e-9 * d.max(1.0),
+                "class {k}: {r:?} below its weight of {expected}"
+            );
         }
     }
     for j in 0..m {
