@@ -31,8 +31,8 @@ pub struct Class {
     pub demand_rps: f64,
     /// Cost of shedding one request of this class, in ms (≥ 0; larger for higher priority).
     pub shed_penalty_ms: f64,
-    /// Of `demand_rps`, the part that is a margin above the demand expected (≥ 0; 0 by
-    /// default). A class holding its previous weights need only fit its engines without it:
+    /// Of `demand_rps`, the part that is a margin above the demand expected (≥ 0, read as at
+    /// most `demand_rps`; 0 by default). A class holding its previous weights need only fit its engines without it:
     /// what of it does not fit is planned on engines with room, and the weights stay.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub headroom_rps: f64,
@@ -235,9 +235,11 @@ impl Problem {
             return Err(ProblemError::Rho(self.rho));
         }
         for class in &self.classes {
-            for (field, value) in
-                [("demand_rps", class.demand_rps), ("shed_penalty_ms", class.shed_penalty_ms)]
-            {
+            for (field, value) in [
+                ("demand_rps", class.demand_rps),
+                ("shed_penalty_ms", class.shed_penalty_ms),
+                ("headroom_rps", class.headroom_rps),
+            ] {
                 if !non_negative(value) {
                     return Err(ProblemError::ClassField { id: class.id.clone(), field, value });
                 }

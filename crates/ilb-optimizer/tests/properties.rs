@@ -159,6 +159,9 @@ fn invalid_problems_are_rejected() {
     p.classes[0].demand_rps = f64::NAN;
     assert!(matches!(p.validate(), Err(ProblemError::ClassField { .. })));
     let mut p = good();
+    p.classes[0].headroom_rps = -0.5;
+    assert!(matches!(p.validate(), Err(ProblemError::ClassField { field: "headroom_rps", .. })));
+    let mut p = good();
     p.classes.push(class("a", 2.0));
     assert!(matches!(p.validate(), Err(ProblemError::DuplicateId { .. })));
     p.classes[1].id = "b".into();
