@@ -86,7 +86,10 @@ pub struct PriorityView {
 #[derive(Clone, Debug, Serialize)]
 pub struct RouteView {
     pub engine: String,
+    /// The published weight.
     pub weight: f64,
+    /// Planned req/s: the weight's share of the class's admitted demand, except where the class
+    /// holds its weights and part of its headroom is planned here (then weight may be 0).
     pub rps: f64,
     pub network_ms: f64,
     /// Expected engine latency at its planned load.
