@@ -77,8 +77,8 @@ pub struct ControlPlaneSettings {
     /// its width) re-centred on it, so that noise moves no traffic; each class is planned at
     /// the band's top, as far as three quarters of the slack the centres leave under the
     /// model's usable capacity has room for that headroom. A class whose weights the
-    /// stability rule holds need only fit its engines without the headroom: what of it no
-    /// longer fits a full engine is planned on engines with room, and its weights stay.
+    /// stability rule holds need only fit its engines without half the headroom: what of that
+    /// half no longer fits a full engine is planned on engines with room, and its weights stay.
     /// 0 = plan with every measurement as it is. Default 3.
     pub demand_band_sigmas: f64,
     /// Which latency the optimizer minimises.

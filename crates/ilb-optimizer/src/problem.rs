@@ -32,8 +32,9 @@ pub struct Class {
     /// Cost of shedding one request of this class, in ms (≥ 0; larger for higher priority).
     pub shed_penalty_ms: f64,
     /// Of `demand_rps`, the part that is a margin above the demand expected (≥ 0, read as at
-    /// most `demand_rps`; 0 by default). A class holding its previous weights need only fit its engines without it:
-    /// what of it does not fit is planned on engines with room, and the weights stay.
+    /// most `demand_rps`; 0 by default). A class holding its previous weights need only fit its
+    /// engines without half of it: what of that half does not fit is planned on engines with
+    /// room, and the weights stay.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub headroom_rps: f64,
 }

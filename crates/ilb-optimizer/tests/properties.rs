@@ -434,11 +434,11 @@ fn stability_tolerance_holds_the_classes_that_need_not_move() {
     assert!(kept.objective <= free.objective * 1.001 + 1e-9);
 }
 
-/// A class holding its weights need only fit its engines without its headroom (the margin the
-/// planner adds above the demand it expects): when a noise step of the demand estimate would
-/// overflow the class's full engine, the overflow (at most its headroom there) is planned on the
-/// engine with room, and the published weights stay. Without headroom the same demand moves
-/// the class.
+/// A class holding its weights need only fit its engines without half its headroom (the margin
+/// the planner adds above the demand it expects): when a noise step of the demand estimate
+/// would overflow the class's full engine, the overflow (at most half its headroom there) is
+/// planned on the engine with room, and the published weights stay. Without headroom, or with a
+/// step beyond half of it, the class moves.
 #[test]
 fn a_held_class_plans_the_headroom_that_does_not_fit_elsewhere() {
     let engine = |id: &str| Engine {
@@ -475,11 +475,17 @@ fn a_held_class_plans_the_headroom_that_does_not_fit_elsewhere() {
         kept.engines
     );
 
-    // The same demand with no headroom: all of it is expected, so a moves.
-    let mut solver = Solver::new(options);
-    solver.solve(&problem(48.0, 0.0)).unwrap();
-    let moved = solver.solve(&problem(51.0, 0.0)).unwrap();
-    assert!(class_weights(&moved, 0).iter().any(|&(j, w)| j == 1 && w > 0.01), "{:?}", moved.routes);
+    // The same demand with no headroom: all of it is expected, so a moves; and so it does when
+    // the step overflows the near engine by more than half the headroom (47 + 8 by 5).
+    for (before, after) in
+        [(problem(48.0, 0.0), problem(51.0, 0.0)), (problem(40.0, 8.0), problem(47.0, 8.0))]
+    {
+        let mut solver = Solver::new(options.clone());
+        solver.solve(&before).unwrap();
+        let moved = solver.solve(&after).unwrap();
+        common::check_invariants(&after, &moved);
+        assert!(class_weights(&moved, 0).iter().any(|&(j, w)| j == 1 && w > 0.01), "{:?}", moved.routes);
+    }
 }
 
 /// A class the stability rule holds keeps its weights even where a moving class's new split
