@@ -309,7 +309,7 @@ impl<'a> Mix<'a> {
     }
 
     /// The mix with `reverts` applied; None if an engine they add load to would go above its
-    /// usable capacity even with their headroom planned on engines with room.
+    /// usable capacity even with the headroom they need not fit planned on engines with room.
     fn apply(&self, reverts: &[Revert]) -> Option<Applied> {
         let mut load = self.load.clone();
         let mut routes: Vec<Vec<Route>> = Vec::with_capacity(reverts.len());
