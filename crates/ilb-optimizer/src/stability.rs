@@ -271,13 +271,7 @@ impl<'a> Mix<'a> {
     /// moved onto the full engines.
     fn try_revert_making_room(&mut self, revert: &Revert, budget: impl Fn(f64) -> f64) -> bool {
         let (mut routes, mut load, mut kept) = (self.routes.clone(), self.load.clone(), self.kept.clone());
-        for r in &routes[revert.class] {
-            load[r.engine] -= r.rps;
-        }
-        for r in &revert.routes {
-            load[r.engine] += r.rps;
-        }
-        routes[revert.class] = revert.routes.clone();
+        routes[revert.class] = self.swap_in(revert, &mut load);
         kept[revert.class] = true;
         for j in 0..load.len() {
             let cap = self.curves[j].cap();
@@ -285,8 +279,7 @@ impl<'a> Mix<'a> {
             if over(&load) <= cap * 1e-9 {
                 continue;
             }
-            let own = self.headroom_on(revert.class, &revert.routes, j).min(over(&load));
-            self.offload(&mut routes[revert.class], revert.class, j, own, &mut load, false);
+            self.offload_headroom(revert, &mut routes[revert.class], j, &mut load);
             for k in 0..routes.len() {
                 if kept[k] || over(&load) <= cap * 1e-9 {
                     continue;
@@ -312,16 +305,7 @@ impl<'a> Mix<'a> {
     /// usable capacity even with the headroom they need not fit planned on engines with room.
     fn apply(&self, reverts: &[Revert]) -> Option<Applied> {
         let mut load = self.load.clone();
-        let mut routes: Vec<Vec<Route>> = Vec::with_capacity(reverts.len());
-        for revert in reverts {
-            for r in &self.routes[revert.class] {
-                load[r.engine] -= r.rps;
-            }
-            for r in &revert.routes {
-                load[r.engine] += r.rps;
-            }
-            routes.push(revert.routes.clone());
-        }
+        let mut routes: Vec<Vec<Route>> = reverts.iter().map(|r| self.swap_in(r, &mut load)).collect();
         for j in 0..load.len() {
             let cap = self.curves[j].cap();
             let over = |load: &[f64]| load[j] - cap;
@@ -329,8 +313,7 @@ impl<'a> Mix<'a> {
                 continue;
             }
             for (revert, routes) in reverts.iter().zip(&mut routes) {
-                let own = self.headroom_on(revert.class, &revert.routes, j).min(over(&load));
-                self.offload(routes, revert.class, j, own, &mut load, false);
+                self.offload_headroom(revert, routes, j, &mut load);
             }
             if over(&load) > cap * 1e-9 {
                 return None;
@@ -351,12 +334,27 @@ impl<'a> Mix<'a> {
         Some(Applied { routes, load, cost })
     }
 
-    /// The part of class `k`'s headroom that its previous `routes` put on engine `j` and that
-    /// they need not fit ([`HELD_HEADROOM_SHARE`]).
-    fn headroom_on(&self, k: usize, routes: &[Route], j: usize) -> f64 {
-        let served: f64 = routes.iter().map(|r| r.rps).sum();
-        let weight = routes.iter().find(|r| r.engine == j).map_or(0.0, |r| r.weight);
-        HELD_HEADROOM_SHARE * self.problem.classes[k].headroom_rps.clamp(0.0, served) * weight
+    /// `revert`'s class's previous routes in place of its routes in the mix, in `load`; returns
+    /// them.
+    fn swap_in(&self, revert: &Revert, load: &mut [f64]) -> Vec<Route> {
+        for r in &self.routes[revert.class] {
+            load[r.engine] -= r.rps;
+        }
+        for r in &revert.routes {
+            load[r.engine] += r.rps;
+        }
+        revert.routes.clone()
+    }
+
+    /// Moves off engine `j`, as far as it overflows, the part of the headroom that `revert`'s
+    /// previous routes put there and need not fit ([`HELD_HEADROOM_SHARE`]); `routes` are the
+    /// class's routes in the making, whose weights stay.
+    fn offload_headroom(&self, revert: &Revert, routes: &mut Vec<Route>, j: usize, load: &mut [f64]) {
+        let served: f64 = revert.routes.iter().map(|r| r.rps).sum();
+        let weight = revert.routes.iter().find(|r| r.engine == j).map_or(0.0, |r| r.weight);
+        let headroom = self.problem.classes[revert.class].headroom_rps.clamp(0.0, served);
+        let own = (HELD_HEADROOM_SHARE * headroom * weight).min(load[j] - self.curves[j].cap());
+        self.offload(routes, revert.class, j, own, load, false);
     }
 
     /// Moves up to `rps` of class `k`'s `routes` off engine `j` to the engines with room where
