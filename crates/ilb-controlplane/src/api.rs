@@ -406,9 +406,9 @@ async fn report(state: &ApiState, peer: &Peer, req: Request<Incoming>) -> Respon
             return error(StatusCode::PAYLOAD_TOO_LARGE, "invalid_body", &format!("cannot read report: {e}"))
         }
     };
-    let report: Report = match serde_json::from_slice(&body) {
+    let report = match Report::from_json(&body) {
         Ok(r) => r,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_report", &format!("malformed report: {e}")),
+        Err(why) => return error(StatusCode::BAD_REQUEST, "invalid_report", &why),
     };
     if let Some(identity) = &peer.identity {
         state.note_identity(&report, identity);

@@ -63,7 +63,7 @@ pub(crate) async fn register(state: &ApiState, certified: bool, req: Request<Inc
             return error(
                 StatusCode::BAD_REQUEST,
                 "invalid_registration",
-                &format!("malformed registration: {e}"),
+                &ilb_core::redact::message(&format!("malformed registration: {e}"), &[] as &[&str]),
             )
         }
     };

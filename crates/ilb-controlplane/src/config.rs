@@ -6,6 +6,7 @@
 //! range and names the offending field. The binary reads the file; this crate never does.
 
 use crate::profile::Objective;
+use ilb_core::bounds;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
 
@@ -138,9 +139,8 @@ impl MeasuredCurves {
                 return err(format!("{field}.{name}: needs at least 2 points"));
             }
             for (i, &[load, ms]) in points.iter().enumerate() {
-                if !(load.is_finite() && ms.is_finite() && load >= 0.0 && ms >= 0.0) {
-                    return err(format!("{field}.{name}[{i}]: must be non-negative numbers"));
-                }
+                bounds::RATE_RPS.check(&format!("{field}.{name}[{i}] load"), load)?;
+                bounds::LATENCY_MS.check(&format!("{field}.{name}[{i}] latency"), ms)?;
                 if i > 0 && load <= points[i - 1][0] {
                     return err(format!("{field}.{name}[{i}]: loads must be strictly increasing"));
                 }
@@ -464,6 +464,12 @@ impl EngineGroup {
 #[error("{0}")]
 pub struct ConfigError(pub String);
 
+impl From<bounds::OutOfBounds> for ConfigError {
+    fn from(e: bounds::OutOfBounds) -> ConfigError {
+        ConfigError(e.to_string())
+    }
+}
+
 fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
     Err(ConfigError(msg.into()))
 }
@@ -478,9 +484,7 @@ impl OutlierSettings {
             ("max_window_intervals", u64::from(self.max_window_intervals)),
             ("success_rate_min_engines", self.success_rate_min_engines as u64),
         ] {
-            if v == 0 {
-                return err(format!("{field}.{name}: must be positive"));
-            }
+            bounds::check_count(&format!("{field}.{name}"), v, &(1..=u64::from(u32::MAX)))?;
         }
         if !(self.success_rate_stdev_factor.is_finite() && self.success_rate_stdev_factor >= 0.0) {
             return err(format!("{field}.success_rate_stdev_factor: must be a non-negative number"));
@@ -524,34 +528,27 @@ impl FleetConfig {
             ("report_timeout_ms", cp.report_timeout_ms),
             ("smoothing_ms", cp.smoothing_ms),
         ] {
-            if v == 0 {
-                return err(format!("control_plane.{name}: must be positive"));
-            }
+            bounds::check_count(&format!("control_plane.{name}"), v, &bounds::PERIOD_MS)?;
         }
         if !(cp.rho > 0.0 && cp.rho <= 1.0) {
             return err(format!("control_plane.rho: {} is not in (0, 1]", cp.rho));
         }
-        if !(cp.stability_ms.is_finite() && cp.stability_ms >= 0.0) {
-            return err("control_plane.stability_ms: must be a non-negative number");
-        }
+        bounds::LATENCY_MS.check("control_plane.stability_ms", cp.stability_ms)?;
         if !(0.0..=0.1).contains(&cp.stability_tolerance) {
             return err("control_plane.stability_tolerance: must be in [0, 0.1]");
         }
         if !(0.0..=10.0).contains(&cp.demand_band_sigmas) {
             return err("control_plane.demand_band_sigmas: must be in [0, 10]");
         }
-        if !(cp.expected_output_tokens.is_finite() && cp.expected_output_tokens >= 0.0) {
-            return err("control_plane.expected_output_tokens: must be a non-negative number");
-        }
-        if !(cp.demand_floor_rps.is_finite() && cp.demand_floor_rps > 0.0) {
-            return err("control_plane.demand_floor_rps: must be positive");
-        }
+        bounds::TOKENS.check("control_plane.expected_output_tokens", cp.expected_output_tokens)?;
+        bounds::Bound { min_exclusive: true, ..bounds::RATE_RPS }
+            .check("control_plane.demand_floor_rps", cp.demand_floor_rps)?;
         if !(cp.shed_price_floor.is_finite() && (0.0..=1000.0).contains(&cp.shed_price_floor)) {
             return err("control_plane.shed_price_floor: must be in [0, 1000]");
         }
         for priority in ["low", "normal", "high", "critical"] {
             match cp.shed_penalty_ms.get(priority) {
-                Some(p) if p.is_finite() && *p > 0.0 => {}
+                Some(p) if bounds::POSITIVE_LATENCY_MS.contains(*p) => {}
                 _ => {
                     return err(format!(
                         "control_plane.shed_penalty_ms.{priority}: must be a positive number"
@@ -582,15 +579,11 @@ impl FleetConfig {
             ("ms_per_1000_km", n.ms_per_1000_km),
             ("same_region_ms", n.same_region_ms),
         ] {
-            if !(v.is_finite() && v >= 0.0) {
-                return err(format!("network.{name}: must be a non-negative number"));
-            }
+            bounds::LATENCY_MS.check(&format!("network.{name}"), v)?;
         }
         let known_region = |id: &str| regions.is_empty() || regions.contains(id);
         for link in &n.latency {
-            if !(link.ms.is_finite() && link.ms >= 0.0) {
-                return err(format!("network.latency {}→{}: ms must be non-negative", link.from, link.to));
-            }
+            bounds::LATENCY_MS.check(&format!("network.latency {}→{}: ms", link.from, link.to), link.ms)?;
             for r in [&link.from, &link.to] {
                 if !known_region(r) {
                     return err(format!("network.latency: unknown region '{r}'"));
@@ -620,19 +613,14 @@ impl FleetConfig {
             }
         }
         for (name, p) in &self.profiles {
+            bounds::CAPACITY_RPS.check(&format!("profiles.{name}.capacity_rps"), p.capacity_rps)?;
             for (field, v) in [
-                ("capacity_rps", p.capacity_rps),
                 ("ttft_t0_ms", p.ttft_t0_ms),
                 ("ttft_b_ms", p.ttft_b_ms),
                 ("tbot_t0_ms", p.tbot_t0_ms),
                 ("tbot_b_ms", p.tbot_b_ms),
             ] {
-                if !(v.is_finite() && v >= 0.0) {
-                    return err(format!("profiles.{name}.{field}: must be a non-negative number"));
-                }
-            }
-            if p.capacity_rps <= 0.0 {
-                return err(format!("profiles.{name}.capacity_rps: must be positive"));
+                bounds::LATENCY_MS.check(&format!("profiles.{name}.{field}"), v)?;
             }
         }
         for (name, curves) in &cp.measured_curves {
@@ -661,9 +649,11 @@ impl FleetConfig {
             if !g.srv && g.port.is_none() {
                 return err(format!("{field}.port: needed unless srv = true"));
             }
-            if g.resolve_interval_ms == 0 {
-                return err(format!("{field}.resolve_interval_ms: must be positive"));
-            }
+            bounds::check_count(
+                &format!("{field}.resolve_interval_ms"),
+                g.resolve_interval_ms,
+                &bounds::PERIOD_MS,
+            )?;
             for ns in &g.nameservers {
                 if ns.parse::<std::net::SocketAddr>().is_err() {
                     return err(format!("{field}.nameservers: '{ns}' is not ip:port"));
@@ -681,7 +671,7 @@ impl FleetConfig {
         ilb_core::snapshot::check_name(&format!("{field}.id"), &e.id)
             .map_err(|x| ConfigError(x.to_string()))?;
         if let Err(why) = ilb_core::snapshot::check_engine_url(&e.url) {
-            return err(format!("{field}.url: '{}' {why}", e.url));
+            return err(format!("{field}.url: '{}' {why}", ilb_core::redact::url(&e.url)));
         }
         if !self.regions.is_empty() && !self.regions.iter().any(|r| r.id == e.region) {
             return err(format!("{field}.region: unknown region '{}'", e.region));
@@ -692,10 +682,15 @@ impl FleetConfig {
         if e.model.is_empty() {
             return err(format!("{field}.model: must not be empty"));
         }
-        if let Some(c) = e.capacity_rps {
-            if !(c.is_finite() && c > 0.0) {
-                return err(format!("{field}.capacity_rps: must be positive"));
-            }
+        // Zero replicas is allowed in the file: the engine is held (scaled to zero).
+        bounds::check_count(
+            &format!("{field}.replicas"),
+            u64::from(e.replicas),
+            &(0..=*bounds::REPLICAS.end()),
+        )?;
+        bounds::CAPACITY_RPS.check_opt(&format!("{field}.capacity_rps"), e.capacity_rps)?;
+        if let Some(n) = e.max_in_flight {
+            bounds::check_count(&format!("{field}.max_in_flight"), u64::from(n), &bounds::MAX_IN_FLIGHT)?;
         }
         Ok(())
     }

@@ -39,17 +39,26 @@ impl Publisher {
         *last
     }
 
-    /// Publishes one round of snapshots (all carry the same version).
-    pub fn publish(&self, snapshots: &BTreeMap<String, Snapshot>) {
-        let mut version = 0;
+    /// Publishes one round of snapshots (all carry the same version) and returns how many it
+    /// refused. A snapshot that fails the validation data planes apply (`Snapshot::validate`:
+    /// a non-finite weight, say) is not published: its cluster keeps the snapshot it has, so
+    /// data planes are never offered one they must reject.
+    pub fn publish(&self, snapshots: &BTreeMap<String, Snapshot>) -> usize {
+        let (mut version, mut refused) = (0, 0);
         {
             let mut map = self.snapshots.lock().unwrap_or_else(|p| p.into_inner());
             for (cluster, snapshot) in snapshots {
                 version = version.max(snapshot.version.0);
+                if let Err(e) = snapshot.validate() {
+                    tracing::error!(%cluster, error = %e, "planned snapshot is invalid; the cluster keeps its previous one");
+                    refused += 1;
+                    continue;
+                }
                 let body = match serde_json::to_vec(snapshot) {
                     Ok(b) => Bytes::from(b),
                     Err(e) => {
                         tracing::error!(%cluster, error = %e, "snapshot does not serialize");
+                        refused += 1;
                         continue;
                     }
                 };
@@ -64,6 +73,7 @@ impl Publisher {
             }
         }
         self.round.send_replace(version);
+        refused
     }
 
     pub fn get(&self, cluster: &str) -> Option<Published> {

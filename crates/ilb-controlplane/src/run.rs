@@ -137,6 +137,7 @@ impl ControlPlane {
             solve_every,
             listen: local_addr,
             solver_panics: 0,
+            snapshots_refused: 0,
         };
         tasks.spawn(control.run(rx, solved_rx));
         Ok(ControlPlane { local_addr, shutdown, tasks, state })
@@ -255,6 +256,9 @@ struct Control {
     listen: SocketAddr,
     /// Solves that panicked since start (`ilb_controlplane_solver_panics_total`).
     solver_panics: u64,
+    /// Planned snapshots not published because they failed validation
+    /// (`ilb_controlplane_snapshots_refused_total`).
+    snapshots_refused: u64,
 }
 
 impl Control {
@@ -360,6 +364,9 @@ impl Control {
         let config = match config {
             Ok(config) => config,
             Err(reason) => {
+                // The reason is shown unauthenticated (`/v1/state`): whatever wrote it, it must
+                // not carry the running token (`ilb_core::redact`).
+                let reason = ilb_core::redact::message(&reason, &[&self.members.file().control_plane.token]);
                 tracing::warn!(%reason, "config reload refused; the running configuration stays");
                 self.members.reject(reason, crate::clock::unix_ms());
                 self.publish_membership();
@@ -443,10 +450,12 @@ impl Control {
         let now = self.now();
         let unix_ms = crate::clock::unix_ms();
         let version = self.state.publisher.next_version(unix_ms);
-        self.state.publisher.publish(&round.snapshots(&self.fleet, version, unix_ms));
+        self.snapshots_refused +=
+            self.state.publisher.publish(&round.snapshots(&self.fleet, version, unix_ms)) as u64;
         let mut view = view::build(&self.fleet, now, &round, version, unix_ms);
         view.membership = self.members.view(now);
         view.solver_panics = self.solver_panics;
+        view.snapshots_refused = self.snapshots_refused;
         self.state.set_view(view);
         self.state.set_problems(round.plans.iter().map(|p| (p.model.clone(), p.problem.clone())).collect());
         if self.solve_pending {

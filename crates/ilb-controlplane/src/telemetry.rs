@@ -14,6 +14,12 @@ pub fn render(view: &View) -> String {
         "Solves that panicked (caught; the model's error in /v1/state says so and the next tick solves again).",
     );
     w.sample("ilb_controlplane_solver_panics_total", &[], view.solver_panics as f64);
+    w.family(
+        "ilb_controlplane_snapshots_refused_total",
+        "counter",
+        "Planned snapshots not published because they failed the data planes' validation (the cluster kept its previous one).",
+    );
+    w.sample("ilb_controlplane_snapshots_refused_total", &[], view.snapshots_refused as f64);
 
     type EngineField = fn(&crate::view::EngineView) -> Option<f64>;
     let engine_gauges: [(&str, &str, EngineField); 17] = [

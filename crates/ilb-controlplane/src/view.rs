@@ -19,6 +19,8 @@ pub struct View {
     /// Solves that panicked since the control plane started (each is caught, the model's
     /// `error` says so, and the next tick solves again).
     pub solver_panics: u64,
+    /// Planned snapshots the publisher refused because they failed validation.
+    pub snapshots_refused: u64,
     /// Models with engines that the last round could not plan, and why.
     pub unplanned: Vec<crate::plan::Unplanned>,
 }
@@ -333,6 +335,7 @@ pub fn build(fleet: &Fleet, now: Now, round: &Round, version: u64, solved_unix_m
         data_planes,
         membership: Default::default(),
         solver_panics: 0,
+        snapshots_refused: 0,
         unplanned: round.unplanned.clone(),
     }
 }

@@ -26,8 +26,9 @@ fn invalid_curves_are_rejected_with_the_field_named() {
         ("ttft_curve = [[1.0, 50.0]]", "gpu.ttft_curve: needs at least 2 points"),
         ("tbot_curve = [[1.0, 15.0], [1.0, 16.0]]", "gpu.tbot_curve[1]: loads must be strictly increasing"),
         ("tbot_curve = [[2.0, 15.0], [1.0, 16.0]]", "gpu.tbot_curve[1]: loads must be strictly increasing"),
-        ("ttft_curve = [[1.0, -5.0], [2.0, 16.0]]", "gpu.ttft_curve[0]: must be non-negative numbers"),
-        ("ttft_curve = [[1.0, nan], [2.0, 16.0]]", "gpu.ttft_curve[0]: must be non-negative numbers"),
+        ("ttft_curve = [[1.0, -5.0], [2.0, 16.0]]", "gpu.ttft_curve[0] latency: -5 is not in [0, 3600000]"),
+        ("ttft_curve = [[1.0, nan], [2.0, 16.0]]", "gpu.ttft_curve[0] latency: NaN is not in [0, 3600000]"),
+        ("ttft_curve = [[1e308, 5.0], [inf, 16.0]]", "gpu.ttft_curve[0] load: 1e308 is not in [0, 10000000]"),
     ];
     for (curve, expected) in cases {
         let error = config(&format!("[control_plane.measured_curves.gpu]\n{curve}"), "ttft").unwrap_err();

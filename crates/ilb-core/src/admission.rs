@@ -26,16 +26,25 @@ pub const ARRIVAL_RATE_TAU: Duration = Duration::from_secs(2);
 pub const CRITICAL_WAIT_FACTOR: u32 = 2;
 
 /// Per-priority shed probabilities that shed `shed_fraction` of the total rate, lowest
-/// priority first: a level is shed only once every lower level is shed entirely.
+/// priority first: a level is shed only once every lower level is shed entirely. A level
+/// below one being shed is shed entirely even when none of its requests was seen yet (its
+/// first ones must not get in while higher priorities are turned away), and a fraction of 1
+/// sheds every level.
 pub fn shed_probabilities(shed_fraction: f64, rates: &PerPriority<f64>) -> PerPriority<f64> {
+    if shed_fraction >= 1.0 {
+        return PerPriority([1.0; 4]);
+    }
     let total: f64 = rates.0.iter().sum();
-    let mut remaining = (shed_fraction.clamp(0.0, 1.0) * total).max(0.0);
+    let mut remaining = (shed_fraction.max(0.0) * total).max(0.0);
+    // What is left after a level is shed entirely is rounding, not traffic to shed.
+    let negligible = total * 1e-12;
     let mut out = PerPriority::<f64>::default();
     for (p, &rate) in rates.iter() {
-        if remaining <= 0.0 {
+        if remaining <= negligible {
             break;
         }
         if rate <= 0.0 {
+            out[p] = 1.0;
             continue;
         }
         out[p] = (remaining / rate).min(1.0);
@@ -127,8 +136,15 @@ mod tests {
         assert_eq!((p[Priority::High], p[Priority::Critical]), (0.0, 0.0));
         assert_eq!(shed_probabilities(0.0, &PerPriority([1.0; 4])).0, [0.0; 4]);
         assert_eq!(shed_probabilities(1.0, &PerPriority([1.0; 4])).0, [1.0; 4]);
-        // Only critical traffic: critical is shed when the plan says so.
-        assert_eq!(shed_probabilities(0.5, &PerPriority([0.0, 0.0, 0.0, 8.0]))[Priority::Critical], 0.5);
+        // Only critical traffic: critical is shed when the plan says so, and the levels below
+        // it, not seen yet, entirely.
+        assert_eq!(shed_probabilities(0.5, &PerPriority([0.0, 0.0, 0.0, 8.0])).0, [1.0, 1.0, 1.0, 0.5]);
+        // Everything shed: every level, seen or not.
+        assert_eq!(shed_probabilities(1.0, &PerPriority([0.0, 5.0, 0.0, 0.0])).0, [1.0; 4]);
+        // Nothing seen at all: nothing to shed from yet.
+        assert_eq!(shed_probabilities(0.5, &PerPriority([0.0; 4])).0, [0.0; 4]);
+        // Low fully shed exactly: nothing of normal, whatever the rounding.
+        assert_eq!(shed_probabilities(0.1, &PerPriority([0.1, 0.9, 0.0, 0.0])).0, [1.0, 0.0, 0.0, 0.0]);
         assert!(shed(0.4, 0.39) && !shed(0.4, 0.4) && !shed(0.0, 0.0));
     }
 

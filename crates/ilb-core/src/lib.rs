@@ -9,18 +9,22 @@
 //! - [`admission`]: which requests are shed or may wait for a slot, by priority (pure, so that
 //!   the fleet simulator runs the data plane's rules).
 //! - [`constraint`]: which engines a traffic class may use.
+//! - [`bounds`]: the range of every number that enters from outside (configs, registrations,
+//!   reports), and [`redact`]: the rule that keeps secrets out of error messages.
 //!
 //! **Invariant:** nothing here does IO, reads the clock or spawns tasks; time and randomness
 //! come in as arguments. This is what lets the fleet simulator run this exact code.
 
 pub mod admission;
 pub mod affinity;
+pub mod bounds;
 pub mod classify;
 pub mod constraint;
 pub mod holds;
 pub mod ids;
 pub mod metrics;
 pub mod priority;
+pub mod redact;
 pub mod report;
 pub mod slots;
 pub mod snapshot;

@@ -1,6 +1,7 @@
 //! The data-plane report: what each data plane tells the control plane every period.
 //! JSON on the wire (`POST /v1/reports` on the control plane).
 
+use crate::bounds::{self, OutOfBounds};
 use crate::ids::{ClassId, ClusterId, EngineId, ModelName};
 use serde::{Deserialize, Serialize};
 
@@ -96,6 +97,68 @@ pub struct EngineObservation {
     pub in_flight: u64,
 }
 
+impl Report {
+    /// Parses and validates a report as it arrives on the wire.
+    pub fn from_json(bytes: &[u8]) -> Result<Report, String> {
+        let report: Report = serde_json::from_slice(bytes).map_err(|e| format!("malformed report: {e}"))?;
+        report.validate().map_err(|e| format!("invalid report: {e}"))?;
+        Ok(report)
+    }
+
+    /// Checks every number against [`crate::bounds`], so that no rate or latency a data plane
+    /// reports can make the control plane's demand or fits non-finite.
+    pub fn validate(&self) -> Result<(), OutOfBounds> {
+        bounds::check_count("period_ms", self.period_ms, &(0..=*bounds::PERIOD_MS.end()))?;
+        for (i, d) in self.demand.iter().enumerate() {
+            bounds::RATE_RPS.check(&format!("demand[{i}].rps"), d.rps)?;
+            for (name, v) in ["low", "normal", "high", "critical"]
+                .into_iter()
+                .zip(d.by_priority.map(PriorityRps::to_array).unwrap_or_default())
+            {
+                bounds::RATE_RPS.check(&format!("demand[{i}].by_priority.{name}"), v)?;
+            }
+        }
+        for (i, e) in self.engines.iter().enumerate() {
+            for (name, v) in [
+                ("ttfb_ms", e.ttfb_ms),
+                ("duration_ms", e.duration_ms),
+                ("first_chunk_ms", e.first_chunk_ms),
+                ("chunk_gap_ms", e.chunk_gap_ms),
+                ("rtt_ms", e.rtt_ms),
+            ] {
+                bounds::LATENCY_MS.check_opt(&format!("engines[{i}].{name}"), v)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(demand_rps: f64, rtt_ms: Option<f64>) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "cluster": "a", "instance": "i", "sequence": 1, "period_ms": 1000, "snapshot_version": 1,
+            "demand": [{"model": "m", "class": "default", "requests": 1, "shed": 0, "rps": demand_rps}],
+            "engines": [{"engine": "e", "requests": 1, "errors": 0, "rtt_ms": rtt_ms, "in_flight": 0}],
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn reports_with_numbers_out_of_bounds_are_refused() {
+        assert!(Report::from_json(&report(2.5, Some(1.0))).is_ok());
+        let error = Report::from_json(&report(1e300, None)).unwrap_err();
+        assert_eq!(error, "invalid report: demand[0].rps: 1e300 is not in [0, 10000000]");
+        assert!(Report::from_json(&report(-1.0, None)).is_err());
+        assert!(Report::from_json(&report(1.0, Some(-3.0))).unwrap_err().contains("engines[0].rtt_ms"));
+        // JSON has no NaN; a data plane's NaN serializes as null, which is no number at all.
+        let nan = String::from_utf8(report(1.0, None)).unwrap().replace("\"rps\":1.0", "\"rps\":null");
+        assert!(Report::from_json(nan.as_bytes()).unwrap_err().starts_with("malformed report"));
+    }
 }

@@ -89,8 +89,12 @@ pub async fn plan_shedding(routing: &RoutingState, mut shutdown: watch::Receiver
 /// atomics.
 pub fn arrive(counters: &PriorityCounters, priority: Priority, request_id: u64) -> bool {
     counters.arrivals[priority].fetch_add(1, Relaxed);
-    let probability = f64::from_bits(counters.shed_probability[priority].load(Relaxed));
-    ilb_core::admission::shed(probability, unit_interval(request_id))
+    ilb_core::admission::shed(shed_probability(counters, priority), unit_interval(request_id))
+}
+
+/// The share of `priority`'s requests the class sheds now.
+pub fn shed_probability(counters: &PriorityCounters, priority: Priority) -> f64 {
+    f64::from_bits(counters.shed_probability[priority].load(Relaxed))
 }
 
 /// Every usable engine is at its concurrency limit: waits for a freed slot for as long as

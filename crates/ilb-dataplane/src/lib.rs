@@ -109,6 +109,12 @@ impl DataPlane {
         self.shared.install(snapshot)
     }
 
+    /// Parses, validates and installs a snapshot's JSON now (a `snapshot_file`); a refused
+    /// one is counted and shown in `/health`, and the current one stays.
+    pub fn install_json(&self, bytes: &[u8]) -> Result<(), InstallError> {
+        self.shared.install_json(bytes)
+    }
+
     /// The installed snapshot version, if any.
     pub fn snapshot_version(&self) -> Option<ilb_core::SnapshotVersion> {
         self.shared.routing.current().map(|i| i.table.version)

@@ -155,11 +155,15 @@ impl Routed<'_, '_> {
             return Ok(());
         }
         self.class_state.shed.fetch_add(1, Relaxed);
+        let priority = self.request.priority;
+        let share = admission::shed_probability(&self.class_state.priority, priority);
         Err(ProxyError::Shed(format!(
-            "class '{}' of model '{}' is over capacity and sheds {} priority traffic first",
+            "class '{}' of model '{}' is over capacity and sheds {} of its {} priority requests{}",
             self.class.id,
             self.model,
-            self.request.priority.as_str()
+            if share >= 1.0 { "all".to_owned() } else { format!("{:.0} %", share * 100.0) },
+            priority.as_str(),
+            if priority == ilb_core::priority::Priority::Low { "" } else { " (lower priorities first)" },
         )))
     }
 

@@ -285,18 +285,22 @@ fn models(shared: &Shared) -> Response<ProxyBody> {
     json_response(StatusCode::OK, &serde_json::json!({"object": "list", "data": data}))
 }
 
+/// `ok` while the installed snapshot is the newest offered; `degraded` (still 200: requests
+/// are routed on the installed snapshot) after a newer one was refused, with the reason.
 fn health(shared: &Shared) -> Response<ProxyBody> {
+    let rejected = shared.snapshot_rejected.lock().unwrap_or_else(|p| p.into_inner()).clone();
     match shared.routing.current() {
         Some(installed) => {
             let age_ms = crate::clock::unix_ms().saturating_sub(installed.table.created_unix_ms);
-            json_response(
-                StatusCode::OK,
-                &serde_json::json!({
-                    "status": "ok",
-                    "snapshot_version": installed.table.version,
-                    "snapshot_age_ms": age_ms,
-                }),
-            )
+            let mut body = serde_json::json!({
+                "status": if rejected.is_some() { "degraded" } else { "ok" },
+                "snapshot_version": installed.table.version,
+                "snapshot_age_ms": age_ms,
+            });
+            if let Some(r) = rejected {
+                body["snapshot_rejected"] = serde_json::json!({"reason": r.reason, "unix_ms": r.unix_ms});
+            }
+            json_response(StatusCode::OK, &body)
         }
         None => ProxyError::NoSnapshot.into_response(),
     }

@@ -13,6 +13,7 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use ilb_core::snapshot::Snapshot;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
 use tokio::time::Instant;
 
 /// The background tasks' HTTP client (probes, discovery, snapshots, reports): http, or https
@@ -34,7 +35,11 @@ pub struct Shared {
     epoch: Instant,
     requests: AtomicU64,
     pub snapshot_installs: AtomicU64,
-    pub snapshot_rejections: AtomicU64,
+    /// Snapshots refused, by [`InstallError::REASONS`].
+    pub snapshot_rejections: [AtomicU64; InstallError::REASONS.len()],
+    /// The last snapshot refused for something other than its age, while no newer one has
+    /// been installed: `/health` says the data plane is degraded.
+    pub snapshot_rejected: Mutex<Option<Rejected>>,
     /// Distinguishes this process's generated trace ids from other data planes'.
     pub trace_seed: u64,
     /// Coarse time for the idle connection pools, advanced by the prober (see `now_ms`).
@@ -77,10 +82,20 @@ impl Shared {
             epoch: clock::now(),
             requests: AtomicU64::new(0),
             snapshot_installs: AtomicU64::new(0),
-            snapshot_rejections: AtomicU64::new(0),
+            snapshot_rejections: Default::default(),
+            snapshot_rejected: Mutex::new(None),
             trace_seed: ilb_core::slots::mix(crate::clock::unix_ms() ^ u64::from(std::process::id()) << 32),
             pool_clock: Default::default(),
             affinity,
+        }
+    }
+
+    /// Parses, validates and installs a snapshot as it came from the control plane or a file;
+    /// every refusal is counted and remembered as [`Shared::install`]'s are.
+    pub fn install_json(&self, bytes: &[u8]) -> Result<(), InstallError> {
+        match Snapshot::from_json(bytes) {
+            Ok(snapshot) => self.install(&snapshot),
+            Err(e) => Err(self.rejected(InstallError::Invalid(e))),
         }
     }
 
@@ -88,21 +103,18 @@ impl Shared {
     pub fn install(&self, snapshot: &Snapshot) -> Result<(), InstallError> {
         if self.config.https_only {
             if let Some(plain) = snapshot.engines.iter().find(|e| !e.url.starts_with("https://")) {
-                self.snapshot_rejections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                return Err(InstallError::PlainEngine {
+                return Err(self.rejected(InstallError::PlainEngine {
                     engine: plain.id.to_string(),
                     url: plain.url.clone(),
-                });
+                }));
             }
         }
         let expected = self.config.cluster.as_ref().map(|c| c.as_str());
         let installed = match self.routing.install(snapshot, expected, crate::clock::unix_ms()) {
             Ok(installed) => installed,
-            Err(e) => {
-                self.snapshot_rejections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                return Err(e);
-            }
+            Err(e) => return Err(self.rejected(e)),
         };
+        *self.snapshot_rejected.lock().unwrap_or_else(|p| p.into_inner()) = None;
         self.snapshot_installs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::debug!(
             version = %installed.table.version,
@@ -111,6 +123,17 @@ impl Shared {
             "snapshot installed"
         );
         Ok(())
+    }
+
+    /// Counts a refused snapshot and, unless it was merely older than the installed one,
+    /// remembers why for `/health`.
+    fn rejected(&self, e: InstallError) -> InstallError {
+        self.snapshot_rejections[e.reason_index()].fetch_add(1, Relaxed);
+        if !matches!(e, InstallError::Stale { .. }) {
+            let rejected = Rejected { reason: e.to_string(), unix_ms: crate::clock::unix_ms() };
+            *self.snapshot_rejected.lock().unwrap_or_else(|p| p.into_inner()) = Some(rejected);
+        }
+        e
     }
 
     /// Milliseconds since this data plane started (monotonic).
@@ -143,6 +166,13 @@ impl Shared {
             tracing::warn!(engine = %engine.id, "engine ejected after consecutive failures");
         }
     }
+}
+
+/// A snapshot the data plane refused, and when.
+#[derive(Clone, Debug)]
+pub struct Rejected {
+    pub reason: String,
+    pub unix_ms: u64,
 }
 
 /// A keep-alive client for http and https URLs, trusting what `tls` trusts.

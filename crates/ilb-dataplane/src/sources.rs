@@ -38,6 +38,7 @@ pub async fn poll(
     let mut active = 0usize;
     let mut failures_in_a_row = 0usize;
     let mut etag: Option<String> = None;
+    let mut rejected_in_a_row = 0u32;
     let wait = Duration::from_secs(25);
     loop {
         let url = &urls[active];
@@ -58,16 +59,25 @@ pub async fn poll(
             Ok(Ok(None)) => failed = false,
             Ok(Ok(Some((bytes, new_etag)))) => {
                 failed = false;
-                match Snapshot::from_json(&bytes) {
-                    Ok(snapshot) => match shared.install(&snapshot) {
-                        Ok(()) => etag = new_etag,
-                        Err(e @ crate::state::InstallError::Stale { .. }) => {
-                            tracing::debug!(%url, error = %e, "snapshot older than the installed one; waiting for a newer one");
-                            etag = new_etag;
+                // Whatever happens to it, this version was seen: the long poll waits for the
+                // next one rather than fetching it again.
+                etag = new_etag;
+                match shared.install_json(&bytes) {
+                    Ok(()) => rejected_in_a_row = 0,
+                    Err(e @ crate::state::InstallError::Stale { .. }) => {
+                        tracing::debug!(%url, error = %e, "snapshot older than the installed one; waiting for a newer one");
+                    }
+                    Err(e) => {
+                        // A control plane that keeps offering a snapshot this data plane refuses
+                        // (or ignores the tag) must not make it spin: back off.
+                        rejected_in_a_row += 1;
+                        let pause = rejection_backoff(rejected_in_a_row, shared.trace_seed);
+                        tracing::warn!(%url, error = %e, retry_in_ms = pause.as_millis() as u64, "snapshot rejected; keeping the installed one");
+                        tokio::select! {
+                            _ = tokio::time::sleep(pause) => {}
+                            _ = shutdown.changed() => return,
                         }
-                        Err(e) => tracing::warn!(%url, error = %e, "snapshot rejected"),
-                    },
-                    Err(e) => tracing::warn!(%url, error = %e, "snapshot rejected"),
+                    }
                 }
             }
         }
@@ -91,6 +101,20 @@ pub async fn poll(
             }
         }
     }
+}
+
+/// The first pause after a refused snapshot; it doubles with each refusal in a row...
+const REJECTION_BACKOFF_BASE: Duration = Duration::from_millis(500);
+/// ...up to this bound.
+const REJECTION_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// The pause after the `n`-th refused snapshot in a row (n ≥ 1): exponential up to
+/// [`REJECTION_BACKOFF_MAX`], each drawn in [½, 1] of its bound with a jitter that differs
+/// between data planes (`seed`), so that a fleet of them does not poll in lockstep.
+fn rejection_backoff(n: u32, seed: u64) -> Duration {
+    let bound = REJECTION_BACKOFF_BASE.saturating_mul(1 << (n.max(1) - 1).min(16)).min(REJECTION_BACKOFF_MAX);
+    let unit = (ilb_core::slots::mix(seed ^ u64::from(n)) >> 11) as f64 / (1u64 << 53) as f64;
+    bound.mul_f64(0.5 + 0.5 * unit)
 }
 
 /// GET with `If-None-Match` through `client`; `Ok(None)` on 304.
@@ -255,5 +279,22 @@ pub async fn probe_ejected(shared: Arc<Shared>, mut shutdown: watch::Receiver<bo
                 }
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejection_backoff_doubles_to_its_bound_with_jitter() {
+        for seed in [0, 1, 0xdead_beef] {
+            for n in 1..40 {
+                let bound = (REJECTION_BACKOFF_BASE * 2u32.pow((n - 1).min(16))).min(REJECTION_BACKOFF_MAX);
+                let pause = rejection_backoff(n, seed);
+                assert!(pause >= bound / 2 && pause <= bound, "n={n}: {pause:?} against {bound:?}");
+            }
+        }
+        assert_ne!(rejection_backoff(3, 1), rejection_backoff(3, 2), "data planes draw different pauses");
     }
 }

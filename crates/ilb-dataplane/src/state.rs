@@ -48,6 +48,23 @@ pub enum InstallError {
     PlainEngine { engine: String, url: String },
 }
 
+impl InstallError {
+    /// Every reason, in the order of [`InstallError::reason_index`]; the `reason` label of
+    /// `ilb_dataplane_snapshot_rejections_total`.
+    pub const REASONS: [&'static str; 5] = ["malformed", "invalid", "stale", "wrong_cluster", "plain_engine"];
+
+    /// This rejection's position in [`InstallError::REASONS`].
+    pub fn reason_index(&self) -> usize {
+        match self {
+            InstallError::Invalid(SnapshotError::Json(_)) => 0,
+            InstallError::Invalid(_) => 1,
+            InstallError::Stale { .. } => 2,
+            InstallError::WrongCluster { .. } => 3,
+            InstallError::PlainEngine { .. } => 4,
+        }
+    }
+}
+
 /// Holds the current [`Installed`] and the registries that persist across installs.
 #[derive(Default)]
 pub struct RoutingState {

@@ -38,9 +38,15 @@ pub fn render(shared: &Shared) -> String {
     w.family(
         "ilb_dataplane_snapshot_rejections_total",
         "counter",
-        "Snapshots rejected as invalid, stale or for another cluster.",
+        "Snapshots refused, by reason: malformed (not a snapshot's JSON), invalid, stale (older than the installed one), wrong_cluster, plain_engine (an http engine while https-only).",
     );
-    w.sample("ilb_dataplane_snapshot_rejections_total", &[], shared.snapshot_rejections.load(Relaxed) as f64);
+    for (reason, count) in crate::state::InstallError::REASONS.iter().zip(&shared.snapshot_rejections) {
+        w.sample(
+            "ilb_dataplane_snapshot_rejections_total",
+            &[("reason", reason)],
+            count.load(Relaxed) as f64,
+        );
+    }
     w.family(
         "ilb_dataplane_utilisation",
         "gauge",

@@ -49,8 +49,28 @@ pub fn load(path: &Path) -> anyhow::Result<ConfigFile> {
 }
 
 /// Parses the file into its sections; each is checked with its field names in errors.
+///
+/// Errors name the field or the line and column, never quote the file's text, and pass
+/// through `ilb_core::redact`: a typo on the `token` line must not publish the token in the
+/// control plane's state page or the log.
 pub fn parse(text: &str) -> anyhow::Result<ConfigFile> {
-    let mut table: toml::Table = toml::from_str(text)?;
+    sections(text).map_err(|e| {
+        anyhow::anyhow!(ilb_core::redact::message(&format!("{e:#}"), &ilb_core::redact::secret_values(text)))
+    })
+}
+
+/// A TOML syntax error as its position and message, without the quoted line that the
+/// `toml` crate's own message carries.
+fn syntax_error(e: &toml::de::Error, text: &str) -> anyhow::Error {
+    let Some(span) = e.span() else { return anyhow::anyhow!("{}", e.message()) };
+    let before = &text.as_bytes()[..span.start.min(text.len())];
+    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+    let column = before.iter().rev().take_while(|&&b| b != b'\n').count() + 1;
+    anyhow::anyhow!("line {line}, column {column}: {}", e.message().trim_end())
+}
+
+fn sections(text: &str) -> anyhow::Result<ConfigFile> {
+    let mut table: toml::Table = toml::from_str(text).map_err(|e| syntax_error(&e, text))?;
     // The TLS tables name files, which only the binary reads: taken out here, before the
     // data plane's table goes to its crate and the fleet tables to the control plane's.
     let mut data_plane_tls = DataPlaneTls::default();
@@ -90,4 +110,50 @@ pub fn parse(text: &str) -> anyhow::Result<ConfigFile> {
         Some(fleet)
     };
     Ok(ConfigFile { data_plane, data_plane_tls, fleet, control_plane_tls, control_plane_engine_tls })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FLEET: &str = r#"
+[control_plane]
+token = "live-token-0123456789"
+
+[[clusters]]
+id = "a"
+region = "r"
+
+[profiles.p]
+capacity_rps = 10
+ttft_t0_ms = 100
+ttft_b_ms = 10
+
+[[engines]]
+id = "e"
+url = "http://127.0.0.1:9000"
+region = "r"
+profile = "p"
+model = "m"
+"#;
+
+    fn error(text: &str) -> String {
+        format!("{:#}", parse(text).err().expect("the config is refused"))
+    }
+
+    #[test]
+    fn errors_give_the_position_and_never_a_secret() {
+        assert!(parse(FLEET).is_ok());
+        // A dropped closing quote: the reason names the line, not its text.
+        let typo = FLEET.replace("0123456789\"", "0123456789");
+        let reason = error(&typo);
+        assert!(reason.starts_with("line 3, column "), "{reason}");
+        assert!(!reason.contains("0123456789"), "{reason}");
+        // A value of the wrong type elsewhere in a file that holds a token.
+        let reason = error(&FLEET.replace("capacity_rps = 10", "capacity_rps = \"live-token-0123456789\""));
+        assert!(reason.contains("capacity_rps") && !reason.contains("0123456789"), "{reason}");
+        // Credentials in an engine's URL.
+        let reason = error(&FLEET.replace("http://127.0.0.1", "http://admin:hunter22@127.0.0.1"));
+        assert!(reason.contains("engines.e.url") && !reason.contains("hunter22"), "{reason}");
+    }
 }

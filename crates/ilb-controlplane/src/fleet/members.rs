@@ -203,6 +203,9 @@ impl Members {
             return Err(RegisterError::Invalid(format!("ttl_s: {ttl} is not in (0, {MAX_TTL_S}]")));
         }
         let engine = registration.engine();
+        // A registering engine runs: unlike the file, a registration may not say zero replicas.
+        ilb_core::bounds::check_count("replicas", u64::from(engine.replicas), &ilb_core::bounds::REPLICAS)
+            .map_err(|e| RegisterError::Invalid(e.to_string()))?;
         self.file.validate_engine(&engine, "registration").map_err(|e| RegisterError::Invalid(e.0))?;
         if let Some(owner) = self.owner_of(&engine.id) {
             return Err(RegisterError::Conflict(format!(

@@ -6,7 +6,6 @@
 
 use crate::config::{self, DataPlaneTls};
 use anyhow::{bail, Context};
-use ilb_core::snapshot::Snapshot;
 use ilb_dataplane::config::{DataPlaneSection, UrlList, Validated};
 use ilb_dataplane::report::ReportConfig;
 use ilb_dataplane::{DataPlane, DataPlaneConfig, SnapshotSource};
@@ -157,7 +156,9 @@ async fn serve(
             let modified = modified(path);
             if modified != last_modified || last_modified.is_none() {
                 last_modified = modified;
-                let installed = load_snapshot(path).and_then(|s| Ok(data_plane.install(&s)?));
+                let installed = std::fs::read(path)
+                    .with_context(|| format!("cannot read {}", path.display()))
+                    .and_then(|bytes| Ok(data_plane.install_json(&bytes)?));
                 if let Err(e) = installed {
                     tracing::warn!(file = %path.display(), error = %format!("{e:#}"), "snapshot not installed, keeping the last good one");
                 }
@@ -183,9 +184,4 @@ impl Drop for AbortOnDrop {
 
 fn modified(path: &Path) -> Option<std::time::SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
-}
-
-pub fn load_snapshot(path: &Path) -> anyhow::Result<Snapshot> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    Snapshot::from_json(&bytes).with_context(|| format!("invalid snapshot in {}", path.display()))
 }
