@@ -27,8 +27,9 @@
 //! stay, so a noise step of the demand estimate on a full engine moves nothing. The weights then
 //! send the mean demand where the plan puts it; a burst towards the top of the band goes by them
 //! too, beyond that engine's usable capacity (ρ), as any demand above the plan does. Because
-//! every solve compares with the new optimum, what the stability costs never accumulates from solve to solve: the kept solution
-//! carries the new solve's lower bound, so its gap says what it costs.
+//! every solve compares with the new optimum, what the stability costs never accumulates from
+//! solve to solve: the kept solution carries the new solve's lower bound, so its gap says what it
+//! costs.
 
 use crate::certify::relative_gap;
 use crate::curve::Curve;
