@@ -1,6 +1,7 @@
 //! `POST /v1/engines` (register, or renew the lease: the heartbeat) and
-//! `DELETE /v1/engines/{id}`. Both need the configured bearer token: with none configured,
-//! registration is off, since a registered URL is one data planes will forward to.
+//! `DELETE /v1/engines/{id}`. Both need a verified client certificate or the configured bearer
+//! token: with neither, registration is off, since a registered URL is one data planes will
+//! forward to.
 
 use crate::api::{error, json, ApiState};
 use crate::fleet::members::{RegisterError, Registration};

@@ -62,8 +62,8 @@ pub struct ControlPlaneSettings {
     /// by more than twice its demand band) is planned without it until the measurement has
     /// settled. 0 = always publish the optimum. Default 100: a conversation that moves pays
     /// the prefill of its cached prefix again, on the order of 100 ms for a few thousand tokens
-    /// on current GPUs (figures in crates/ilb-fleet-sim/README.md, "A default stability
-    /// strength").
+    /// on current GPUs (figures in docs/results.md; docs/config.md, "The stability knobs", puts
+    /// the four stability rules side by side).
     pub stability_ms: f64,
     /// Stability tolerance: classes also keep their published weights while the plan's expected
     /// latency on the new problem stays within this fraction of the new optimum's, so that

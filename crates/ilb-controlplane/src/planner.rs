@@ -6,45 +6,51 @@
 //! Building reads the fleet and is cheap; solving owns only the problems and the solvers, so
 //! the control loop can move a [`Planner`] to a blocking thread while it keeps taking signals.
 //!
-//! **Demand within its noise.** A measured rate is an EWMA of arrivals, and arrivals are noisy: for
-//! a Poisson stream of λ req/s smoothed with time constant τ the estimate's standard deviation is
-//! √(λ / 2τ), and conversations make real traffic burstier than that. Re-planning on every wiggle
-//! of it moves traffic for nothing (and where an engine's capacity binds, every wiggle changes the
-//! spill fraction). So the planner keeps a band around each class's demand,
-//! `control_plane.demand_band_sigmas` standard deviations wide on each side (default 3), and moves
-//! it only when the measurement leaves it. Upwards it moves only as far as it takes to hold the
-//! measurement on its top edge (a deadband): a noise excursion shifts the band by the excursion's
-//! excess, and the way back, inside the shifted band, moves nothing. Downwards it is re-centred on
-//! the measurement, so that a falling demand is planned one band above what is measured, not two
-//! (on `global-day`, whose demand follows the sun, a deadband both ways cost 0.5–0.7 % of the p99
-//! on each of seeds 1–3). Taking the measurement itself both ways pinned the plan to an excursion's
-//! peak, and the return crossed the band again: on the fleet simulator's `hot-residency`, `surge`
-//! and `grey-engine` that moved 0.3–0.4 % of all traffic per solve at steady demand (figures in
-//! crates/ilb-fleet-sim/README.md).
+//! Between the measured demand and the problem it solves, the planner applies four rules. Their
+//! measured effects, and the variants tried instead, are in `docs/results.md`.
 //!
-//! **Planned at the band's top.** The weights hold between re-plans while the demand moves within
-//! its band, and an engine whose capacity binds pays for the top of the band in queueing, not for
-//! its centre (latency is convex in load). So each class is planned at its band's top, centre + one
-//! band, as far as the model's usable capacity (ρ × the engines' capacity) has room for that
-//! headroom over the centres. It takes at most three quarters of that slack
-//! (`HEADROOM_SHARE_OF_SLACK`), so the optimizer keeps room to place load by latency, and it
-//! shrinks smoothly to nothing as demand nears capacity, so it does not displace traffic the
-//! plan would otherwise admit. The snapshots' shed fractions and
-//! `/v1/state` take demand without the headroom. Planned at the centre, `far-regions` (the EU's
-//! excess spilled to the US) was 1.7 % slower on the mean and 4.7 % on the p99 over 30 seeds: a
-//! band that rose with the start-up ramp sits below the demand.
+//! **Demand within its noise.** A measured rate is an EWMA of arrivals: for a Poisson stream of
+//! λ req/s smoothed with time constant τ its standard deviation is √(λ / 2τ), and conversations
+//! make real traffic burstier than that. Re-planning on every wiggle would move traffic for
+//! nothing, and where an engine's capacity binds every wiggle changes the spill. So each class
+//! has a band around its demand, `control_plane.demand_band_sigmas` standard deviations wide on
+//! each side (default 3), centred on a held value that moves only when the measurement leaves
+//! the band:
+//!
+//! - above the band, the centre rises only as far as it takes to hold the measurement on the
+//!   band's top edge (a deadband: the return of a noise excursion, inside the moved band, moves
+//!   nothing);
+//! - below the band, the centre is re-centred on the measurement, so a falling demand is planned
+//!   one band above what is measured, not two;
+//! - a class new to the planner starts centred on its measurement.
+//!
+//! **Planned at the band's top.** The weights hold while the demand moves within its band, and
+//! an engine whose capacity binds pays for the top of the band in queueing (latency is convex in
+//! load). So each class is planned at centre + one band. The part above the centre is the class's
+//! headroom (`headroom_rps` in the problem): it takes at most three quarters of the slack the
+//! centres leave under ρ × the engines' capacity (`HEADROOM_SHARE_OF_SLACK`), scaled down for all
+//! classes of the model alike, so the optimizer keeps room to place load by latency and a model
+//! near capacity gets none. The snapshots' shed fractions and `/v1/state` use the demand without
+//! the headroom.
 //!
 //! **Real changes are planned at once.** The stability strength (`control_plane.stability_ms`)
-//! makes a plan save that much latency per request it moves before traffic moves, so that refits
-//! and noise do not move conversations off their caches. A round in which some class's demand
-//! jumped by more than twice its band (`REAL_CHANGE_BANDS`), or in which an engine joined, left or
-//! changed its effective capacity (a penalty given or lifted), is a real change: that model is
-//! solved without the strength (the tolerance still applies) from then until the measurement has
-//! settled (3 smoothing time constants), and a class whose demand jumped has its band re-centred
-//! on the measurement. So a
-//! surge spills as soon as it is seen (on the fleet simulator's `surge` the strength alone delayed
-//! the re-plan from 7 to 14 s) and a recovered engine gets its traffic back, while a demand that
+//! makes a plan save that much latency per req/s it moves before traffic moves, so that refits and
+//! noise do not move conversations off their caches. A round is a real change of its model when
+//! some class's measurement is more than twice its band from the centre (`REAL_CHANGE_BANDS`;
+//! that class's band is then re-centred on the measurement), when a class appears, or when an
+//! engine joins, leaves or moves its effective capacity by more than 1 % (a penalty given or
+//! lifted, replicas down or back). The model is then solved without the strength (the tolerance
+//! still applies) for three smoothing time constants, while the measurement settles. So a surge
+//! spills as soon as it is seen and a recovered engine gets its traffic back, while a demand that
 //! drifts out of its band by a little stays held.
+//!
+//! **Each model warm, each solve guarded.** Every model keeps its own solver, warm-started from
+//! its previous solve. A solve that panics is caught and logged with its model, the snapshots
+//! then route that model by capacity, and its solver starts afresh next round.
+//!
+//! Invariants: the planner reads the clock only to time its solves (`now` comes in as an
+//! argument); a class's planned demand is never below its band's centre, nor above it by more
+//! than one band.
 
 use crate::config::FleetConfig;
 use crate::fleet::{Fleet, Now};

@@ -18,18 +18,18 @@
 //! pair still allowed, no engine above its usable capacity. A class whose previous weights
 //! overflow an engine only because a class that moves anyway spilled onto it gets the room
 //! back: the moving class takes what its new split added there to the engines with room where
-//! that costs it least, which never makes it move more (in `ilb demo`, a noise step of cluster a's
-//! demand, spilling off its full engine, otherwise released 15–17 % of cluster b's traffic that
-//! the rule had been holding). A class holding its weights need only fit its engines without
-//! half its headroom (`Class::headroom_rps`, the margin the planner adds above the demand it
-//! expects; [`HELD_HEADROOM_SHARE`]): what its weights would put of that half beyond an
-//! engine's usable capacity is planned on the engines with room where it costs least, and its
-//! published weights stay (in `ilb demo`, a noise step of cluster a's demand estimate otherwise
-//! moved 1.2–4.6 % of a off its full engine). The weights then send the mean demand where the
-//! plan puts it; a burst towards the top of the band goes by them too, beyond that engine's
-//! usable capacity (ρ), as any demand above the plan does. Because every solve compares with the
-//! new optimum, what the stability costs never accumulates from solve to solve: the kept solution
-//! carries the new solve's lower bound, so its gap says what it costs.
+//! that costs it least, which never makes it move more (otherwise a noise step of one class's
+//! demand, spilling off its full engine, releases a class the rule had been holding). A class
+//! holding its weights need only fit its engines without half its headroom
+//! (`Class::headroom_rps`, the margin the planner adds above the demand it expects;
+//! [`HELD_HEADROOM_SHARE`]): what its weights would put of that half beyond an engine's usable
+//! capacity is planned on the engines with room where it costs least, and its published weights
+//! stay, so a noise step of the demand estimate on a full engine moves nothing. The weights then
+//! send the mean demand where the plan puts it; a burst towards the top of the band goes by them
+//! too, beyond that engine's usable capacity (ρ), as any demand above the plan does. Because
+//! every solve compares with the new optimum, what the stability costs never accumulates from
+//! solve to solve: the kept solution carries the new solve's lower bound, so its gap says what it
+//! costs.
 
 use crate::certify::relative_gap;
 use crate::curve::Curve;

@@ -1,7 +1,8 @@
 //! Documentation that must stay true to the code:
 //! - `docs/config.md` is generated from the doc comments of the config types; this test
 //!   regenerates it and fails on any difference (`ILB_BLESS=1 cargo test -p ilb --test docs`
-//!   rewrites it).
+//!   rewrites it). Its last two sections are hand-written here (`FLEET_CHANGES`,
+//!   `STABILITY_KNOBS`).
 //! - every metric the Grafana dashboard queries is documented in `docs/metrics.md`.
 
 use std::path::{Path, PathBuf};
@@ -64,6 +65,47 @@ const FLEET_CHANGES: &str = "
   and each busy one when its response ends.
 ";
 
+/// Appended after it: the stability settings and the optimizer constant they work with, together.
+const STABILITY_KNOBS: &str = "
+## The stability knobs
+
+Four rules decide whether a published split changes; together they keep weights still while
+only noise moves, and let them move at once for a real change. Three are settings of
+`[control_plane]` (in the table above); the fourth is a constant of the optimizer. What each
+did in the fleet simulator, and the variants tried instead, is in `docs/results.md`. To watch
+them: `/v1/state` shows each class's measured demand, the band's centre it is planned from and
+its headroom, and the metrics `ilb_controlplane_traffic_moved` and `ilb_controlplane_solve_gap`
+show what each solve moved and what holding the previous split costs.
+
+- **`demand_band_sigmas`** (default 3) protects against re-planning on measurement noise. Each
+  class's demand is held within a band this many standard deviations of the EWMA's noise wide
+  on each side (√(rate / 2·smoothing) for Poisson arrivals; a longer `smoothing_ms` makes the
+  band narrower and the estimate slower). The class is planned at the band's top, so the band
+  is also the headroom kept for bursts. Raise it when traffic is burstier than Poisson (long
+  conversations, batches arriving together) and plans move at steady demand. Lower it, or set
+  0, when small real changes must be followed at once and churn matters less. A wider band
+  lags a drifting demand further and reserves more headroom.
+- **`stability_ms`** (default 100) protects conversations' prefix caches. A plan must save this
+  many ms of latency per req/s it moves before any class's weights change; a moved conversation
+  pays the prefill of its cached prefix again. Set it near that cost on your engines: higher
+  for long shared prefixes or slow prefill, 0 for traffic with no cache to lose (embeddings,
+  short single-turn prompts). It does not delay real changes: after a demand jump of more than
+  twice a class's band, or an engine joining, leaving or changing its capacity, the model is
+  planned without it for three smoothing time constants.
+- **`stability_tolerance`** (default 0.001) protects against moves whose saving is within the
+  solver's own certified gap: a class keeps its weights while the plan's expected latency stays
+  within this fraction of the new optimum. Rarely changed. Raising it (at most 0.1) holds
+  weights through larger differences at that much expected latency; 0 turns it off.
+- **The held headroom share** (`HELD_HEADROOM_SHARE` = 0.5 in
+  `crates/ilb-optimizer/src/stability.rs`; not a setting) protects held weights from noise steps
+  of the demand estimate on a full engine. A class that keeps its weights need only fit its
+  engines without half its headroom; what the other half would put beyond an engine's usable
+  capacity is planned on engines with room, and the weights stay. Half, because at steady
+  demand the band's top sits about half a band above the mean, so the held weights must still
+  carry the mean within capacity. A larger share holds weights through bigger steps but can pin
+  a class to a full engine while its demand really rises; changing it is a code change.
+";
+
 /// (field, type, doc comment)
 type Field = (String, String, String);
 
@@ -119,6 +161,7 @@ fn generate() -> String {
         }
     }
     out.push_str(FLEET_CHANGES);
+    out.push_str(STABILITY_KNOBS);
     out
 }
 

@@ -3,9 +3,9 @@
 //!
 //! Why so long: near capacity an engine's mean latency is dominated by occasional queue
 //! build-ups lasting tens of seconds, so a profile fitted to the last two minutes describes a
-//! typical two minutes, not the long-run mean the plan is judged by (in the fleet simulator's
-//! `three-regions` the prediction error fell from +2.3 % to +0.9 % on average over ten seeds when
-//! the history grew from two to ten minutes). Pooling keeps that history at 60 entries per engine.
+//! typical two minutes, not the long-run mean the plan is judged by (the fleet simulator's
+//! prediction error with two minutes and with ten is in `docs/results.md`). Pooling keeps that
+//! history at 60 entries per engine.
 
 use crate::profile::Observation;
 use std::collections::VecDeque;

@@ -511,8 +511,7 @@ impl Fleet {
     /// ([`fit_shape`]): a queueing curve whose pole is the configured capacity cannot follow an
     /// engine whose latency is queueing-shaped with another pole, and a curve profiled on one
     /// engine alone is steeper at the top than the fleet's engines are (figures from the fleet
-    /// simulator's `global-day` in crates/ilb-fleet-sim/README.md, "Curves shaped where the
-    /// fleet runs").
+    /// simulator's `global-day` in docs/results.md).
     ///
     /// Twins (engines of one model, profile, replica count and capacity) are fitted together
     /// first, and each engine's own observations then only scale the twins' curve, against a

@@ -27,17 +27,16 @@
 //! at least half an interval long (`EARLY_WINDOW_SHARE`), however many requests it holds:
 //! latency is correlated in time (one queue build-up or a few long prompts last seconds), so
 //! the first seconds of a window are one sample of it, and judging the open window on every
-//! call tests it again and again. In 900-s runs of the fleet simulator's `far-regions` and
-//! `three-regions` (seeds 1–5), all three penalties of healthy engines came from early verdicts
-//! on windows of 21–119 requests, and each moved a fifth to a quarter of a cluster's traffic.
+//! call tests it again and again: without the rule, healthy engines were penalised on short
+//! windows (`docs/results.md`).
 //!
 //! A window in which the engine was down is not judged: requests that waited through the
 //! outage finish after it with latencies that say nothing about the engine's speed. Nor, for
 //! three smoothing time constants after an engine of the model went down or came back, are the
 //! windows of its engines not yet penalised: the traffic that moved queues on its new engines
-//! and has lost its cached prefixes, so they look slow for a while. On the fleet simulator's
-//! `peak-outage` such windows penalised an engine that took the failed region's traffic (seed
-//! 3) or came back from the outage (seed 6), and the plan shed for the capacity withheld.
+//! and has lost its cached prefixes, so they look slow for a while. Judged, such windows
+//! penalise a healthy engine that took a failed engine's traffic or came back from an outage,
+//! and the plan sheds for the capacity withheld.
 //!
 //! A penalty withholds a share of the engine's capacity from the optimizer, so its traffic
 //! moves in a planned way. A new outlier starts at max(0.5, severity) — severity 1 − 1/ratio for
