@@ -161,7 +161,7 @@ async fn registrations_are_validated_like_config_engines_with_clear_errors() {
     let url = format!("{}/v1/engines", cp.url());
     let good =
         r#"{"id":"r1","url":"http://127.0.0.1:9","model":"m","region":"a","profile":"gpu","ttl_s":30}"#;
-    let cases: [(&str, Option<&str>, u16, &str); 8] = [
+    let cases: [(&str, Option<&str>, u16, &str); 12] = [
         (good, None, 401, "bearer token"),
         (good, Some("wrong"), 401, "bearer token"),
         (
@@ -171,10 +171,34 @@ async fn registrations_are_validated_like_config_engines_with_clear_errors() {
             "registration.profile: unknown profile 'h200'",
         ),
         (
-            &good.replace("http://127.0.0.1:9", "http://user:pw@x"),
+            &good.replace("http://127.0.0.1:9", "http://user:s3cret-pw@x"),
             Some(TOKEN),
             400,
-            "must not carry credentials",
+            "registration.url: 'http://<redacted>@x' must not carry credentials",
+        ),
+        (
+            &good.replace("\"ttl_s\"", "\"replicas\":0,\"ttl_s\""),
+            Some(TOKEN),
+            400,
+            "replicas: 0 is not in [1, 100000]",
+        ),
+        (
+            &good.replace("\"ttl_s\"", "\"replicas\":4294967295,\"ttl_s\""),
+            Some(TOKEN),
+            400,
+            "replicas: 4294967295 is not in [1, 100000]",
+        ),
+        (
+            &good.replace("\"ttl_s\"", "\"capacity_rps\":1e-300,\"ttl_s\""),
+            Some(TOKEN),
+            400,
+            "registration.capacity_rps: 1e-300 is not in [0.001, 1000000]",
+        ),
+        (
+            &good.replace("\"ttl_s\"", "\"capacity_rps\":1e308,\"ttl_s\""),
+            Some(TOKEN),
+            400,
+            "registration.capacity_rps: 1e308 is not in [0.001, 1000000]",
         ),
         (&good.replace("\"ttl_s\":30", "\"ttl_s\":0"), Some(TOKEN), 400, "ttl_s: 0 is not in (0, 3600]"),
         (

@@ -128,6 +128,21 @@ fn bad_configs_name_the_field() {
     check(&|t| t.replace("id = \"engine-b\"", "id = \"engine-a\""), "duplicate id 'engine-a'");
     check(&|t| t.replace("[control_plane]", "[control_plane]\nsurprise = 1"), "unknown field `surprise`");
     check(&|t| t.replace("ttft_b_ms = 15.0", "ttft_b_ms = -1.0"), "profiles.gpu.ttft_b_ms");
+    // Numbers whose products overflow are refused at the door (a fleet's capacity is
+    // replicas × capacity_rps): the control plane once published `"weight": null` from these.
+    check(
+        &|t| t.replace("capacity_rps = 80.0", "capacity_rps = 1e308"),
+        "engines.engine-c.capacity_rps: 1e308 is not in",
+    );
+    check(
+        &|t| t.replace("capacity_rps = 100.0", "capacity_rps = 1e308"),
+        "profiles.gpu.capacity_rps: 1e308 is not in",
+    );
+    check(
+        &|t| t.replace("capacity_rps = 80.0", "replicas = 4294967295"),
+        "engines.engine-c.replicas: 4294967295 is not in",
+    );
+    check(&|t| t.replace("ttft_t0_ms = 60.0", "ttft_t0_ms = inf"), "profiles.gpu.ttft_t0_ms: inf is not in");
 }
 
 /// A failed solve must not take a model away from the data planes: its classes route in
