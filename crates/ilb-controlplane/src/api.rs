@@ -274,9 +274,10 @@ fn parse_wait(s: &str) -> Option<Duration> {
     let d = if let Some(ms) = s.strip_suffix("ms") {
         Duration::from_millis(ms.parse().ok()?)
     } else {
-        Duration::from_secs_f64(
-            s.strip_suffix('s').unwrap_or(s).parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0)?,
-        )
+        // Bounded before it becomes a Duration: `from_secs_f64(1e300)` panics.
+        let seconds =
+            s.strip_suffix('s').unwrap_or(s).parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0)?;
+        Duration::from_secs_f64(seconds.min(MAX_WAIT.as_secs_f64()))
     };
     Some(d.min(MAX_WAIT))
 }
@@ -450,4 +451,21 @@ fn explain(state: &ApiState, query: &str) -> Response<Body> {
             "classes": classes, "engines": m.engines,
         }),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_poll_waits_are_bounded_whatever_the_query_says() {
+        assert_eq!(parse_wait("25s"), Some(Duration::from_secs(25)));
+        assert_eq!(parse_wait("250ms"), Some(Duration::from_millis(250)));
+        for huge in ["1e300", "1e300s", "18446744073709551615ms"] {
+            assert_eq!(parse_wait(huge), Some(MAX_WAIT), "{huge}");
+        }
+        for bad in ["-1", "nan", "inf", "x", "99999999999999999999999ms"] {
+            assert_eq!(parse_wait(bad), None, "{bad}");
+        }
+    }
 }
