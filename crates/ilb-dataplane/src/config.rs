@@ -221,7 +221,8 @@ pub struct DataPlaneSection {
     pub admin_listen: Option<String>,
     /// What the `x-ilb-route` response header tells clients: `"full"` (engine id, class,
     /// weight, snapshot version, model and attempts), `"id"` (engine id and attempts; in quick
-    /// mode the id is the engine's `host:port`) or `"off"` (no header); default `"id"`.
+    /// mode the id is the engine's `host:port`) or `"off"` (no header); default `"id"` (flag
+    /// `--route-header`).
     pub route_header: Option<String>,
     /// The front-end cluster served, e.g. `"eu-west"`; snapshots for other clusters are refused.
     pub cluster: Option<String>,
