@@ -297,18 +297,26 @@ impl Wake for SideWaker {
 enum Local {
     Health,
     Models,
-    Model,
     Metrics,
     Debug,
 }
 
 async fn dispatch(shared: Arc<Shared>, req: Request<Incoming>, role: Role) -> Response<ProxyBody> {
     let path = req.uri().path();
+    let method = req.method();
+    let client = role == Role::Client;
+    // `models.retrieve` percent-encodes a model name's `/` (`org%2Fmodel`); the path is
+    // answered here, never forwarded, so it needs no path check.
+    if let Some(id) = path.strip_prefix("/v1/models/").filter(|_| client) {
+        if method != Method::GET {
+            return not_allowed(&req, "GET");
+        }
+        let id = percent_encoding::percent_decode_str(id).decode_utf8_lossy();
+        return crate::models::retrieve(&shared, &id);
+    }
     if let Err(e) = classify::check_path(path) {
         return ProxyError::InvalidPath(e.to_string()).into_response();
     }
-    let method = req.method();
-    let client = role == Role::Client;
     if client {
         if let Some(endpoint) = Endpoint::from_path(path) {
             if method != Method::POST {
@@ -329,7 +337,6 @@ async fn dispatch(shared: Arc<Shared>, req: Request<Incoming>, role: Role) -> Re
     let local = match path {
         "/health" => Local::Health,
         "/v1/models" if client => Local::Models,
-        p if client && p.starts_with("/v1/models/") => Local::Model,
         "/metrics" if operator => Local::Metrics,
         "/debug/route" if operator => Local::Debug,
         _ => {
@@ -342,7 +349,6 @@ async fn dispatch(shared: Arc<Shared>, req: Request<Incoming>, role: Role) -> Re
     match local {
         Local::Health => health(&shared),
         Local::Models => crate::models::list(&shared),
-        Local::Model => crate::models::retrieve(&shared, &path["/v1/models/".len()..]),
         Local::Metrics => {
             let mut r = Response::new(ProxyBody::from(Bytes::from(crate::telemetry::render(&shared))));
             r.headers_mut()

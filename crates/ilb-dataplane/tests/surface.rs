@@ -249,6 +249,12 @@ async fn models_keep_the_engines_fields_and_are_retrieved_by_id() {
     assert_eq!(status, 200, "{text}");
     let retrieved: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(&retrieved, model);
+    // The SDK percent-encodes a model name's slash (`org/model` is `org%2Fmodel`).
+    let (status, text) = get(&client, &format!("{}/v1/models/%6D", dp.url())).await;
+    assert_eq!(status, 200, "{text}");
+    let (status, text) = get(&client, &format!("{}/v1/models/org%2Fnope", dp.url())).await;
+    assert_eq!(status, 404, "{text}");
+    assert!(text.contains("org/nope"), "{text}");
     let (status, text) = get(&client, &format!("{}/v1/models/nope", dp.url())).await;
     assert_eq!(status, 404, "{text}");
     assert!(text.contains("model_not_found"), "{text}");
