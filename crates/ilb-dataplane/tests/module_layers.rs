@@ -22,11 +22,14 @@ const ORDER: &[&str] = &[
     "in_flight",
     "body",
     "proxy",
+    "stored",
     "sources",
     "holds",
     "report",
     "telemetry",
     "debug",
+    "models",
+    "refusals",
     "server",
 ];
 
