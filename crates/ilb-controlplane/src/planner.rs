@@ -231,7 +231,7 @@ impl Planner {
                 // A solver that panicked may hold half-updated state.
                 self.solvers.remove(&plan.model);
             }
-            results.push((result, started.elapsed().as_secs_f64() * 1000.0));
+            results.push((result, crate::clock::since(started).as_secs_f64() * 1000.0));
         }
         Round { plans, unplanned, results, panics }
     }

@@ -263,7 +263,7 @@ struct Control {
 
 impl Control {
     fn now(&self) -> Now {
-        self.epoch.elapsed()
+        crate::clock::since(self.epoch)
     }
 
     fn handles(&self) -> ControlHandles {
