@@ -26,6 +26,7 @@ const ORDER: &[&str] = &[
     "sources",
     "holds",
     "report",
+    "router",
     "telemetry",
     "debug",
     "models",
