@@ -122,6 +122,12 @@ impl Router {
         self.shared.install(snapshot)
     }
 
+    /// Parses, validates and installs a snapshot's JSON now (a `snapshot_file`), as
+    /// `DataPlane::install_json` does.
+    pub fn install_json(&self, bytes: &[u8]) -> Result<(), crate::state::InstallError> {
+        self.shared.install_json(bytes)
+    }
+
     /// Stops the background tasks.
     pub async fn shutdown(mut self) {
         let _ = self.shutdown.send(true);

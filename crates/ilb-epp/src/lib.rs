@@ -104,8 +104,11 @@ async fn follow_readiness(
         let now_ready = router.installed().is_some();
         if now_ready != ready {
             ready = now_ready;
-            let status =
-                if ready { tonic_health::ServingStatus::Serving } else { tonic_health::ServingStatus::NotServing };
+            let status = if ready {
+                tonic_health::ServingStatus::Serving
+            } else {
+                tonic_health::ServingStatus::NotServing
+            };
             for service in ["readiness", EXT_PROC_SERVICE, ""] {
                 health.set_service_status(service, status).await;
             }

@@ -11,8 +11,8 @@ use crate::wire;
 use bytes::{Bytes, BytesMut};
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    processing_request::Request, processing_response, CommonResponse, HttpBody, HttpHeaders, ProcessingRequest,
-    ProcessingResponse, TrailersResponse,
+    processing_request::Request, processing_response, CommonResponse, HttpBody, HttpHeaders,
+    ProcessingRequest, ProcessingResponse, TrailersResponse,
 };
 use ilb_dataplane::error::ProxyError;
 use ilb_dataplane::{RouteRequest, Router, Routing};
@@ -98,7 +98,10 @@ impl Stream {
     }
 
     /// Handles one message; returns the messages to send back, in order.
-    pub async fn handle(&mut self, message: ProcessingRequest) -> Result<Vec<ProcessingResponse>, StreamError> {
+    pub async fn handle(
+        &mut self,
+        message: ProcessingRequest,
+    ) -> Result<Vec<ProcessingResponse>, StreamError> {
         if let Some(config) = &message.protocol_config {
             self.request_mode = BodyMode::of(config.request_body_mode);
             self.response_mode = BodyMode::of(config.response_body_mode);
@@ -121,7 +124,9 @@ impl Stream {
                 }
                 if !self.done {
                     out.push(ProcessingResponse {
-                        response: Some(processing_response::Response::RequestTrailers(TrailersResponse::default())),
+                        response: Some(processing_response::Response::RequestTrailers(
+                            TrailersResponse::default(),
+                        )),
                         ..Default::default()
                     });
                 }
@@ -132,7 +137,9 @@ impl Stream {
             Some(Request::ResponseTrailers(_)) => {
                 self.finish();
                 Ok(vec![ProcessingResponse {
-                    response: Some(processing_response::Response::ResponseTrailers(TrailersResponse::default())),
+                    response: Some(processing_response::Response::ResponseTrailers(
+                        TrailersResponse::default(),
+                    )),
                     ..Default::default()
                 }])
             }
@@ -140,7 +147,10 @@ impl Stream {
         }
     }
 
-    async fn request_headers(&mut self, headers: HttpHeaders) -> Result<Vec<ProcessingResponse>, StreamError> {
+    async fn request_headers(
+        &mut self,
+        headers: HttpHeaders,
+    ) -> Result<Vec<ProcessingResponse>, StreamError> {
         if self.answered || !self.headers.is_empty() || self.path.is_some() {
             return Err(StreamError::Protocol("request headers sent twice on one stream".into()));
         }

@@ -3,7 +3,9 @@
 //! building the answers (the pick as a header mutation plus `envoy.lb` dynamic metadata,
 //! streamed body chunks, immediate responses).
 
-use envoy_types::pb::envoy::config::core::v3::{HeaderMap as EnvoyHeaderMap, HeaderValue, HeaderValueOption, Metadata};
+use envoy_types::pb::envoy::config::core::v3::{
+    HeaderMap as EnvoyHeaderMap, HeaderValue, HeaderValueOption, Metadata,
+};
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     body_mutation, processing_response, BodyMutation, BodyResponse, CommonResponse, HeaderMutation,
@@ -39,7 +41,8 @@ pub fn read_headers(headers: Option<&EnvoyHeaderMap>) -> Result<(HeaderMap, Opti
     let mut out = HeaderMap::new();
     let mut path = None;
     for header in headers.map(|h| h.headers.as_slice()).unwrap_or_default() {
-        let value: &[u8] = if header.raw_value.is_empty() { header.value.as_bytes() } else { &header.raw_value };
+        let value: &[u8] =
+            if header.raw_value.is_empty() { header.value.as_bytes() } else { &header.raw_value };
         if header.key == ":path" {
             path = Some(String::from_utf8_lossy(value).into_owned());
             continue;
@@ -47,8 +50,10 @@ pub fn read_headers(headers: Option<&EnvoyHeaderMap>) -> Result<(HeaderMap, Opti
         if header.key.starts_with(':') {
             continue;
         }
-        let name = HeaderName::from_bytes(header.key.as_bytes()).map_err(|_| HeaderError::Name(header.key.clone()))?;
-        let value = http::HeaderValue::from_bytes(value).map_err(|_| HeaderError::Value(header.key.clone()))?;
+        let name = HeaderName::from_bytes(header.key.as_bytes())
+            .map_err(|_| HeaderError::Name(header.key.clone()))?;
+        let value =
+            http::HeaderValue::from_bytes(value).map_err(|_| HeaderError::Value(header.key.clone()))?;
         out.append(name, value);
     }
     Ok((out, path))
@@ -65,7 +70,8 @@ pub fn status_of(headers: Option<&EnvoyHeaderMap>) -> Option<StatusCode> {
 fn endpoint_list(metadata: Option<&Metadata>, namespace: &str, key: &str) -> Option<Vec<String>> {
     let value = metadata?.filter_metadata.get(namespace)?.fields.get(key)?;
     let mut out = Vec::new();
-    let mut push = |s: &str| out.extend(s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned));
+    let mut push =
+        |s: &str| out.extend(s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned));
     match &value.kind {
         Some(Kind::StringValue(s)) => push(s),
         Some(Kind::ListValue(list)) => {
@@ -116,8 +122,11 @@ pub fn pick_common(endpoints: &str, content_length: Option<usize>) -> CommonResp
 /// `{"envoy.lb": {"x-gateway-destination-endpoint": endpoints}}`.
 pub fn pick_metadata(endpoints: &str) -> Struct {
     let inner = Struct {
-        fields: [(DESTINATION_ENDPOINT.to_owned(), Value { kind: Some(Kind::StringValue(endpoints.to_owned())) })]
-            .into(),
+        fields: [(
+            DESTINATION_ENDPOINT.to_owned(),
+            Value { kind: Some(Kind::StringValue(endpoints.to_owned())) },
+        )]
+        .into(),
     };
     Struct {
         fields: [(DESTINATION_NAMESPACE.to_owned(), Value { kind: Some(Kind::StructValue(inner)) })].into(),
@@ -126,7 +135,9 @@ pub fn pick_metadata(endpoints: &str) -> Struct {
 
 pub fn request_headers(common: CommonResponse) -> ProcessingResponse {
     ProcessingResponse {
-        response: Some(processing_response::Response::RequestHeaders(HeadersResponse { response: Some(common) })),
+        response: Some(processing_response::Response::RequestHeaders(HeadersResponse {
+            response: Some(common),
+        })),
         ..Default::default()
     }
 }
