@@ -36,6 +36,9 @@ use tonic::{Request, Response, Status, Streaming};
 /// The name of the ext_proc service, as health checks ask for it.
 pub const EXT_PROC_SERVICE: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
 
+/// How long [`Epp::shutdown`] lets open streams finish.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
 /// A running endpoint picker.
 pub struct Epp {
     local_addr: SocketAddr,
@@ -78,13 +81,15 @@ impl Epp {
         &self.router
     }
 
-    /// Stops serving (open streams end) and the router's background tasks.
-    pub async fn shutdown(self) {
+    /// Stops accepting, gives open streams [`SHUTDOWN_GRACE`] to end (a gateway keeps its
+    /// gRPC connection open, so they may not), then stops them and the router's tasks.
+    pub async fn shutdown(mut self) {
         let _ = self.shutdown.send(true);
-        match self.server.await {
-            Ok(Err(error)) => tracing::warn!(%error, "epp server ended with an error"),
-            Err(error) => tracing::warn!(%error, "epp server task failed"),
-            Ok(Ok(())) => {}
+        match tokio::time::timeout(SHUTDOWN_GRACE, &mut self.server).await {
+            Ok(Ok(Err(error))) => tracing::warn!(%error, "epp server ended with an error"),
+            Ok(Err(error)) => tracing::warn!(%error, "epp server task failed"),
+            Ok(Ok(Ok(()))) => {}
+            Err(_) => self.server.abort(),
         }
         let _ = self.readiness.await;
         if let Ok(router) = Arc::try_unwrap(self.router) {
