@@ -2,7 +2,7 @@
 //! itself: `ilb epp`, where Envoy forwards and ilb picks (docs/epp.md).
 //!
 //! A [`Router`] runs the data plane's background tasks (snapshot polling or quick-mode
-//! discovery, the holds follower, the prober, shedding plans, reports) on the same [`Shared`]
+//! discovery, the holds follower, the prober, shedding plans, reports) on the same `Shared`
 //! state, and [`Router::route`] answers one request with the data plane's own functions:
 //! `proxy::classify_request`, `proxy::admit` (planned shedding), `proxy::pick` (the pinned
 //! engine, else `ClassTable::select` with the guard, holds and load bound) and
