@@ -16,6 +16,7 @@ const ILB_CRATES: &[&str] = &[
     "ilb-engine-sim",
     "ilb-dataplane",
     "ilb-controlplane",
+    "ilb-epp",
     "ilb-fleet-sim",
 ];
 
@@ -30,6 +31,12 @@ fn rules() -> Vec<(&'static str, Vec<&'static str>, &'static str)> {
             vec!["ilb-controlplane", "ilb-optimizer"],
             "the data plane never needs the control plane",
         ),
+        ("ilb-dataplane", vec!["tonic"], "gRPC stays in the EPP, out of the data plane"),
+        (
+            "ilb-epp",
+            vec!["ilb-controlplane"],
+            "the EPP is the data plane's routing behind a gateway, not a control plane",
+        ),
         (
             "ilb-controlplane",
             vec!["ilb-dataplane", "ilb-engine-sim"],
@@ -40,9 +47,15 @@ fn rules() -> Vec<(&'static str, Vec<&'static str>, &'static str)> {
     let others: Vec<&str> = ILB_CRATES.iter().copied().filter(|c| *c != "ilb-tls").collect();
     rules.push(("ilb-tls", others, "ilb-tls depends on no other ilb crate"));
     // The fleet simulator sits above the product: only the binary (and tests) may use it.
-    for krate in
-        ["ilb-core", "ilb-optimizer", "ilb-tls", "ilb-engine-sim", "ilb-dataplane", "ilb-controlplane"]
-    {
+    for krate in [
+        "ilb-core",
+        "ilb-optimizer",
+        "ilb-tls",
+        "ilb-engine-sim",
+        "ilb-dataplane",
+        "ilb-controlplane",
+        "ilb-epp",
+    ] {
         rules.push((krate, vec!["ilb-fleet-sim"], "nothing but the binary depends on the fleet simulator"));
     }
     rules
