@@ -13,6 +13,7 @@
 
 use crate::admission;
 use crate::config::DataPlaneConfig;
+use crate::config::SnapshotSource;
 use crate::engines::{EngineState, Outcome};
 use crate::error::ProxyError;
 use crate::in_flight::InFlight;
@@ -20,7 +21,6 @@ use crate::pick::{choose, NoCandidate, Pick};
 use crate::proxy::{self, ClassTarget};
 use crate::shared::Shared;
 use crate::state::Installed;
-use crate::SnapshotSource;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use ilb_core::classify::{self, Endpoint};
