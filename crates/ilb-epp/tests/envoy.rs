@@ -2,6 +2,7 @@
 //! `deploy/envoy/envoy.yaml` with only its addresses rewritten, in front of simulated engines.
 //! Envoy is found through `ILB_ENVOY` or `envoy` on the PATH; without it these tests say so on
 //! stderr and pass, unless `ILB_REQUIRE_ENVOY=1` (CI), where they fail.
+#![allow(clippy::disallowed_methods)] // tests find Envoy (environment, PATH) and write its config file
 
 mod support;
 
