@@ -19,9 +19,8 @@
 //! `POST /v1/reports` then need a verified client certificate (reports: or the bearer token,
 //! if one is set), and the certificate's name is logged and shown in `/v1/state`.
 
+use crate::events::Event;
 use crate::publish::Publisher;
-use crate::run::Event;
-use crate::view::View;
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
@@ -29,6 +28,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use ilb_core::report::Report;
 use ilb_optimizer::Problem;
+use ilb_planning::view::View;
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -119,14 +119,10 @@ impl ApiState {
 
 type Body = Full<Bytes>;
 
-/// Serves the API until `shutdown` changes. Connections are tracked, and closed before it
-/// returns: a control plane that has shut down must not answer a kept-alive connection from
-/// its old state (a client would otherwise get a stale snapshot from a replaced process).
-pub async fn serve(listener: TcpListener, state: Arc<ApiState>, shutdown: watch::Receiver<bool>) {
-    serve_tls(listener, state, None, shutdown).await
-}
-
-/// As [`serve`], terminating TLS with `tls` when given.
+/// Serves the API until `shutdown` changes, terminating TLS with `tls` when given. Connections
+/// are tracked, and closed before it returns: a control plane that has shut down must not
+/// answer a kept-alive connection from its old state (a client would otherwise get a stale
+/// snapshot from a replaced process).
 pub async fn serve_tls(
     listener: TcpListener,
     state: Arc<ApiState>,

@@ -4,9 +4,9 @@
 //! forward to.
 
 use crate::api::{error, json, ApiState};
-use crate::fleet::members::{RegisterError, Registration};
-use crate::run::Event;
+use crate::events::Event;
 use bytes::Bytes;
+use ilb_planning::fleet::members::{RegisterError, Registration};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;

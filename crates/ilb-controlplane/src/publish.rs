@@ -12,7 +12,6 @@ use tokio::sync::watch;
 
 #[derive(Clone, Debug)]
 pub struct Published {
-    pub version: u64,
     /// Strong ETag, `"<version>"`.
     pub etag: String,
     pub body: Bytes,
@@ -65,7 +64,6 @@ impl Publisher {
                 map.insert(
                     cluster.clone(),
                     Published {
-                        version: snapshot.version.0,
                         etag: format!("\"{}\"", snapshot.version.0),
                         body,
                     },

@@ -13,7 +13,7 @@ use hickory_proto::rr::{LowerName, Name, RData, Record, RecordType, RrKey};
 use hickory_server::store::in_memory::InMemoryZoneHandler;
 use hickory_server::zone_handler::{AxfrPolicy, Catalog, ZoneType};
 use hickory_server::Server;
-use ilb_controlplane::config::EngineGroup;
+use ilb_planning::config::EngineGroup;
 use ilb_controlplane::discovery::dns::DnsSource;
 use ilb_controlplane::discovery::Resolve;
 use ilb_engine_sim::EngineHandle;

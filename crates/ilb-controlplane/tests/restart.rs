@@ -11,7 +11,7 @@ use http::{header, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
-use ilb_controlplane::config::FleetConfig;
+use ilb_planning::config::FleetConfig;
 use ilb_controlplane::ControlPlane;
 use ilb_core::report::{ClassDemand, Report};
 use ilb_core::{ClassId, ClusterId, ModelName};

@@ -2,7 +2,7 @@
 //! it (cumulative TTFT, inter-token and end-to-end histograms with vLLM's buckets), turned into
 //! the control plane's [`EngineSample`] as a scrape of `/metrics` would.
 
-use ilb_controlplane::signals::{EngineFlavor, EngineSample, Histogram};
+use ilb_planning::signals::{EngineFlavor, EngineSample, Histogram};
 use ilb_engine_sim::{EngineModel, HardwareProfile, Nanos, Outcome};
 
 /// vLLM's `time_to_first_token_seconds` buckets.

@@ -5,7 +5,7 @@
 //! (no engines), anything else (a timeout, a refused query) is a failed listing.
 
 use super::Resolve;
-use crate::config::EngineGroup;
+use ilb_planning::config::EngineGroup;
 use hickory_resolver::config::{LookupIpStrategy, NameServerConfig, ResolverConfig, ResolverOpts};
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::net::NetError;

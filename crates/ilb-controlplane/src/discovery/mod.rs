@@ -14,8 +14,8 @@
 
 pub mod dns;
 
-use crate::config::EngineGroup;
-use crate::run::{ControlHandles, Event};
+use crate::events::{ControlHandles, Event};
+use ilb_planning::config::EngineGroup;
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -70,7 +70,7 @@ impl Tracker {
 
 /// Resolves `group` with `source` until shutdown, sending its engines whenever they change
 /// (and after the first answer).
-pub async fn run_group(
+pub(crate) async fn run_group(
     group: EngineGroup,
     mut source: impl Resolve,
     events: mpsc::Sender<Event>,

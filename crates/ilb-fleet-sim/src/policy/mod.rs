@@ -15,7 +15,7 @@ pub use baseline::Baseline;
 pub use feedback::Feedback;
 pub use ilb::Ilb;
 
-use ilb_controlplane::signals::EngineSample;
+use ilb_planning::signals::EngineSample;
 use ilb_core::report::Report;
 use ilb_core::ModelName;
 use ilb_engine_sim::Nanos;

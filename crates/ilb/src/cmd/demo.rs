@@ -10,7 +10,7 @@
 
 use crate::traffic::{self, Target, TrafficConfig};
 use anyhow::Context;
-use ilb_controlplane::config::{
+use ilb_planning::config::{
     Cluster, ControlPlaneSettings, Engine, FleetConfig, LinkLatency, NetworkSettings, Profile,
 };
 use ilb_controlplane::ControlPlane;

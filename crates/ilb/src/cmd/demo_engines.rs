@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
-use ilb_controlplane::config::{
+use ilb_planning::config::{
     Cluster, ControlPlaneSettings, Engine, FleetConfig, LinkLatency, NetworkSettings, Profile,
 };
 use ilb_controlplane::ControlPlane;

@@ -11,8 +11,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use ilb_controlplane::fleet::members::Registration;
-use ilb_controlplane::registrar::Registrar;
+use ilb_planning::fleet::members::Registration;
+use ilb_controlplane::Registrar;
 use ilb_engine_sim::{EngineConfig, EngineHandle, HardwareProfile};
 use std::time::Duration;
 

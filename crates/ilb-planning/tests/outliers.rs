@@ -5,9 +5,9 @@
 //! sequence of random degradations takes the penalised share over the cap (beyond the one engine
 //! it always admits).
 
-use ilb_controlplane::config::FleetConfig;
-use ilb_controlplane::fleet::Fleet;
-use ilb_controlplane::signals::{EngineSample, Histogram};
+use ilb_planning::config::FleetConfig;
+use ilb_planning::fleet::Fleet;
+use ilb_planning::signals::{EngineSample, Histogram};
 use ilb_core::report::{EngineObservation, Report};
 use ilb_core::{ClusterId, EngineId, ModelName};
 use proptest::prelude::*;

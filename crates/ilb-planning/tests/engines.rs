@@ -3,10 +3,10 @@
 //! state and the engine simulator's ready replicas take engines out of the plan and into the
 //! fast guard's holds; an unreachable engine is held unless most of the fleet is.
 
-use ilb_controlplane::config::FleetConfig;
-use ilb_controlplane::fleet::Fleet;
-use ilb_controlplane::prom::{parse, Limits};
-use ilb_controlplane::signals::{extract, EngineFlavor, EngineSample};
+use ilb_planning::config::FleetConfig;
+use ilb_planning::fleet::Fleet;
+use ilb_planning::prom::{parse, Limits};
+use ilb_planning::signals::{extract, EngineFlavor, EngineSample};
 use ilb_core::holds::HoldReason;
 use ilb_core::report::{EngineObservation, Report};
 use ilb_core::{ClusterId, EngineId, ModelName};

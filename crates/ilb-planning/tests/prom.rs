@@ -1,7 +1,7 @@
 //! Prometheus text-format parser: line-level cases through one `check` helper, the engine
 //! fixtures, limits, and properties (no panic on junk; render → parse round trip).
 
-use ilb_controlplane::prom::{parse, parse_bytes, Limits, MetricType, ParseError};
+use ilb_planning::prom::{parse, parse_bytes, Limits, MetricType, ParseError};
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
 
