@@ -11,7 +11,7 @@
 //! - `events`: the control loop's closed `Event` enum and the handles of the tasks it starts.
 //! - [`discovery`]: engines from DNS; `registrar`: the client side of registration
 //!   ([`Registrar`]).
-//! - `api`, `api_engines`: the HTTP API.
+//! - `api`: the HTTP API (`engines.rs`: registration).
 //! - `run`: the control loop ([`ControlPlane`], [`Reloader`]).
 //!
 //! **Invariant:** the control plane never depends on the data plane crate.
@@ -19,7 +19,6 @@
 //! what it plans.
 
 mod api;
-mod api_engines;
 mod clock;
 mod dashboard;
 pub mod discovery;

@@ -14,10 +14,14 @@
 //! | `GET /` | the live dashboard |
 //! | `GET /metrics` | Prometheus metrics (`ilb_controlplane_*`) |
 //!
+//! [`engines`] serves `POST /v1/engines` and `DELETE /v1/engines/{id}`.
+//!
 //! With TLS ([`ApiTls`]) the listener terminates it with a rotatable certificate. With a
 //! client CA, data planes authenticate with certificates: `GET /v1/snapshots/...` and
 //! `POST /v1/reports` then need a verified client certificate (reports: or the bearer token,
 //! if one is set), and the certificate's name is logged and shown in `/v1/state`.
+
+mod engines;
 
 use crate::events::Event;
 use crate::publish::Publisher;
@@ -211,11 +215,11 @@ async fn dispatch(state: Arc<ApiState>, peer: &Peer, req: Request<Incoming>) -> 
         (&Method::GET, "/v1/engine-holds") => holds(&state, &query).await,
         (&Method::POST, "/v1/reports") => report(&state, peer, req).await,
         (&Method::POST, "/v1/engines") => {
-            crate::api_engines::register(&state, peer.identity.is_some(), req).await
+            engines::register(&state, peer.identity.is_some(), req).await
         }
         (&Method::DELETE, p) if p.starts_with("/v1/engines/") => {
             let id = p.trim_start_matches("/v1/engines/").to_owned();
-            crate::api_engines::deregister(&state, peer.identity.is_some(), &req, &id).await
+            engines::deregister(&state, peer.identity.is_some(), &req, &id).await
         }
         (&Method::GET, p) if p.starts_with("/v1/problems/") => {
             let model = p.trim_start_matches("/v1/problems/");

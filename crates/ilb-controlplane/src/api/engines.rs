@@ -3,7 +3,7 @@
 //! token: with neither, registration is off, since a registered URL is one data planes will
 //! forward to.
 
-use crate::api::{error, json, ApiState};
+use super::{error, json, ApiState};
 use crate::events::Event;
 use bytes::Bytes;
 use ilb_planning::fleet::members::{RegisterError, Registration};
