@@ -61,13 +61,7 @@ impl Publisher {
                         continue;
                     }
                 };
-                map.insert(
-                    cluster.clone(),
-                    Published {
-                        etag: format!("\"{}\"", snapshot.version.0),
-                        body,
-                    },
-                );
+                map.insert(cluster.clone(), Published { etag: format!("\"{}\"", snapshot.version.0), body });
             }
         }
         self.round.send_replace(version);

@@ -1,8 +1,8 @@
 //! The control plane's Prometheus metrics, every name in one place (`GET /metrics`), rendered
 //! from the latest plan's view; see `docs/metrics.md` for the list with meanings.
 
-use ilb_planning::view::{self, View};
 use ilb_core::metrics::TextWriter;
+use ilb_planning::view::{self, View};
 
 pub fn render(view: &View) -> String {
     let mut w = TextWriter::new();

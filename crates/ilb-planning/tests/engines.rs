@@ -3,13 +3,13 @@
 //! state and the engine simulator's ready replicas take engines out of the plan and into the
 //! fast guard's holds; an unreachable engine is held unless most of the fleet is.
 
+use ilb_core::holds::HoldReason;
+use ilb_core::report::{EngineObservation, Report};
+use ilb_core::{ClusterId, EngineId, ModelName};
 use ilb_planning::config::FleetConfig;
 use ilb_planning::fleet::Fleet;
 use ilb_planning::prom::{parse, Limits};
 use ilb_planning::signals::{extract, EngineFlavor, EngineSample};
-use ilb_core::holds::HoldReason;
-use ilb_core::report::{EngineObservation, Report};
-use ilb_core::{ClusterId, EngineId, ModelName};
 use std::time::Duration;
 
 fn fleet(engines: usize) -> Fleet {

@@ -7,17 +7,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The modules in the order of ARCHITECTURE.md's code map: each may use only those before it.
-const ORDER: &[&str] = &[
-    "prom",
-    "signals",
-    "smoothing",
-    "profile",
-    "config",
-    "fleet",
-    "plan",
-    "planner",
-    "view",
-];
+const ORDER: &[&str] =
+    &["prom", "signals", "smoothing", "profile", "config", "fleet", "plan", "planner", "view"];
 
 /// The `crate::` module names each top-level module's files use, comments left out.
 fn imports(src: &Path) -> BTreeMap<String, Vec<(String, String)>> {

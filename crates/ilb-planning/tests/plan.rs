@@ -1,13 +1,13 @@
 //! The brief's worked example through the real planning path: config → fleet (with data-plane
 //! reports) → optimizer problems → solutions → published snapshots.
 
-use ilb_planning::config::FleetConfig;
-use ilb_planning::fleet::Fleet;
-use ilb_planning::plan;
 use ilb_core::priority::Priority;
 use ilb_core::report::{ClassDemand, PriorityRps, Report};
 use ilb_core::{ClassId, ClusterId, ModelName};
 use ilb_optimizer::Solver;
+use ilb_planning::config::FleetConfig;
+use ilb_planning::fleet::Fleet;
+use ilb_planning::plan;
 use std::time::Duration;
 
 /// The worked example with fixed loopback engine URLs.

@@ -3,9 +3,9 @@
 //! 100 requests of which 2 aborted, 50k prompt and 20k generated tokens, half the prefix
 //! lookups hit, TTFT deltas 50 in (60,80] ms, 40 in (80,100], 10 in (100,250]).
 
+use ilb_core::ModelName;
 use ilb_planning::prom::{parse, Limits};
 use ilb_planning::signals::{extract, window, EngineFlavor, EngineSample, Histogram};
-use ilb_core::ModelName;
 use std::time::Duration;
 
 fn samples(file: &str) -> Vec<(ModelName, EngineSample)> {

@@ -6,10 +6,10 @@
 use super::{error, json, ApiState};
 use crate::events::Event;
 use bytes::Bytes;
-use ilb_planning::fleet::members::{RegisterError, Registration};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
+use ilb_planning::fleet::members::{RegisterError, Registration};
 use std::time::Duration;
 use tokio::sync::oneshot;
 

@@ -214,9 +214,7 @@ async fn dispatch(state: Arc<ApiState>, peer: &Peer, req: Request<Incoming>) -> 
         ),
         (&Method::GET, "/v1/engine-holds") => holds(&state, &query).await,
         (&Method::POST, "/v1/reports") => report(&state, peer, req).await,
-        (&Method::POST, "/v1/engines") => {
-            engines::register(&state, peer.identity.is_some(), req).await
-        }
+        (&Method::POST, "/v1/engines") => engines::register(&state, peer.identity.is_some(), req).await,
         (&Method::DELETE, p) if p.starts_with("/v1/engines/") => {
             let id = p.trim_start_matches("/v1/engines/").to_owned();
             engines::deregister(&state, peer.identity.is_some(), &req, &id).await

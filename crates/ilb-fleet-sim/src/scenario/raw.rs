@@ -1,8 +1,8 @@
 //! The scenario TOML as written: plain serde structs, `deny_unknown_fields` everywhere, defaults
 //! documented on each field. Units are in the field names (`_s`, `_ms`, `_rps`).
 
-use ilb_planning::config::{ClassRule, NetworkSettings};
 use ilb_engine_sim::HardwareProfile;
+use ilb_planning::config::{ClassRule, NetworkSettings};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -321,8 +321,7 @@ impl Default for ControlSpec {
             smoothing_s: 5.0,
             rho: 0.95,
             stability_ms: ilb_planning::config::ControlPlaneSettings::default().stability_ms,
-            stability_tolerance: ilb_planning::config::ControlPlaneSettings::default()
-                .stability_tolerance,
+            stability_tolerance: ilb_planning::config::ControlPlaneSettings::default().stability_tolerance,
             demand_band_sigmas: ilb_planning::config::ControlPlaneSettings::default().demand_band_sigmas,
             objective: "ttft_plus_decode".into(),
             shed_penalty_ms: ilb_planning::config::ControlPlaneSettings::default().shed_penalty_ms,
