@@ -138,7 +138,7 @@ model = "m"
 "#;
 
     fn error(text: &str) -> String {
-        format!("{:#}", parse(text).err().expect("the config is refused"))
+        format!("{:#}", parse(text).expect_err("the config is refused"))
     }
 
     #[test]
