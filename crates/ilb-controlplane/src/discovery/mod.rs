@@ -1,7 +1,7 @@
 //! Engine discovery: a source lists the addresses of a group's engines, and every address
 //! becomes an engine with the group's shared fields ([`EngineGroup::engine`]).
 //!
-//! A source implements [`Resolve`]: one call, one listing. [`run_group`] calls it every
+//! A source implements [`Resolve`]: one call, one listing. `run_group` calls it every
 //! `resolve_interval_ms`, debounces removals with a [`Tracker`] (an address is removed only
 //! after it is missing from two listings in a row, so one short answer does not drain an
 //! engine), and sends the group's engines to the control loop when they change. A listing
