@@ -7,6 +7,11 @@ pub fn now() -> tokio::time::Instant {
     tokio::time::Instant::now()
 }
 
+/// Time from `earlier` to [`now`] (zero if `earlier` is later), as `Instant::elapsed` is.
+pub fn since(earlier: tokio::time::Instant) -> std::time::Duration {
+    now().saturating_duration_since(earlier)
+}
+
 /// Milliseconds since the Unix epoch (snapshot versions and creation times).
 #[allow(clippy::disallowed_methods)]
 pub fn unix_ms() -> u64 {

@@ -220,7 +220,7 @@ struct Control {
 
 impl Control {
     fn now(&self) -> Now {
-        self.epoch.elapsed()
+        crate::clock::since(self.epoch)
     }
 
     fn handles(&self) -> ControlHandles {
@@ -389,7 +389,7 @@ impl Control {
         let epoch = self.epoch;
         tokio::task::spawn_blocking(move || {
             // The planner reads no clock: it times each model's solve with ours.
-            let round = planner.solve_timed(problems, || crate::clock::now().duration_since(epoch));
+            let round = planner.solve_timed(problems, || crate::clock::since(epoch));
             let _ = tx.blocking_send(Event::Solved(Box::new(Solved { round, planner, generation })));
         });
     }

@@ -4,6 +4,7 @@
 //! plane's `/v1/state` must show the engine as `llamacpp`, with its TTFT, time between tokens and
 //! request rate measured by the data planes (and close to the delays the engine used), while
 //! running and waiting come from the engine.
+#![allow(clippy::disallowed_methods)] // tests read their fixtures from files
 
 mod wait;
 

@@ -1,5 +1,6 @@
 //! Scraping against a tiny hyper server on loopback serving the fixtures, and each failure
 //! kind: connect refused, timeout, bad status, oversized body, non-UTF-8 body.
+#![allow(clippy::disallowed_methods)] // tests read their fixtures from files
 
 use bytes::Bytes;
 use http::{Response, StatusCode, Uri};

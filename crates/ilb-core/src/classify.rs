@@ -48,12 +48,101 @@ impl Endpoint {
             // The model list is the data plane's own; a stored response's sub-paths carry no
             // model to route by.
             "/v1/models" => None,
-            p if p.starts_with("/v1/responses/") => None,
+            p if p.starts_with("/v1/models/") || p.starts_with("/v1/responses/") => None,
             p if p.starts_with("/v1/") && p.len() > 4 => Some(Endpoint::Other),
             p if ROOT_INFERENCE_PATHS.contains(&p) => Some(Endpoint::Other),
             _ => None,
         }
     }
+}
+
+/// An operation on a response an engine stored (the Responses API's `retrieve`, `delete`,
+/// `cancel` and `input_items.list`): it carries no model, only the response's id, and only the
+/// engine that stored the response can answer it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoredResponseOp {
+    /// `GET` or `DELETE /v1/responses/{id}`.
+    Response,
+    /// `POST /v1/responses/{id}/cancel`.
+    Cancel,
+    /// `GET /v1/responses/{id}/input_items`.
+    InputItems,
+}
+
+impl StoredResponseOp {
+    /// The operation on a stored response `path` names and the response's id, or `None` for
+    /// any other path.
+    pub fn from_path(path: &str) -> Option<(StoredResponseOp, &str)> {
+        let rest = path.strip_prefix("/v1/responses/")?;
+        let (id, op) = match rest.split_once('/') {
+            None => (rest, StoredResponseOp::Response),
+            Some((id, "cancel")) => (id, StoredResponseOp::Cancel),
+            Some((id, "input_items")) => (id, StoredResponseOp::InputItems),
+            Some(_) => return None,
+        };
+        (!id.is_empty()).then_some((op, id))
+    }
+
+    /// The methods the operation answers, as an `Allow` header lists them.
+    pub fn allow(self) -> &'static str {
+        match self {
+            StoredResponseOp::Response => "GET, DELETE",
+            StoredResponseOp::Cancel => "POST",
+            StoredResponseOp::InputItems => "GET",
+        }
+    }
+
+    /// Whether `method` (upper case) is one the operation answers.
+    pub fn allows(self, method: &str) -> bool {
+        self.allow().split(", ").any(|m| m == method)
+    }
+}
+
+/// Refuses a path that a server or ingress behind the data plane could read as another path
+/// than the one routed here: a `.` or `..` segment, also percent-encoded (`%2e`, `%2E`), an
+/// encoded slash or backslash (`%2f`, `%5c`), a backslash, an encoded `%` (`%25`, which a
+/// second decoding turns into any of these) or an encoded NUL. Checked before the path is
+/// matched against the routed paths, so that `/v1/%2e%2e/admin` never reaches an engine as a
+/// `/v1/` path.
+pub fn check_path(path: &str) -> Result<(), ClassifyError> {
+    let bad = |why: &str| Err(ClassifyError::Path(format!("request path {path:?} {why}")));
+    if !path.starts_with('/') {
+        return bad("must start with '/'");
+    }
+    if path.contains('\\') {
+        return bad("must not contain a backslash");
+    }
+    let bytes = path.as_bytes();
+    for (i, _) in path.match_indices('%') {
+        let escaped = match (bytes.get(i + 1), bytes.get(i + 2)) {
+            (Some(&hi), Some(&lo)) => [hi.to_ascii_lowercase(), lo.to_ascii_lowercase()],
+            _ => return bad("has a malformed percent escape"),
+        };
+        match &escaped {
+            b"2f" | b"5c" => return bad("must not contain an encoded slash or backslash"),
+            b"25" | b"00" => return bad("must not contain an encoded '%' or NUL"),
+            _ => {}
+        }
+    }
+    for segment in path.split('/') {
+        // A segment of dots only, plain or encoded, is `.` or `..` to whatever decodes it.
+        let mut rest = segment;
+        let mut dots = 0;
+        while !rest.is_empty() {
+            if let Some(r) = rest.strip_prefix('.') {
+                rest = r;
+            } else if rest.as_bytes().get(..3).is_some_and(|b| b.eq_ignore_ascii_case(b"%2e")) {
+                rest = &rest[3..];
+            } else {
+                break;
+            }
+            dots += 1;
+        }
+        if rest.is_empty() && (dots == 1 || dots == 2) {
+            return bad("must not contain '.' or '..' segments");
+        }
+    }
+    Ok(())
 }
 
 /// The request priority, at its old path (it lives in [`crate::priority`]).
@@ -70,6 +159,8 @@ pub enum ClassifyError {
     MissingModel,
     #[error("{0}")]
     BadHeader(String),
+    #[error("{0}")]
+    Path(String),
 }
 
 /// What the body says, borrowing from it.

@@ -12,6 +12,7 @@
 //! client sees an error instead of a hang.
 
 use crate::clock;
+use crate::engines::Outcome;
 use crate::error::ProxyError;
 use crate::in_flight::InFlight;
 use crate::upstream::EngineBody;
@@ -73,13 +74,22 @@ pub struct UpstreamBody {
     /// When the last chunk of a streamed body arrived (SSE only), for the chunk-gap figures.
     last_chunk: Option<Instant>,
     in_flight: InFlight,
+    /// The engine's status, for the guard's verdict when the body ends.
+    status: StatusCode,
     /// Looks for the id of the response the engine stores, until it is found.
     response_id: Option<Box<ResponseIdReader>>,
 }
 
 impl UpstreamBody {
-    pub fn new(inner: EngineBody, idle_timeout: Duration, sse: bool, in_flight: InFlight) -> Self {
+    pub fn new(
+        inner: EngineBody,
+        status: StatusCode,
+        idle_timeout: Duration,
+        sse: bool,
+        in_flight: InFlight,
+    ) -> Self {
         let mut body = UpstreamBody {
+            status,
             inner,
             idle: None,
             idle_timeout,
@@ -123,7 +133,7 @@ impl UpstreamBody {
     fn end(&mut self) {
         self.read_response_id(&[], true);
         self.done = true;
-        self.in_flight.finish(true);
+        self.in_flight.finish(Outcome::Answered(self.status));
         if let Some(conn) = self.inner.take_reusable_conn() {
             self.in_flight.release_conn(conn);
         }
@@ -132,7 +142,7 @@ impl UpstreamBody {
     /// Ends the stream after a failure: an SSE error event for streams, an error otherwise.
     fn fail(&mut self, error: ProxyError) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         self.done = true;
-        self.in_flight.finish(false);
+        self.in_flight.finish(Outcome::BodyBroken);
         if !self.sse {
             return Poll::Ready(Some(Err(error.into())));
         }

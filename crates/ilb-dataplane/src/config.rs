@@ -17,6 +17,12 @@ use std::time::Duration;
 #[derive(Clone, Debug)]
 pub struct DataPlaneConfig {
     pub listen: SocketAddr,
+    /// A second listener for the operator: `/metrics`, `/debug/route` and `/health`. When set,
+    /// the client listener no longer serves `/metrics` and `/debug/route`; when not, they stay
+    /// on the client listener.
+    pub admin_listen: Option<SocketAddr>,
+    /// How much the `x-ilb-route` response header tells clients (default [`RouteHeader::Id`]).
+    pub route_header: RouteHeader,
     /// When set, snapshots for any other cluster are rejected.
     pub cluster: Option<ClusterId>,
     /// Largest request body accepted, in bytes (default 16 MiB); larger ones get 413.
@@ -96,10 +102,38 @@ impl Default for Timeouts {
     }
 }
 
+/// How much the `x-ilb-route` response header tells clients about the route a request took.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RouteHeader {
+    /// `engine=ID; class=C; weight=W; snapshot=V; model=M; attempts=N`: the engine, its class,
+    /// its planned weight and the snapshot (for operators and demos; it shows clients the plan).
+    Full,
+    /// `engine=ID; attempts=N`: which engine answered, by its snapshot id (in quick mode the id
+    /// is the engine's `host:port`).
+    #[default]
+    Id,
+    /// No header.
+    Off,
+}
+
+impl RouteHeader {
+    /// `"full"`, `"id"` or `"off"`.
+    pub fn parse(value: &str) -> Option<RouteHeader> {
+        match value {
+            "full" => Some(RouteHeader::Full),
+            "id" => Some(RouteHeader::Id),
+            "off" => Some(RouteHeader::Off),
+            _ => None,
+        }
+    }
+}
+
 impl DataPlaneConfig {
     pub fn new(listen: SocketAddr) -> DataPlaneConfig {
         DataPlaneConfig {
             listen,
+            admin_listen: None,
+            route_header: RouteHeader::default(),
             cluster: None,
             max_body_bytes: 16 << 20,
             max_connections: 10_000,
@@ -180,6 +214,16 @@ impl ReportConfig {
 pub struct DataPlaneSection {
     /// Address for the OpenAI-compatible API, e.g. `"0.0.0.0:8080"`. Default `127.0.0.1:8080`.
     pub listen: Option<String>,
+    /// Address for the operator's endpoints, `/metrics`, `/debug/route` and `/health`, e.g.
+    /// `"127.0.0.1:9090"` (flag `--admin-listen`). When set, the client listener no longer
+    /// serves `/metrics` and `/debug/route`; by default (unset) both stay on the client
+    /// listener, which then shows clients the fleet's engines and weights.
+    pub admin_listen: Option<String>,
+    /// What the `x-ilb-route` response header tells clients: `"full"` (engine id, class,
+    /// weight, snapshot version, model and attempts), `"id"` (engine id and attempts; in quick
+    /// mode the id is the engine's `host:port`) or `"off"` (no header); default `"id"` (flag
+    /// `--route-header`).
+    pub route_header: Option<String>,
     /// The front-end cluster served, e.g. `"eu-west"`; snapshots for other clusters are refused.
     pub cluster: Option<String>,
     /// Control plane base URL, e.g. `"http://cp:7000"`, or a list of replicas'
@@ -297,6 +341,22 @@ impl DataPlaneSection {
             ConfigError(format!("data_plane.listen: expected host:port, e.g. 127.0.0.1:8080: {e}"))
         })?;
         let mut config = DataPlaneConfig::new(listen);
+        if let Some(admin) = self.admin_listen.as_deref() {
+            let admin: SocketAddr = admin.parse().map_err(|e| {
+                ConfigError(format!("data_plane.admin_listen: expected host:port, e.g. 127.0.0.1:9090: {e}"))
+            })?;
+            if admin == listen && admin.port() != 0 {
+                return err("data_plane.admin_listen: must differ from data_plane.listen");
+            }
+            config.admin_listen = Some(admin);
+        }
+        if let Some(detail) = self.route_header.as_deref() {
+            config.route_header = RouteHeader::parse(detail).ok_or_else(|| {
+                ConfigError(format!(
+                    "data_plane.route_header: expected \"full\", \"id\" or \"off\", not {detail:?}"
+                ))
+            })?;
+        }
         config.cluster = self.cluster.clone().map(ClusterId::new);
         if let Some(b) = self.max_body_bytes {
             if b == 0 {
@@ -493,6 +553,14 @@ mod tests {
         assert_eq!(reports.token.as_deref(), Some("t"));
         let quick = section(r#"{"engines": ["http://127.0.0.1:8000"]}"#).validate().unwrap();
         assert!(matches!(quick.source, SnapshotSource::Discover { .. }) && quick.reports.is_none());
+        assert_eq!((quick.config.admin_listen, quick.config.route_header), (None, RouteHeader::Id));
+        let admin = section(
+            r#"{"engines": ["http://127.0.0.1:8000"], "admin_listen": "127.0.0.1:9090", "route_header": "off"}"#,
+        )
+        .validate()
+        .unwrap();
+        assert_eq!(admin.config.admin_listen, Some("127.0.0.1:9090".parse().unwrap()));
+        assert_eq!(admin.config.route_header, RouteHeader::Off);
     }
 
     #[test]
@@ -526,6 +594,18 @@ mod tests {
         assert!(error("{}").starts_with("no snapshot source"));
         assert!(error(r#"{"snapshot_file": "s.json", "engines": ["http://127.0.0.1:8000"]}"#)
             .starts_with("give only one"));
+        assert!(error(&format!("{{{engines}, \"admin_listen\": \"nowhere\"}}"))
+            .starts_with("data_plane.admin_listen: "));
+        assert_eq!(
+            error(&format!(
+                "{{{engines}, \"listen\": \"127.0.0.1:8080\", \"admin_listen\": \"127.0.0.1:8080\"}}"
+            )),
+            "data_plane.admin_listen: must differ from data_plane.listen"
+        );
+        assert_eq!(
+            error(&format!("{{{engines}, \"route_header\": \"engine\"}}")),
+            "data_plane.route_header: expected \"full\", \"id\" or \"off\", not \"engine\""
+        );
         assert!(
             serde_json::from_str::<DataPlaneSection>(r#"{"listen_addr": "x"}"#).is_err(),
             "unknown fields are errors"

@@ -185,7 +185,8 @@ impl EngineState {
     }
 }
 
-/// What an engine's response status says about the engine and the request.
+/// What an engine's response status says the proxy should do with it. Whether the attempt
+/// counts for or against the engine's health is [`Verdict::of`]'s call, not this.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Answer {
     /// Passed on to the client (success, or the client's own error).
@@ -208,6 +209,42 @@ impl Answer {
     }
 }
 
+/// How one attempt on an engine ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The engine answered with this status, and its body (if it was read) ended cleanly.
+    Answered(StatusCode),
+    /// No response head: connecting, writing or reading failed, or the first-byte timeout.
+    NoAnswer,
+    /// The response body broke off, or stalled past the idle timeout.
+    BodyBroken,
+}
+
+/// What an attempt says about its engine's health, for the local guard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The engine served: its failure streak resets.
+    Healthy,
+    /// Says nothing about the engine: the request's own fault (4xx: a body too large for the
+    /// engine, a bad parameter, an unknown response id) or a busy engine (429). A client must
+    /// not be able to get a healthy engine ejected, nor keep a failing one in rotation.
+    Neutral,
+    /// Counts against the engine: a 5xx, no answer, or a broken body.
+    Failed,
+}
+
+impl Verdict {
+    /// The one place that decides whether an attempt counts against its engine.
+    pub fn of(outcome: Outcome) -> Verdict {
+        match outcome {
+            Outcome::Answered(status) if status.is_server_error() => Verdict::Failed,
+            Outcome::Answered(status) if status.is_client_error() => Verdict::Neutral,
+            Outcome::Answered(_) => Verdict::Healthy,
+            Outcome::NoAnswer | Outcome::BodyBroken => Verdict::Failed,
+        }
+    }
+}
+
 /// Whether one more of `engines` may be ejected under the cap `max_ejected_fraction`. As
 /// Envoy does, one engine may always be ejected, whatever the fraction.
 pub fn may_eject(engines: &[Arc<EngineState>], max_ejected_fraction: f64) -> bool {
@@ -226,6 +263,24 @@ fn hold_code(reason: HoldReason) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression (hardening finding 3): an engine's 4xx (a body too large for it) counted
+    /// against it, so a client could get healthy engines ejected.
+    #[test]
+    fn only_engine_faults_count_against_an_engine() {
+        let verdict = |status: u16| Verdict::of(Outcome::Answered(StatusCode::from_u16(status).unwrap()));
+        for status in [200, 201, 204, 301, 304] {
+            assert_eq!(verdict(status), Verdict::Healthy, "{status}");
+        }
+        for status in [400, 401, 403, 404, 408, 409, 413, 415, 422, 429, 499] {
+            assert_eq!(verdict(status), Verdict::Neutral, "{status}");
+        }
+        for status in [500, 502, 503, 504] {
+            assert_eq!(verdict(status), Verdict::Failed, "{status}");
+        }
+        assert_eq!(Verdict::of(Outcome::NoAnswer), Verdict::Failed);
+        assert_eq!(Verdict::of(Outcome::BodyBroken), Verdict::Failed);
+    }
 
     #[test]
     fn answers_and_the_ejection_cap() {

@@ -27,6 +27,21 @@ pub enum ProxyError {
     UnknownModel(String),
     #[error("no route for {method} {path}")]
     NotFound { method: String, path: String },
+    #[error("method {method} is not allowed on {path}; allowed: {allow}")]
+    MethodNotAllowed { method: String, path: String, allow: &'static str },
+    #[error("{0}")]
+    InvalidPath(String),
+    #[error("{0}")]
+    UnsupportedEncoding(String),
+    #[error("Response with id '{0}' not found")]
+    ResponseNotFound(String),
+    /// The client did not send its request head in time (the slowloris guard).
+    #[error("the client did not send the request head in time")]
+    HeaderTimeout,
+    /// A request head hyper could not parse and answered itself (`refusals.rs`), with the
+    /// status it chose: 400, 414 or 431.
+    #[error("{}", malformed_message(*.0))]
+    MalformedHead(StatusCode),
     #[error("no routing snapshot installed yet")]
     NoSnapshot,
     #[error("no healthy engine for model '{model}'{detail}")]
@@ -48,7 +63,13 @@ impl ProxyError {
             | ProxyError::BodyTooLarge { .. }
             | ProxyError::BodyTimeout
             | ProxyError::UnknownModel(_)
-            | ProxyError::NotFound { .. } => Blame::Client,
+            | ProxyError::NotFound { .. }
+            | ProxyError::MethodNotAllowed { .. }
+            | ProxyError::InvalidPath(_)
+            | ProxyError::UnsupportedEncoding(_)
+            | ProxyError::ResponseNotFound(_)
+            | ProxyError::HeaderTimeout
+            | ProxyError::MalformedHead(_) => Blame::Client,
             ProxyError::EngineTimeout { .. } | ProxyError::EngineFailed { .. } => Blame::Engine,
             ProxyError::NoSnapshot
             | ProxyError::NoHealthyEngine { .. }
@@ -59,7 +80,12 @@ impl ProxyError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ProxyError::BadRequest(_) | ProxyError::InvalidPath(_) => StatusCode::BAD_REQUEST,
+            ProxyError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            ProxyError::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ProxyError::ResponseNotFound(_) => StatusCode::NOT_FOUND,
+            ProxyError::HeaderTimeout => StatusCode::REQUEST_TIMEOUT,
+            ProxyError::MalformedHead(status) => *status,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ProxyError::UnknownModel(_) | ProxyError::NotFound { .. } => StatusCode::NOT_FOUND,
@@ -80,6 +106,16 @@ impl ProxyError {
             ProxyError::BodyTimeout => ("invalid_request_error", "body_timeout"),
             ProxyError::UnknownModel(_) => ("invalid_request_error", "model_not_found"),
             ProxyError::NotFound { .. } => ("invalid_request_error", "not_found"),
+            ProxyError::MethodNotAllowed { .. } => ("invalid_request_error", "method_not_allowed"),
+            ProxyError::InvalidPath(_) => ("invalid_request_error", "invalid_path"),
+            ProxyError::UnsupportedEncoding(_) => ("invalid_request_error", "unsupported_media_type"),
+            ProxyError::ResponseNotFound(_) => ("invalid_request_error", "response_not_found"),
+            ProxyError::HeaderTimeout => ("invalid_request_error", "header_timeout"),
+            ProxyError::MalformedHead(status) => match *status {
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => ("invalid_request_error", "header_too_large"),
+                StatusCode::URI_TOO_LONG => ("invalid_request_error", "uri_too_long"),
+                _ => ("invalid_request_error", "malformed_request"),
+            },
             ProxyError::NoSnapshot => ("service_unavailable", "no_snapshot"),
             ProxyError::NoHealthyEngine { .. } => ("service_unavailable", "no_healthy_engine"),
             ProxyError::Shed(_) => ("rate_limit_exceeded", "shed"),
@@ -103,7 +139,11 @@ impl ProxyError {
     /// The JSON error body, shared with SSE error events.
     pub fn body_json(&self) -> String {
         let (kind, code) = self.kind();
-        let param = matches!(self, ProxyError::UnknownModel(_)).then_some("model");
+        let param = match self {
+            ProxyError::UnknownModel(_) => Some("model"),
+            ProxyError::ResponseNotFound(_) => Some("response_id"),
+            _ => None,
+        };
         serde_json::json!({
             "error": { "message": self.to_string(), "type": kind, "param": param, "code": code }
         })
@@ -118,7 +158,20 @@ impl ProxyError {
         if let Some(s) = self.retry_after_s() {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
+        if let ProxyError::MethodNotAllowed { allow, .. } = &self {
+            headers.insert(header::ALLOW, HeaderValue::from_static(allow));
+        }
         response
+    }
+}
+
+fn malformed_message(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => {
+            "the request head is too large (too many header fields, or too long)"
+        }
+        StatusCode::URI_TOO_LONG => "the request target is too long",
+        _ => "the request head is malformed (request line, header syntax, or message framing)",
     }
 }
 

@@ -4,7 +4,7 @@
 //! latency histograms, success or failure for the local guard, and a stored response's engine.
 
 use crate::clock;
-use crate::engines::EngineState;
+use crate::engines::{EngineState, Outcome, Verdict};
 use crate::shared::Shared;
 use crate::state::{ClassState, Installed};
 use crate::upstream::Conn;
@@ -54,16 +54,17 @@ impl InFlight {
         self.engine.id.as_str()
     }
 
-    /// Records how the attempt ended (once); a client that went away records nothing.
-    pub fn finish(&mut self, ok: bool) {
+    /// Records how the attempt ended (once), for the guard as [`Verdict::of`] judges it; a
+    /// client that went away records nothing.
+    pub fn finish(&mut self, outcome: Outcome) {
         if std::mem::replace(&mut self.finished, true) {
             return;
         }
         self.engine.counters.duration.observe_micros(clock::since(self.started).as_micros() as u64);
-        if ok {
-            self.engine.record_success();
-        } else {
-            self.shared.engine_failed(&self.engine);
+        match Verdict::of(outcome) {
+            Verdict::Healthy => self.engine.record_success(),
+            Verdict::Neutral => {}
+            Verdict::Failed => self.shared.engine_failed(&self.engine),
         }
     }
 

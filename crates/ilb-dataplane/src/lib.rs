@@ -19,13 +19,16 @@ pub mod engines;
 pub mod error;
 pub mod holds;
 mod in_flight;
+mod models;
 mod pick;
 pub mod proxy;
+mod refusals;
 pub mod report;
 mod server;
 mod shared;
 pub mod sources;
 pub mod state;
+mod stored;
 mod telemetry;
 mod tried;
 pub mod upstream;
@@ -45,6 +48,7 @@ use tokio::task::JoinSet;
 pub struct DataPlane {
     shared: Arc<Shared>,
     local_addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<()>,
 }
@@ -63,10 +67,18 @@ impl DataPlane {
     ) -> std::io::Result<DataPlane> {
         let listener = TcpListener::bind(config.listen).await?;
         let local_addr = listener.local_addr()?;
+        let admin = match config.admin_listen {
+            Some(addr) => Some(TcpListener::bind(addr).await?),
+            None => None,
+        };
+        let admin_addr = admin.as_ref().map(TcpListener::local_addr).transpose()?;
         let shared = Arc::new(Shared::new(config));
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
-        tasks.spawn(server::serve(listener, Arc::clone(&shared), shutdown_rx.clone()));
+        tasks.spawn(server::serve(listener, Arc::clone(&shared), server::Role::Client, shutdown_rx.clone()));
+        if let Some(admin) = admin {
+            tasks.spawn(server::serve(admin, Arc::clone(&shared), server::Role::Admin, shutdown_rx.clone()));
+        }
         tasks.spawn(sources::probe_ejected(Arc::clone(&shared), shutdown_rx.clone()));
         let planner = Arc::clone(&shared);
         let planner_shutdown = shutdown_rx.clone();
@@ -91,11 +103,21 @@ impl DataPlane {
                 tasks.spawn(sources::discover(Arc::clone(&shared), engines, interval, shutdown_rx));
             }
         }
-        Ok(DataPlane { shared, local_addr, shutdown, tasks })
+        Ok(DataPlane { shared, local_addr, admin_addr, shutdown, tasks })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The admin listener's address, if one was configured.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+
+    /// The admin listener's `http://ip:port`, if one was configured.
+    pub fn admin_url(&self) -> Option<String> {
+        self.admin_addr.map(|addr| format!("http://{addr}"))
     }
 
     /// `http://ip:port`, or `https://ip:port` with a TLS listener.

@@ -6,7 +6,8 @@
 
 use crate::admission;
 use crate::body::{ProxyBody, ResponseStore, UpstreamBody};
-use crate::engines::Answer;
+use crate::config::RouteHeader;
+use crate::engines::{Answer, Outcome};
 use crate::error::{error_chain, ProxyError};
 use crate::in_flight::InFlight;
 use crate::pick::{choose, NoCandidate, Pick};
@@ -62,8 +63,8 @@ async fn forward(
     endpoint: Endpoint,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let (parts, body) = req.into_parts();
-    let body = read_body(shared, &parts.headers, body).await?;
+    let (mut parts, body) = req.into_parts();
+    let body = read_body(shared, &mut parts.headers, body).await?;
     let request_id = shared.next_request_id();
     let form_model;
     let request = match multipart_boundary(&parts.headers) {
@@ -247,55 +248,25 @@ impl Routed<'_, '_> {
     /// ([`Answer::of`]).
     async fn attempt(&self, candidate: usize, attempts: usize, now_s: u32) -> Result<Attempt, ProxyError> {
         let (shared, installed, class) = (self.shared, self.installed, self.class);
-        let engine_idx = class.candidates[candidate].engine_idx;
-        let mut in_flight = InFlight::start(shared, installed, class, candidate);
-        let trace: [u8; 55];
-        let headers = &self.parts.headers;
-        let mut upstream =
-            build_upstream(installed, engine_idx, &self.parts.uri, headers, self.body.clone())?;
-        if shared.config.create_traceparent && !headers.contains_key(&TRACEPARENT) {
-            trace = traceparent(shared.trace_seed, self.request_id);
-            upstream.extra = Some((TRACEPARENT, &trace));
+        let target = Target { installed, class, candidate };
+        let (response, mut in_flight) =
+            match send_once(shared, target, Method::POST, self.parts, self.body, self.request_id).await? {
+                Ok(sent) => sent,
+                Err(failed) => return Ok(Attempt::Failed { error: failed, response: None }),
+            };
+        let status = response.status();
+        let answer = Answer::of(status);
+        if answer == Answer::Serve {
+            self.class_state.ok.fetch_add(1, Relaxed);
+            let route = route_header(shared, installed, class, candidate, attempts, false);
+            let stored = (self.request.endpoint == Endpoint::Responses && status.is_success())
+                .then(|| ResponseStore { tag: class.affinity_tag(candidate), now_s });
+            return Ok(Attempt::Served(stream_back(shared, response, in_flight, route, stored)));
         }
-        // Named in errors only: built on the failure paths, not per attempt.
-        let engine_id = || installed.table.engines[engine_idx].id.to_string();
-        let engine = &installed.engines[engine_idx];
-        let config = &shared.config;
-        let send = crate::upstream::send(
-            &engine.pool,
-            &engine.origin,
-            shared.pool_clock.ms(),
-            &config.upstream_pool,
-            config.timeouts.connect,
-            &shared.engine_tls,
-            &upstream,
-        );
-        let error = match tokio::time::timeout_at(in_flight.started + config.timeouts.first_byte, send).await
-        {
-            Ok(Ok(response)) => {
-                in_flight.first_byte();
-                let status = response.status();
-                let answer = Answer::of(status);
-                if answer == Answer::Serve {
-                    self.class_state.ok.fetch_add(1, Relaxed);
-                    let route = route_header(installed, class, candidate, attempts, false);
-                    let stored = (self.request.endpoint == Endpoint::Responses && status.is_success())
-                        .then(|| ResponseStore { tag: class.affinity_tag(candidate), now_s });
-                    return Ok(Attempt::Served(stream_back(shared, response, in_flight, route, stored)));
-                }
-                in_flight.finish(answer == Answer::Busy);
-                let error =
-                    ProxyError::EngineFailed { engine: engine_id(), detail: format!("status {status}") };
-                return Ok(Attempt::Failed { error, response: Some((response, in_flight)) });
-            }
-            Ok(Err(e)) => ProxyError::EngineFailed { engine: engine_id(), detail: error_chain(&e) },
-            Err(_elapsed) => {
-                let timeout_ms = config.timeouts.first_byte.as_millis() as u64;
-                ProxyError::EngineTimeout { engine: engine_id(), timeout_ms }
-            }
-        };
-        in_flight.finish(false);
-        Ok(Attempt::Failed { error, response: None })
+        in_flight.finish(Outcome::Answered(status));
+        let engine = installed.table.engines[class.candidates[candidate].engine_idx].id.to_string();
+        let error = ProxyError::EngineFailed { engine, detail: format!("status {status}") };
+        Ok(Attempt::Failed { error, response: Some((response, in_flight)) })
     }
 
     /// No answer to pass on as a success: the last engine error response as it is, else the
@@ -305,7 +276,14 @@ impl Routed<'_, '_> {
         let Failed { tried, last_error, last_response, budget_exhausted } = *failed;
         if let Some((response, in_flight)) = last_response {
             let candidate = tried.as_slice().last().copied().unwrap_or_default();
-            let route = route_header(self.installed, self.class, candidate, tried.len(), budget_exhausted);
+            let route = route_header(
+                self.shared,
+                self.installed,
+                self.class,
+                candidate,
+                tried.len(),
+                budget_exhausted,
+            );
             return Ok(stream_back(self.shared, response, in_flight, route, None));
         }
         match last_error {
@@ -326,6 +304,64 @@ impl Routed<'_, '_> {
             }),
         }
     }
+}
+
+/// One engine of one class of the installed table: where an attempt goes.
+#[derive(Clone, Copy)]
+pub(crate) struct Target<'a> {
+    pub installed: &'a Installed,
+    pub class: &'a ClassTable,
+    pub candidate: usize,
+}
+
+/// Sends the client's request (`method`, its path and headers, `body`) to `target`'s engine
+/// once, counted in flight from now: its response head and the in-flight guard that its body
+/// takes over; or, when no head came in time, the error (the attempt already recorded as
+/// [`Outcome::NoAnswer`]). Hot path.
+pub(crate) async fn send_once(
+    shared: &Arc<Shared>,
+    target: Target<'_>,
+    method: Method,
+    parts: &http::request::Parts,
+    body: &Bytes,
+    request_id: u64,
+) -> Result<Result<(Response<EngineBody>, InFlight), ProxyError>, ProxyError> {
+    let Target { installed, class, candidate } = target;
+    let engine_idx = class.candidates[candidate].engine_idx;
+    let mut in_flight = InFlight::start(shared, installed, class, candidate);
+    let trace: [u8; 55];
+    let headers = &parts.headers;
+    let mut upstream = build_upstream(installed, engine_idx, method, &parts.uri, headers, body.clone())?;
+    if shared.config.create_traceparent && !headers.contains_key(&TRACEPARENT) {
+        trace = traceparent(shared.trace_seed, request_id);
+        upstream.extra = Some((TRACEPARENT, &trace));
+    }
+    // Named in errors only: built on the failure paths, not per attempt.
+    let engine_id = || installed.table.engines[engine_idx].id.to_string();
+    let engine = &installed.engines[engine_idx];
+    let config = &shared.config;
+    let send = crate::upstream::send(
+        &engine.pool,
+        &engine.origin,
+        shared.pool_clock.ms(),
+        &config.upstream_pool,
+        config.timeouts.connect,
+        &shared.engine_tls,
+        &upstream,
+    );
+    let error = match tokio::time::timeout_at(in_flight.started + config.timeouts.first_byte, send).await {
+        Ok(Ok(response)) => {
+            in_flight.first_byte();
+            return Ok(Ok((response, in_flight)));
+        }
+        Ok(Err(e)) => ProxyError::EngineFailed { engine: engine_id(), detail: error_chain(&e) },
+        Err(_elapsed) => {
+            let timeout_ms = config.timeouts.first_byte.as_millis() as u64;
+            ProxyError::EngineTimeout { engine: engine_id(), timeout_ms }
+        }
+    };
+    in_flight.finish(Outcome::NoAnswer);
+    Ok(Err(error))
 }
 
 const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
@@ -353,7 +389,12 @@ fn write_hex(out: &mut [u8], value: u64) {
     }
 }
 
-async fn read_body(shared: &Shared, headers: &HeaderMap, body: Incoming) -> Result<Bytes, ProxyError> {
+/// The request body, at most `max_body_bytes`, decoded when it came compressed ([`decode`]).
+pub(crate) async fn read_body(
+    shared: &Shared,
+    headers: &mut HeaderMap,
+    body: Incoming,
+) -> Result<Bytes, ProxyError> {
     let limit = shared.config.max_body_bytes;
     let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|len| len > limit as u64) {
@@ -361,13 +402,51 @@ async fn read_body(shared: &Shared, headers: &HeaderMap, body: Incoming) -> Resu
     }
     let mut collect = std::pin::pin!(collect_limited(body, limit));
     // Small bodies usually arrived with the head: try once before arming a timer.
-    match futures_util::FutureExt::now_or_never(collect.as_mut()) {
+    let body = match futures_util::FutureExt::now_or_never(collect.as_mut()) {
         Some(result) => result,
         None => match tokio::time::timeout(shared.config.timeouts.client_body, collect).await {
             Ok(result) => result,
             Err(_) => Err(ProxyError::BodyTimeout),
         },
+    }?;
+    decode(headers, body, limit)
+}
+
+/// A body sent with `Content-Encoding: gzip` (or `x-gzip`) or `deflate`, decoded with `flate2`
+/// and at most `limit` bytes once decoded (a small compressed body can grow to any size); its
+/// `Content-Encoding` header is removed, since the engine gets the decoded bytes. `identity`
+/// passes; any other encoding, or a list of them, is refused (415). Hot path: one header
+/// lookup when the body is not compressed.
+fn decode(headers: &mut HeaderMap, body: Bytes, limit: usize) -> Result<Bytes, ProxyError> {
+    use std::io::Read;
+    let mut encodings = headers.get_all(header::CONTENT_ENCODING).iter();
+    let Some(first) = encodings.next() else { return Ok(body) };
+    let unsupported = |what: &str| {
+        ProxyError::UnsupportedEncoding(format!(
+            "request content-encoding {what} is not supported; send the body plain, gzip or deflate"
+        ))
+    };
+    if encodings.next().is_some() {
+        return Err(unsupported("with several values"));
     }
+    let encoding = first.to_str().map_err(|_| unsupported("that is not ascii"))?.trim().to_ascii_lowercase();
+    let mut decoded = Vec::new();
+    let read = match encoding.as_str() {
+        "identity" => return Ok(body),
+        "gzip" | "x-gzip" => {
+            flate2::read::MultiGzDecoder::new(&body[..]).take(limit as u64 + 1).read_to_end(&mut decoded)
+        }
+        "deflate" => {
+            flate2::read::ZlibDecoder::new(&body[..]).take(limit as u64 + 1).read_to_end(&mut decoded)
+        }
+        _ => return Err(unsupported(&format!("{encoding:?}"))),
+    };
+    read.map_err(|e| ProxyError::BadRequest(format!("request body is not valid {encoding}: {e}")))?;
+    if decoded.len() > limit {
+        return Err(ProxyError::BodyTooLarge { limit });
+    }
+    headers.remove(header::CONTENT_ENCODING);
+    Ok(Bytes::from(decoded))
 }
 
 /// The whole body, at most `limit` bytes. A body that arrives as one frame (a small one read
@@ -473,6 +552,7 @@ async fn form_field(body: &Bytes, boundary: String, name: &str) -> Result<Option
 fn build_upstream<'a>(
     installed: &'a Installed,
     engine_idx: usize,
+    method: Method,
     uri: &Uri,
     headers: &'a HeaderMap,
     body: Bytes,
@@ -483,42 +563,45 @@ fn build_upstream<'a>(
         .upstream_uri(uri.path_and_query())
         .map_err(|e| ProxyError::BadRequest(format!("request path cannot be forwarded: {e}")))?;
     // Hop-by-hop headers are left out as the request is written (`upstream` owns the wire).
-    Ok(UpstreamRequest {
-        method: Method::POST,
-        uri: target,
-        host: engine.origin.host_header(),
-        headers,
-        extra: None,
-        body,
-    })
+    Ok(UpstreamRequest { method, uri: target, host: engine.origin.host_header(), headers, extra: None, body })
 }
 
-/// The `x-ilb-route` value: prebuilt at install for a first try (hot path), formatted otherwise.
-fn route_header(
+/// The `x-ilb-route` value in the configured detail, or none (`RouteHeader::Off`): prebuilt at
+/// install for a first try (hot path), formatted otherwise.
+pub(crate) fn route_header(
+    shared: &Shared,
     installed: &Installed,
     class: &ClassTable,
     candidate: usize,
     attempts: usize,
     budget_exhausted: bool,
-) -> HeaderValue {
+) -> Option<HeaderValue> {
+    let detail = shared.config.route_header;
+    if detail == RouteHeader::Off {
+        return None;
+    }
     let Some(route) = installed.routes.get(class.seq).and_then(|r| r.get(candidate)) else {
-        return HeaderValue::from_static("engine=?");
+        return Some(HeaderValue::from_static("engine=?"));
+    };
+    let (prefix, first_try) = match detail {
+        RouteHeader::Full => (&route.prefix, &route.first_try),
+        _ => (&route.id_prefix, &route.id_first_try),
     };
     if attempts == 1 && !budget_exhausted {
-        return route.first_try.clone();
+        return Some(first_try.clone());
     }
-    let mut value = format!("{}{attempts}", route.prefix);
+    let mut value = format!("{prefix}{attempts}");
     if budget_exhausted {
         value.push_str("; retry=budget-exhausted");
     }
-    HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("engine=?"))
+    Some(HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("engine=?")))
 }
 
-fn stream_back(
+pub(crate) fn stream_back(
     shared: &Shared,
     response: Response<EngineBody>,
     in_flight: InFlight,
-    route: HeaderValue,
+    route: Option<HeaderValue>,
     stored: Option<ResponseStore>,
 ) -> Response<ProxyBody> {
     let (mut parts, body) = response.into_parts();
@@ -528,8 +611,10 @@ fn stream_back(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ct| ct.starts_with("text/event-stream"));
     // Hop-by-hop headers were removed as the head was read (`upstream`).
-    parts.headers.insert(ROUTE_HEADER, route);
-    let mut body = UpstreamBody::new(body, shared.config.timeouts.idle, sse, in_flight);
+    if let Some(route) = route {
+        parts.headers.insert(ROUTE_HEADER, route);
+    }
+    let mut body = UpstreamBody::new(body, parts.status, shared.config.timeouts.idle, sse, in_flight);
     if let Some(stored) = stored {
         body.learn_response_id(stored);
     }

@@ -1,15 +1,21 @@
 //! The HTTP front: the accept loop, per-connection limits, and the dispatch of paths to the
-//! proxy, `/v1/models`, `/health` and `/debug/route`.
+//! proxy, stored responses (`stored`), `/v1/models` (`models`), `/health`, `/metrics` and
+//! `/debug/route`. The client listener serves the OpenAI API; an admin listener, when
+//! configured, serves `/metrics`, `/debug/route` and `/health`, and then the client listener no
+//! longer serves the first two. Paths with dot segments or encoded slashes are refused before
+//! anything is matched (`ilb_core::classify::check_path`); a known path with another method is
+//! a 405 with `Allow`.
 
 use crate::body::{json_response, ProxyBody};
 use crate::clock;
 use crate::error::ProxyError;
+use crate::refusals::{self, Refusals};
 use crate::shared::Shared;
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use ilb_core::classify::Endpoint;
+use ilb_core::classify::{self, Endpoint, StoredResponseOp};
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
@@ -19,8 +25,22 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::time::Instant;
 
+/// Which listener a connection came in on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The OpenAI API (and, without an admin listener, the operator's endpoints).
+    Client,
+    /// The operator's endpoints only: `/metrics`, `/debug/route`, `/health`. Plain HTTP.
+    Admin,
+}
+
 /// Accepts connections until `shutdown` flips, then lets open connections finish.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+pub async fn serve(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    role: Role,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let connections = Arc::new(Semaphore::new(shared.config.max_connections));
     loop {
         let permit = tokio::select! {
@@ -45,11 +65,12 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: wat
         let _ = stream.set_nodelay(true);
         let shared = Arc::clone(&shared);
         let shutdown = shutdown.clone();
-        match shared.config.listener_tls.as_ref().map(|tls| tls.acceptor().clone()) {
+        let tls = shared.config.listener_tls.as_ref().filter(|_| role == Role::Client);
+        match tls.map(|tls| tls.acceptor().clone()) {
             None => {
                 tokio::spawn(async move {
                     let _permit = permit;
-                    serve_connection(stream, shared, shutdown).await;
+                    serve_connection(stream, shared, role, shutdown).await;
                 });
             }
             Some(acceptor) => {
@@ -58,7 +79,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut shutdown: wat
                     // The handshake gets the time a client has for its request head.
                     let handshake = acceptor.accept(stream);
                     match tokio::time::timeout(shared.config.timeouts.header_read, handshake).await {
-                        Ok(Ok(tls)) => serve_connection(tls, shared, shutdown).await,
+                        Ok(Ok(tls)) => serve_connection(tls, shared, role, shutdown).await,
                         Ok(Err(error)) => {
                             let reason = ilb_tls::classify_io(&error).map_or("transport", |f| f.label());
                             tracing::debug!(%error, reason, "client tls handshake failed");
@@ -134,7 +155,7 @@ impl http_body::Body for Tracked {
 /// of the CPU of a small request). As with hyper's, a connection waiting for a request head
 /// (its first, or the next one after a response) is closed `header_read` after it began
 /// waiting; a response in progress is never cut.
-async fn serve_connection<S>(stream: S, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>)
+async fn serve_connection<S>(stream: S, shared: Arc<Shared>, role: Role, mut shutdown: watch::Receiver<bool>)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -152,7 +173,7 @@ where
             let activity = Arc::clone(&activity);
             activity.started.fetch_add(1, Relaxed);
             async move {
-                let response = dispatch(shared, req).await;
+                let response = dispatch(shared, req, role).await;
                 Ok::<_, Infallible>(response.map(|body| Tracked { body, activity }))
             }
         })
@@ -161,8 +182,13 @@ where
     // Flattened writes: head and small body (or a chunk and its framing) leave in one plain
     // write instead of a writev of several buffers, measurably cheaper for LLM-sized messages.
     builder.header_read_timeout(None).writev(false);
-    let conn = builder.serve_connection(TokioIo::new(stream), service);
-    tokio::pin!(conn);
+    // hyper answers a head it cannot parse itself, without a body: `Refusals` gives that answer
+    // an OpenAI-style body.
+    let calls = {
+        let activity = Arc::clone(&activity);
+        move || activity.started.load(Relaxed)
+    };
+    let mut conn = builder.serve_connection(TokioIo::new(Refusals::new(stream, calls)), service);
     let idle = tokio::time::sleep_until(activity.opened + header_read);
     tokio::pin!(idle);
     let shutdown_changed = shutdown.changed();
@@ -176,7 +202,7 @@ where
     let mut task_waker: Option<Waker> = None;
     loop {
         let step = std::future::poll_fn(|cx| {
-            if conn.as_mut().poll(cx).is_ready() {
+            if std::pin::Pin::new(&mut conn).poll(cx).is_ready() {
                 return Poll::Ready(Step::Closed);
             }
             if !task_waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
@@ -202,8 +228,23 @@ where
             Step::Idle => {
                 let now = clock::now();
                 match activity.waiting_since() {
-                    // Dropping the connection closes it, as hyper's header timeout does.
-                    Some(since) if since + header_read <= now => return,
+                    // Dropping the connection closes it, as hyper's header timeout does; a client
+                    // that began a head and did not finish it is told so first (408).
+                    Some(since) if since + header_read <= now => {
+                        let parts = conn.into_parts();
+                        if !parts.read_buf.is_empty() {
+                            let mut io = parts.io.into_inner().into_inner();
+                            let answer = refusals::header_timeout();
+                            let write = async {
+                                use tokio::io::AsyncWriteExt;
+                                io.write_all(&answer).await?;
+                                io.shutdown().await
+                            };
+                            // Bounded: a client that does not read gets no more time.
+                            let _ = tokio::time::timeout(header_read, write).await;
+                        }
+                        return;
+                    }
                     Some(since) => idle.as_mut().reset(since + header_read),
                     None => idle.as_mut().reset(now + header_read),
                 }
@@ -211,7 +252,7 @@ where
                 side.woken.store(true, Release);
             }
             Step::Shutdown => {
-                conn.as_mut().graceful_shutdown();
+                std::pin::Pin::new(&mut conn).graceful_shutdown();
                 let _ = conn.await;
                 return;
             }
@@ -252,37 +293,75 @@ impl Wake for SideWaker {
     }
 }
 
-async fn dispatch(shared: Arc<Shared>, req: Request<Incoming>) -> Response<ProxyBody> {
+/// The data plane's own paths: what they are, on which listener.
+enum Local {
+    Health,
+    Models,
+    Metrics,
+    Debug,
+}
+
+async fn dispatch(shared: Arc<Shared>, req: Request<Incoming>, role: Role) -> Response<ProxyBody> {
     let path = req.uri().path();
-    match (req.method(), Endpoint::from_path(path)) {
-        (&Method::POST, Some(endpoint)) => crate::proxy::proxy(shared, endpoint, req).await,
-        (&Method::GET, None) if path == "/v1/models" => models(&shared),
-        (&Method::GET, None) if path == "/health" => health(&shared),
-        (&Method::GET, None) if path == "/metrics" => {
+    let method = req.method();
+    let client = role == Role::Client;
+    // `models.retrieve` percent-encodes a model name's `/` (`org%2Fmodel`); the path is
+    // answered here, never forwarded, so it needs no path check.
+    if let Some(id) = path.strip_prefix("/v1/models/").filter(|_| client) {
+        if method != Method::GET {
+            return not_allowed(&req, "GET");
+        }
+        let id = percent_encoding::percent_decode_str(id).decode_utf8_lossy();
+        return crate::models::retrieve(&shared, &id);
+    }
+    if let Err(e) = classify::check_path(path) {
+        return ProxyError::InvalidPath(e.to_string()).into_response();
+    }
+    if client {
+        if let Some(endpoint) = Endpoint::from_path(path) {
+            if method != Method::POST {
+                return not_allowed(&req, "POST");
+            }
+            return crate::proxy::proxy(shared, endpoint, req).await;
+        }
+        if let Some((op, id)) = StoredResponseOp::from_path(path) {
+            if !op.allows(method.as_str()) {
+                return not_allowed(&req, op.allow());
+            }
+            let id = id.to_owned();
+            return crate::stored::forward(shared, &id, req).await;
+        }
+    }
+    // Without an admin listener the operator's endpoints stay on the client listener.
+    let operator = !client || shared.config.admin_listen.is_none();
+    let local = match path {
+        "/health" => Local::Health,
+        "/v1/models" if client => Local::Models,
+        "/metrics" if operator => Local::Metrics,
+        "/debug/route" if operator => Local::Debug,
+        _ => {
+            return ProxyError::NotFound { method: method.to_string(), path: path.to_owned() }.into_response()
+        }
+    };
+    if method != Method::GET {
+        return not_allowed(&req, "GET");
+    }
+    match local {
+        Local::Health => health(&shared),
+        Local::Models => crate::models::list(&shared),
+        Local::Metrics => {
             let mut r = Response::new(ProxyBody::from(Bytes::from(crate::telemetry::render(&shared))));
             r.headers_mut()
                 .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
             r
         }
-        (&Method::GET, None) if path == "/debug/route" => crate::debug::route(&shared, req.uri().query()),
-        _ => ProxyError::NotFound { method: req.method().to_string(), path: path.to_owned() }.into_response(),
+        Local::Debug => crate::debug::route(&shared, req.uri().query()),
     }
 }
 
-fn models(shared: &Shared) -> Response<ProxyBody> {
-    let data: Vec<serde_json::Value> = shared
-        .routing
-        .current()
-        .map(|installed| {
-            installed
-                .table
-                .model_names()
-                .iter()
-                .map(|m| serde_json::json!({"id": m, "object": "model", "created": 0, "owned_by": "ilb"}))
-                .collect()
-        })
-        .unwrap_or_default();
-    json_response(StatusCode::OK, &serde_json::json!({"object": "list", "data": data}))
+fn not_allowed<B>(req: &Request<B>, allow: &'static str) -> Response<ProxyBody> {
+    let (method, path) = (req.method().to_string(), req.uri().path().to_owned());
+    ProxyError::MethodNotAllowed { method, path, allow }.into_response()
 }
 
 /// `ok` while the installed snapshot is the newest offered; `degraded` (still 200: requests

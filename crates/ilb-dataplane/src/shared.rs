@@ -49,7 +49,14 @@ pub struct Shared {
     /// Which engine stored each response id this data plane proxied (Responses API), so that
     /// a request naming it as `previous_response_id` goes there.
     pub responses: ilb_core::affinity::AffinityTable,
+    /// The model objects engines list in their `/v1/models`, by model id, where the data
+    /// plane asked them (quick mode): `/v1/models` serves their fields (vLLM's
+    /// `max_model_len`, llama.cpp's `meta`, ...). Empty with a snapshot source.
+    pub model_objects: arc_swap::ArcSwap<ModelObjects>,
 }
+
+/// Engines' own model objects (JSON objects) by model id.
+pub type ModelObjects = std::collections::BTreeMap<String, serde_json::Map<String, serde_json::Value>>;
 
 impl Shared {
     pub fn new(config: DataPlaneConfig) -> Shared {
@@ -87,6 +94,7 @@ impl Shared {
             trace_seed: ilb_core::slots::mix(crate::clock::unix_ms() ^ u64::from(std::process::id()) << 32),
             pool_clock: Default::default(),
             affinity,
+            model_objects: Default::default(),
         }
     }
 

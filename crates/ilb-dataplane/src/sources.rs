@@ -153,6 +153,7 @@ pub async fn discover(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut known: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut objects: BTreeMap<String, crate::shared::ModelObjects> = BTreeMap::new();
     let mut installed: Option<BTreeMap<String, Vec<String>>> = None;
     let mut version = 0u64;
     loop {
@@ -161,7 +162,8 @@ pub async fn discover(
             match fetch(&shared.client, &format!("{}/v1/models", url.trim_end_matches('/')), None).await {
                 Ok(Some((body, _))) => match parse_model_list(&body) {
                     Some(models) => {
-                        known.insert(url.clone(), models);
+                        known.insert(url.clone(), models.keys().cloned().collect());
+                        objects.insert(url.clone(), models);
                     }
                     None => {
                         all_answered = false;
@@ -173,6 +175,16 @@ pub async fn discover(
                     tracing::debug!(engine = %url, "engine did not answer /v1/models yet");
                 }
             }
+        }
+        // The first engine (in URL order) that lists a model speaks for its fields.
+        let mut served = crate::shared::ModelObjects::new();
+        for models in objects.values() {
+            for (id, object) in models {
+                served.entry(id.clone()).or_insert_with(|| object.clone());
+            }
+        }
+        if **shared.model_objects.load() != served {
+            shared.model_objects.store(Arc::new(served));
         }
         if !known.is_empty() && installed.as_ref() != Some(&known) {
             version += 1;
@@ -189,17 +201,14 @@ pub async fn discover(
     }
 }
 
-fn parse_model_list(body: &[u8]) -> Option<Vec<String>> {
+/// An OpenAI model list's objects by id, each kept whole (engines add their own fields).
+fn parse_model_list(body: &[u8]) -> Option<crate::shared::ModelObjects> {
     #[derive(serde::Deserialize)]
     struct List {
-        data: Vec<Model>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Model {
-        id: String,
+        data: Vec<serde_json::Map<String, serde_json::Value>>,
     }
     let list: List = serde_json::from_slice(body).ok()?;
-    Some(list.data.into_iter().map(|m| m.id).collect())
+    list.data.into_iter().map(|object| Some((object.get("id")?.as_str()?.to_owned(), object))).collect()
 }
 
 /// One class per model, every engine that serves it at weight 1.

@@ -111,13 +111,18 @@ pub struct PriorityCounters {
     pub shed_probability: PerPriority<AtomicU64>,
 }
 
-/// The `x-ilb-route` header of one candidate, without and with its attempt count.
+/// The `x-ilb-route` header of one candidate, without and with its attempt count, in the
+/// detail of `RouteHeader::Full` and of `RouteHeader::Id`.
 #[derive(Clone, Debug)]
 pub struct RoutePrefix {
     /// `engine=..; class=..; weight=..; snapshot=..; model=..; attempts=` (for other counts).
     pub prefix: String,
     /// The whole value for `attempts=1`.
     pub first_try: http::HeaderValue,
+    /// `engine=..; attempts=` (for other counts).
+    pub id_prefix: String,
+    /// The whole `engine=..; attempts=1`.
+    pub id_first_try: http::HeaderValue,
 }
 
 impl RoutePrefix {
@@ -132,9 +137,12 @@ impl RoutePrefix {
             "engine={engine}; class={}; weight={:.4}; snapshot={}; model={model}; attempts=",
             class.id, c.weight, table.version
         );
-        let first_try = http::HeaderValue::from_maybe_shared(bytes::Bytes::from(format!("{prefix}1")))
-            .unwrap_or_else(|_| http::HeaderValue::from_static("engine=?"));
-        RoutePrefix { prefix, first_try }
+        let id_prefix = format!("engine={engine}; attempts=");
+        let first = |prefix: &str| {
+            http::HeaderValue::from_maybe_shared(bytes::Bytes::from(format!("{prefix}1")))
+                .unwrap_or_else(|_| http::HeaderValue::from_static("engine=?"))
+        };
+        RoutePrefix { first_try: first(&prefix), id_first_try: first(&id_prefix), prefix, id_prefix }
     }
 }
 

@@ -601,3 +601,144 @@ async fn request_bodies_in_pieces_are_joined_and_limited() {
     let text = send_in_pieces(vec!["x".repeat(600), "x".repeat(600)]).await;
     assert!(text.starts_with("HTTP/1.1 413") && text.contains("body_too_large"), "{text}");
 }
+
+/// Writes `request` on a fresh connection and reads until the data plane closes it (or 5 s).
+async fn raw_exchange(addr: std::net::SocketAddr, request: &[u8]) -> String {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let (bytes, _) = read_until_close(&mut stream, Duration::from_secs(5)).await;
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// The status and the OpenAI error object of a raw answer; panics when the body is not one.
+fn openai_error(text: &str) -> (u16, serde_json::Value) {
+    let (status, body) = parse_raw_response(text.as_bytes()).unwrap_or_else(|| panic!("not HTTP: {text:?}"));
+    assert!(text.to_ascii_lowercase().contains("content-type: application/json"), "{text}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+    for field in ["message", "type", "code"] {
+        assert!(v["error"][field].is_string(), "no error.{field}: {text}");
+    }
+    (status, v)
+}
+
+/// Regression (hardening finding 6): paths were forwarded without normalising dot segments, so
+/// `POST /v1/%2e%2e/admin/x` reached the engine as such and an engine or ingress that
+/// normalises paths would have exposed its non-`/v1` endpoints.
+#[tokio::test]
+async fn dot_segments_and_encoded_slashes_never_reach_an_engine() {
+    let e1 = MockEngine::start("e1").await;
+    let dp = data_plane(config(), &snapshot(1, &[("e1", e1.url(), 1.0)])).await;
+    let body = chat_body("p");
+    for path in [
+        "/v1/%2e%2e/admin/x",
+        "/v1/%2E%2E/sleep",
+        "/v1/../reset_prefix_cache",
+        "/v1/./x/../../sleep",
+        "/v1/a%2f..%2fsleep",
+        "/v1/x%5C..%5Csleep",
+        "/v1/%252e%252e/sleep",
+    ] {
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let text = raw_exchange(dp.local_addr(), request.as_bytes()).await;
+        let (status, error) = openai_error(&text);
+        assert_eq!(status, 400, "{path}: {text}");
+        assert_eq!(error["error"]["code"], "invalid_path", "{path}: {text}");
+    }
+    assert_eq!(e1.requests.load(std::sync::atomic::Ordering::SeqCst), 0, "a refused path reached the engine");
+}
+
+/// Regression (hardening finding 8): a gzip body was parsed as plain JSON (400 "not valid
+/// JSON") with its `Content-Encoding` still forwarded, and `Expect: 100-continue` was forwarded
+/// after the body had been read.
+#[tokio::test]
+async fn compressed_bodies_are_decoded_within_the_limit_and_expect_is_not_forwarded() {
+    use std::io::Write;
+    let e1 = MockEngine::start("e1").await;
+    let mut cfg = config();
+    cfg.max_body_bytes = 64 << 10;
+    let dp = data_plane(cfg, &snapshot(1, &[("e1", e1.url(), 1.0)])).await;
+    let client = client();
+    let gzip = |bytes: &[u8]| {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        encoder.write_all(bytes).unwrap();
+        encoder.finish().unwrap()
+    };
+    let body = chat_body("zipped");
+    let request = |bytes: Vec<u8>, encoding: &str| {
+        http::Request::post(format!("{}/v1/chat/completions", dp.url()))
+            .header("content-type", "application/json")
+            .header("content-encoding", encoding)
+            .header("expect", "100-continue")
+            .body(http_body_util::Full::new(bytes::Bytes::from(bytes)))
+            .unwrap()
+    };
+    let (status, headers, text) = send(&client, request(gzip(body.as_bytes()), "gzip")).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(text, body, "the engine gets the decoded body");
+    let seen = headers["x-seen-headers"].to_str().unwrap();
+    assert!(!seen.contains("content-encoding"), "{seen}");
+    assert!(!seen.contains("expect"), "{seen}");
+    // Small on the wire, over the limit once decoded: the limit applies to the decoded body.
+    let bomb = format!(r#"{{"model":"m","prompt":"{}"}}"#, "x".repeat(1 << 20));
+    let (status, _, text) = send(&client, request(gzip(bomb.as_bytes()), "gzip")).await;
+    assert_eq!(status, 413, "{text}");
+    assert!(text.contains("body_too_large"), "{text}");
+    let (status, _, text) = send(&client, request(b"not gzip".to_vec(), "gzip")).await;
+    assert_eq!(status, 400, "{text}");
+    for encoding in ["br", "zstd", "gzip, br"] {
+        let (status, _, text) = send(&client, request(body.clone().into_bytes(), encoding)).await;
+        assert_eq!(status, 415, "{encoding}: {text}");
+        assert!(text.contains("unsupported_media_type"), "{text}");
+    }
+    let (status, _, text) = send(&client, request(body.clone().into_bytes(), "identity")).await;
+    assert_eq!(status, 200, "{text}");
+}
+
+/// Regression (hardening finding 9): requests hyper refuses before the data plane sees them
+/// got bodiless answers (400, 431), a slow head none at all, and a wrong method on a known path
+/// a 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_refused_before_routing_get_openai_errors() {
+    let e1 = MockEngine::start("e1").await;
+    let dp = data_plane(malicious_config(), &snapshot(1, &[("e1", e1.url(), 1.0)])).await;
+    let addr = dp.local_addr();
+    let many_headers: String = (0..101).map(|i| format!("x-h{i}: v\r\n")).collect();
+    let cases: Vec<(String, u16)> = vec![
+        ("POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-bad: a\0b\r\ncontent-length: 0\r\n\r\n".into(), 400),
+        ("POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-fold: a\r\n b\r\ncontent-length: 0\r\n\r\n".into(), 400),
+        ("POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: xchunked\r\n\r\n".into(), 400),
+        ("POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\nhello".into(), 400),
+        ("POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: -1\r\n\r\n".into(), 400),
+        ("POST /v1/chat/completions HTTP/2.0\r\nhost: x\r\ncontent-length: 0\r\n\r\n".into(), 400),
+        (format!("POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n{many_headers}content-length: 0\r\n\r\n"), 431),
+    ];
+    for (request, expected) in cases {
+        let text = raw_exchange(addr, request.as_bytes()).await;
+        let (status, _) = openai_error(&text);
+        assert_eq!(status, expected, "{request:?}: {text}");
+    }
+    // A head that never completes: 408 when the header timeout strikes.
+    let text = raw_exchange(addr, b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-slow: ").await;
+    let (status, error) = openai_error(&text);
+    assert_eq!(status, 408, "{text}");
+    assert_eq!(error["error"]["code"], "header_timeout", "{text}");
+    // A wrong method on a known path: 405 with the methods it takes.
+    for (request, allow) in [
+        ("GET /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n", "POST"),
+        ("DELETE /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n", "GET"),
+        ("PUT /v1/responses/resp_1/cancel HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n", "POST"),
+    ] {
+        let text = raw_exchange(addr, request.as_bytes()).await;
+        let (status, error) = openai_error(&text);
+        assert_eq!(status, 405, "{request:?}: {text}");
+        assert_eq!(error["error"]["code"], "method_not_allowed", "{text}");
+        assert!(text.to_ascii_lowercase().contains(&format!("allow: {}", allow.to_ascii_lowercase())), "{text}");
+    }
+    assert_eq!(e1.requests.load(std::sync::atomic::Ordering::SeqCst), 0);
+    // The data plane still serves.
+    let (status, _) = fresh_request(&dp.url(), "after").await;
+    assert_eq!(status, 200);
+}

@@ -12,7 +12,9 @@ use support::*;
 #[tokio::test]
 async fn forwards_body_unchanged_and_explains_the_route() {
     let e1 = MockEngine::start("e1").await;
-    let dp = data_plane(config(), &snapshot(3, &[("e1", e1.url(), 1.0)])).await;
+    let mut cfg = config();
+    cfg.route_header = ilb_dataplane::config::RouteHeader::Full;
+    let dp = data_plane(cfg, &snapshot(3, &[("e1", e1.url(), 1.0)])).await;
     let body =
         r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"unknown_field":{"keep":[1,2.50,"x"]}}"#;
     let req =
@@ -667,4 +669,79 @@ fn classification_headers_first_value_and_session_precedence() {
     assert_eq!(c.key_hash, ilb_core::stable_hash(b"k1"), "an unused header is not checked");
     headers.remove("x-session-id");
     assert!(classify_request(Endpoint::ChatCompletions, &headers, body, 7).is_err());
+}
+
+/// Regression (hardening finding 3): an engine that refuses a body as too large answers 413 and
+/// closes the connection while the data plane is still writing the body. The failed write
+/// counted as an engine failure, the body went to two more engines, the client got
+/// `502 engine_failed`, and a few such requests ejected healthy engines.
+#[tokio::test]
+async fn an_engines_early_413_reaches_the_client_and_counts_against_no_engine() {
+    let (a, b) = (MockEngine::start("a").await, MockEngine::start("b").await);
+    let dp = data_plane(config(), &snapshot(1, &[("a", a.url(), 1.0), ("b", b.url(), 1.0)])).await;
+    let client = client();
+    // Larger than the socket buffers take (so the write fails) and within ilb's 16 MiB; and
+    // one that fits in them (the write succeeds, the answer is read as usual).
+    let huge = format!(r#"{{"model":"m","prompt":"{}"}}"#, "x".repeat(15 << 20));
+    let small = format!(r#"{{"model":"m","prompt":"{}"}}"#, "x".repeat(100 << 10));
+    let n = 6;
+    for i in 0..n {
+        let body = if i % 2 == 0 { &huge } else { &small };
+        let key = format!("k{i}");
+        let headers = [("x-mock-max-body", "1024"), ("x-session-id", key.as_str())];
+        let (status, headers, text) = send(&client, post(&dp.url(), "/v1/completions", body, &headers)).await;
+        assert_eq!(status, 413, "request {i}: {text}");
+        assert!(text.contains("engine says too large"), "the engine's own answer: {text}");
+        assert!(!engine_of(&headers).is_empty());
+    }
+    let requests = a.requests.load(std::sync::atomic::Ordering::SeqCst)
+        + b.requests.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(requests, n, "a request refused for its size is not retried");
+    for engine in dp.installed().unwrap().engines.iter() {
+        assert!(!engine.is_ejected(), "{} ejected", engine.id);
+        assert_eq!(engine.counters.failures.load(std::sync::atomic::Ordering::Relaxed), 0, "{}", engine.id);
+    }
+    let (status, _, _) =
+        send(&client, post(&dp.url(), "/v1/chat/completions", &chat_body("after"), &[])).await;
+    assert_eq!(status, 200);
+}
+
+/// Regression (hardening finding 7): the client listener revealed the fleet: `x-ilb-route`
+/// carried engine addresses, weights and classes, and `/metrics` and `/debug/route` were
+/// served on it. With an admin listener they move there; the header's detail is configurable.
+#[tokio::test]
+async fn an_admin_listener_takes_metrics_and_debug_off_the_client_port() {
+    use ilb_dataplane::config::RouteHeader;
+    let e1 = MockEngine::start("e1").await;
+    let mut cfg = config();
+    cfg.admin_listen = Some("127.0.0.1:0".parse().unwrap());
+    let dp = data_plane(cfg.clone(), &snapshot(4, &[("e1", e1.url(), 1.0)])).await;
+    let admin = dp.admin_url().expect("an admin listener");
+    let client = client();
+    let (status, headers, _) =
+        send(&client, post(&dp.url(), "/v1/chat/completions", &chat_body("a"), &[])).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        headers["x-ilb-route"], "engine=e1; attempts=1",
+        "by default the engine's id and the attempts only"
+    );
+    for path in ["/metrics", "/debug/route?model=m&key=k"] {
+        let (status, text) = get(&client, &format!("{}{path}", dp.url())).await;
+        assert_eq!(status, 404, "{path} on the client port: {text}");
+        let (status, text) = get(&client, &format!("{admin}{path}")).await;
+        assert_eq!(status, 200, "{path} on the admin port: {text}");
+    }
+    for base in [dp.url(), admin.clone()] {
+        let (status, text) = get(&client, &format!("{base}/health")).await;
+        assert_eq!(status, 200, "{base}: {text}");
+    }
+    let (status, _, _) = send(&client, post(&admin, "/v1/chat/completions", &chat_body("a"), &[])).await;
+    assert_eq!(status, 404, "the admin port proxies nothing");
+
+    cfg.route_header = RouteHeader::Off;
+    let quiet = data_plane(cfg, &snapshot(4, &[("e1", e1.url(), 1.0)])).await;
+    let (status, headers, _) =
+        send(&client, post(&quiet.url(), "/v1/chat/completions", &chat_body("a"), &[])).await;
+    assert_eq!(status, 200);
+    assert!(!headers.contains_key("x-ilb-route"), "{headers:?}");
 }

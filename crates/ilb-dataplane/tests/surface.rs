@@ -117,12 +117,17 @@ async fn other_model_paths_are_routed_and_the_rest_get_a_404_naming_them() {
         assert_eq!(text, body, "{path}: the body goes through unchanged");
     }
     let body = r#"{"model":"m"}"#;
-    for path in ["/foo", "/v1", "/v1/models", "/v1/responses/resp_1/cancel"] {
+    for path in ["/foo", "/v1"] {
         let (status, _, text) = send(&client, post(&dp.url(), path, body, &[])).await;
         assert_eq!(status, 404, "{path}: {text}");
         let error: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert!(error["error"]["message"].as_str().unwrap().contains(path), "{text}");
     }
+    // A known path with the wrong method: 405 naming the methods it takes.
+    let (status, headers, text) = send(&client, post(&dp.url(), "/v1/models", body, &[])).await;
+    assert_eq!(status, 405, "{text}");
+    assert_eq!(headers["allow"], "GET");
+    assert!(text.contains("method_not_allowed"), "{text}");
     let (status, _, text) = send(&client, post(&dp.url(), "/v1/rerank", r#"{"query":"q"}"#, &[])).await;
     assert_eq!(status, 400, "a routed path needs a model: {text}");
     let (status, _, text) = send(&client, post(&dp.url(), "/v1/messages", r#"{"model":"other"}"#, &[])).await;
@@ -164,4 +169,100 @@ async fn multipart_forms_route_by_their_model_field() {
     let (status, _, text) =
         send(&client, post(&dp.url(), "/v1/audio/transcriptions", &form(Some("nope")), &content_type)).await;
     assert_eq!(status, 404, "{text}");
+}
+
+/// A request of any method with an empty body.
+fn bare(method: &str, url: &str) -> http::Request<http_body_util::Full<bytes::Bytes>> {
+    http::Request::builder().method(method).uri(url).body(Default::default()).unwrap()
+}
+
+/// Regression (hardening finding 5): the SDK's `responses.retrieve`, `delete`, `cancel` and
+/// `input_items.list` got `404 no route` although the data plane knew which engine stored the
+/// response.
+#[tokio::test]
+async fn stored_response_operations_reach_the_engine_that_stored_the_response() {
+    let (a, b) = (MockEngine::start("a").await, MockEngine::start("b").await);
+    let dp = data_plane(config(), &snapshot(1, &[("a", a.url(), 1.0), ("b", b.url(), 1.0)])).await;
+    let client = client();
+    let mut stored_on = std::collections::HashSet::new();
+    for i in 0..8 {
+        // The mock engine echoes the body: its `id` is the id of the response it "stored".
+        let body = format!(r#"{{"model":"m","input":"hi {i}","id":"resp_{i}"}}"#);
+        let (status, headers, text) = send(&client, post(&dp.url(), "/v1/responses", &body, &[])).await;
+        assert_eq!(status, 200, "{text}");
+        let engine = engine_of(&headers);
+        stored_on.insert(engine.clone());
+        for (method, path) in [
+            ("GET", format!("/v1/responses/resp_{i}")),
+            ("DELETE", format!("/v1/responses/resp_{i}")),
+            ("POST", format!("/v1/responses/resp_{i}/cancel")),
+            ("GET", format!("/v1/responses/resp_{i}/input_items?limit=2&order=asc")),
+        ] {
+            let (status, headers, text) = send(&client, bare(method, &format!("{}{path}", dp.url()))).await;
+            assert_eq!(status, 200, "{method} {path}: {text}");
+            assert_eq!(engine_of(&headers), engine, "{method} {path}");
+            assert_eq!(headers["x-seen-method"], method);
+            assert_eq!(headers["x-seen-path"], path.as_str());
+        }
+    }
+    assert_eq!(stored_on.len(), 2, "responses should be stored on both engines");
+    let before = a.requests.load(std::sync::atomic::Ordering::SeqCst)
+        + b.requests.load(std::sync::atomic::Ordering::SeqCst);
+    let (status, headers, text) =
+        send(&client, bare("GET", &format!("{}/v1/responses/resp_unknown", dp.url()))).await;
+    assert_eq!(status, 404, "{text}");
+    assert_eq!(headers["content-type"], "application/json");
+    let error: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(error["error"]["message"].as_str().unwrap().contains("resp_unknown"), "{text}");
+    assert_eq!(error["error"]["type"], "invalid_request_error");
+    let (status, headers, text) =
+        send(&client, bare("PUT", &format!("{}/v1/responses/resp_1", dp.url()))).await;
+    assert_eq!(status, 405, "{text}");
+    assert_eq!(headers["allow"], "GET, DELETE");
+    let after = a.requests.load(std::sync::atomic::Ordering::SeqCst)
+        + b.requests.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(before, after, "an unknown id or a wrong method reaches no engine");
+}
+
+/// Regression (hardening finding 5): `models.retrieve(id)` was a 404 for a served model, and
+/// the model list dropped the engines' own fields (vLLM's `max_model_len`, `root`, ...).
+#[tokio::test]
+async fn models_keep_the_engines_fields_and_are_retrieved_by_id() {
+    let (a, b) = (MockEngine::start("a").await, MockEngine::start("b").await);
+    let source = ilb_dataplane::SnapshotSource::Discover {
+        engines: vec![a.url(), b.url()],
+        interval: std::time::Duration::from_secs(30),
+    };
+    let dp = ilb_dataplane::DataPlane::start(config(), source).await.unwrap();
+    assert!(eventually(std::time::Duration::from_secs(5), || dp.snapshot_version().is_some()).await);
+    let client = client();
+    let (status, text) = get(&client, &format!("{}/v1/models", dp.url())).await;
+    assert_eq!(status, 200);
+    let list: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let model = &list["data"][0];
+    assert_eq!(model["id"], "m", "{text}");
+    assert_eq!(model["max_model_len"], 4096, "{text}");
+    assert_eq!(model["root"], "/models/m", "{text}");
+    assert_eq!(model["owned_by"], "vllm", "{text}");
+    assert!(model["permission"].is_array(), "{text}");
+    let (status, text) = get(&client, &format!("{}/v1/models/m", dp.url())).await;
+    assert_eq!(status, 200, "{text}");
+    let retrieved: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(&retrieved, model);
+    // The SDK percent-encodes a model name's slash (`org/model` is `org%2Fmodel`).
+    let (status, text) = get(&client, &format!("{}/v1/models/%6D", dp.url())).await;
+    assert_eq!(status, 200, "{text}");
+    let (status, text) = get(&client, &format!("{}/v1/models/org%2Fnope", dp.url())).await;
+    assert_eq!(status, 404, "{text}");
+    assert!(text.contains("org/nope"), "{text}");
+    let (status, text) = get(&client, &format!("{}/v1/models/nope", dp.url())).await;
+    assert_eq!(status, 404, "{text}");
+    assert!(text.contains("model_not_found"), "{text}");
+
+    // From a snapshot alone the data plane knows the names only.
+    let dp = data_plane(config(), &snapshot(1, &[("a", a.url(), 1.0)])).await;
+    let (status, text) = get(&client, &format!("{}/v1/models/m", dp.url())).await;
+    assert_eq!(status, 200, "{text}");
+    let retrieved: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!((retrieved["id"].as_str(), retrieved["object"].as_str()), (Some("m"), Some("model")));
 }

@@ -3,6 +3,7 @@
 //! routing, conversations sharing a system prompt. Prints wall time and latency means.
 //!
 //! `cargo run --release -p ilb-engine-sim --example virtual_fleet -- [requests] [engines]`
+#![allow(clippy::disallowed_methods)] // an example program: reads its argv and times itself
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

@@ -11,6 +11,11 @@ pub fn now() -> Instant {
     Instant::now()
 }
 
+/// Time from `earlier` to [`now`] (zero if `earlier` is later), as `Instant::elapsed` is.
+pub fn since(earlier: Instant) -> std::time::Duration {
+    now().saturating_duration_since(earlier)
+}
+
 /// Model time of `now()` relative to `epoch`.
 pub fn model_now(epoch: Instant) -> Nanos {
     now().saturating_duration_since(epoch).as_nanos() as Nanos

@@ -9,6 +9,7 @@ impl Stopwatch {
         Stopwatch(std::time::Instant::now())
     }
 
+    #[allow(clippy::disallowed_methods)]
     pub fn elapsed_s(&self) -> f64 {
         self.0.elapsed().as_secs_f64()
     }

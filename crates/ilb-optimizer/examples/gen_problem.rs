@@ -1,5 +1,6 @@
 //! Prints one generated problem as JSON (the `ilb optimize` format):
 //! `gen_problem N M [SEED] [noisy] [overloaded]` (overloaded: 120 % load clustered, 108 % noisy).
+#![allow(clippy::disallowed_methods)] // an example program: reads its argv
 use ilb_optimizer::gen::{generate, GenConfig};
 
 fn main() {

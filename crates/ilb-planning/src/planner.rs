@@ -50,8 +50,8 @@
 //! then route that model by capacity, and its solver starts afresh next round.
 //!
 //! Invariants: the planner reads no clock (`now` comes in as an argument, and a caller that
-//! times the solves passes its clock to [`Planner::solve_timed`]); a class's planned demand is never below its band's centre, nor above it by more
-//! than one band.
+//! times the solves passes its clock to [`Planner::solve_timed`]); a class's planned demand is
+//! never below its band's centre, nor above it by more than one band.
 
 use crate::config::FleetConfig;
 use crate::fleet::{Fleet, Now};

@@ -2,6 +2,7 @@
 //! histograms) is planned on the latency the data planes measure and report; vLLM's sleep
 //! state and the engine simulator's ready replicas take engines out of the plan and into the
 //! fast guard's holds; an unreachable engine is held unless most of the fleet is.
+#![allow(clippy::disallowed_methods)] // tests read their fixtures from files
 
 use ilb_core::holds::HoldReason;
 use ilb_core::report::{EngineObservation, Report};

@@ -1,5 +1,6 @@
 //! Prometheus text-format parser: line-level cases through one `check` helper, the engine
 //! fixtures, limits, and properties (no panic on junk; render → parse round trip).
+#![allow(clippy::disallowed_methods)] // tests read their fixtures from files
 
 use ilb_planning::prom::{parse, parse_bytes, Limits, MetricType, ParseError};
 use proptest::prelude::*;

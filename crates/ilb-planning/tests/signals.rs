@@ -2,6 +2,7 @@
 //! between two vLLM scrapes taken 10 s apart (the fixtures are built with known deltas:
 //! 100 requests of which 2 aborted, 50k prompt and 20k generated tokens, half the prefix
 //! lookups hit, TTFT deltas 50 in (60,80] ms, 40 in (80,100], 10 in (100,250]).
+#![allow(clippy::disallowed_methods)] // tests read their fixtures from files
 
 use ilb_core::ModelName;
 use ilb_planning::prom::{parse, Limits};

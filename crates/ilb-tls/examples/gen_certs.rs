@@ -7,6 +7,7 @@
 //!
 //! `ca.pem`; `server.pem`/`server.key` for `127.0.0.1`, `::1` and `localhost`;
 //! `client.pem`/`client.key` naming `spiffe://ilb/dp/local` (mutual TLS).
+#![allow(clippy::disallowed_methods)] // an example program: reads its argv and writes the files it makes
 
 use ilb_tls::testing::TestCa;
 use std::path::PathBuf;

@@ -6,8 +6,18 @@ pub fn now() -> tokio::time::Instant {
     tokio::time::Instant::now()
 }
 
+/// Time from `earlier` to [`now`] (zero if `earlier` is later), as `Instant::elapsed` is.
+pub fn since(earlier: tokio::time::Instant) -> std::time::Duration {
+    now().saturating_duration_since(earlier)
+}
+
 /// A wall-clock instant for measuring CPU-bound work outside a runtime (`ilb optimize --bench`).
 #[allow(clippy::disallowed_methods)]
 pub fn wall() -> std::time::Instant {
     std::time::Instant::now()
+}
+
+/// Time from `earlier` to [`wall`] (zero if `earlier` is later).
+pub fn wall_since(earlier: std::time::Instant) -> std::time::Duration {
+    wall().saturating_duration_since(earlier)
 }

@@ -252,12 +252,12 @@ async fn one_request(
             }
             if let Some(delta) = value["choices"][0]["delta"]["content"].as_str() {
                 if !delta.is_empty() && ttft_ms.is_none() {
-                    ttft_ms = Some(started.elapsed().as_secs_f64() * 1000.0);
+                    ttft_ms = Some(crate::clock::since(started).as_secs_f64() * 1000.0);
                 }
                 text.push_str(delta);
             }
         }
     }
-    let e2e_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let e2e_ms = crate::clock::since(started).as_secs_f64() * 1000.0;
     Ok((engine, ttft_ms.unwrap_or(e2e_ms), e2e_ms, text))
 }

@@ -290,6 +290,8 @@ async fn real_engines_behind_ilb() {
     for i in 0..2 {
         let mut config = DataPlaneConfig::new("127.0.0.1:0".parse().unwrap());
         config.cluster = Some(ilb_core::ClusterId::new(CLUSTER));
+        // The test reads each answer's planned weight from `x-ilb-route`.
+        config.route_header = ilb_dataplane::config::RouteHeader::Full;
         let source = SnapshotSource::Poll {
             url: format!("{}/v1/snapshots/{CLUSTER}", cp.url()),
             interval: Duration::from_millis(500),

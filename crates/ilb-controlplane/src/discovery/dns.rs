@@ -35,6 +35,10 @@ impl DnsSource {
 
 fn resolver(nameservers: &[String]) -> Result<TokioResolver, NetError> {
     let provider = TokioRuntimeProvider::default();
+    // The one file a library reads (ARCHITECTURE.md, `ilb-controlplane`): with no nameservers
+    // configured, hickory reads the system's (/etc/resolv.conf) each time a group's resolver is
+    // built, as the system resolver would.
+    #[allow(clippy::disallowed_methods)]
     let mut builder = if nameservers.is_empty() {
         TokioResolver::builder(provider)?
     } else {

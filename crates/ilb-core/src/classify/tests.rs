@@ -102,7 +102,9 @@ fn paths_route_by_kind() {
     for other in ["/v1/messages", "/v1/rerank", "/v1/audio/transcriptions", "/tokenize", "/score"] {
         assert_eq!(Endpoint::from_path(other), Some(Endpoint::Other), "{other}");
     }
-    for local in ["/v1/models", "/v1/", "/v1", "/v1/responses/resp_1", "/health", "/tokenizer", "/"] {
+    for local in
+        ["/v1/models", "/v1/models/m", "/v1/", "/v1", "/v1/responses/resp_1", "/health", "/tokenizer", "/"]
+    {
         assert_eq!(Endpoint::from_path(local), None, "{local}");
     }
 }
@@ -131,4 +133,50 @@ fn responses_read_previous_id_cache_key_and_prefix() {
         parse_body(Endpoint::Responses, br#"{"model":"m","input":[1]}"#),
         Err(ClassifyError::Shape(_))
     ));
+}
+
+/// Regression (hardening finding 6): `/v1/%2e%2e/admin/x` was forwarded as it came, so an
+/// engine or ingress that normalises paths would have served a non-`/v1` endpoint.
+#[test]
+fn dot_segments_and_encoded_slashes_are_refused() {
+    for good in
+        ["/v1/chat/completions", "/v1/responses/resp_1/cancel", "/v1/a.b/c..d", "/v1/...", "/tokenize"]
+    {
+        assert_eq!(check_path(good), Ok(()), "{good}");
+    }
+    for bad in [
+        "/v1/../admin",
+        "/v1/./chat/completions",
+        "/v1/%2e%2e/admin/x",
+        "/v1/%2E%2E/admin/x",
+        "/v1/.%2e/sleep",
+        "/v1/%2e/x",
+        "/v1/..",
+        "/v1/a%2fb",
+        "/v1/a%2F..%2Fsleep",
+        "/v1/a%5cb",
+        "/v1\\..\\sleep",
+        "/v1/%252e%252e/x",
+        "/v1/x%00",
+        "/v1/x%2",
+        "v1/chat/completions",
+    ] {
+        assert!(matches!(check_path(bad), Err(ClassifyError::Path(_))), "{bad}");
+    }
+}
+
+#[test]
+fn stored_response_paths_name_their_operation_and_id() {
+    use StoredResponseOp::*;
+    assert_eq!(StoredResponseOp::from_path("/v1/responses/resp_1"), Some((Response, "resp_1")));
+    assert_eq!(StoredResponseOp::from_path("/v1/responses/resp_1/cancel"), Some((Cancel, "resp_1")));
+    assert_eq!(StoredResponseOp::from_path("/v1/responses/r/input_items"), Some((InputItems, "r")));
+    for none in
+        ["/v1/responses", "/v1/responses/", "/v1/responses//cancel", "/v1/responses/r/x", "/v1/models"]
+    {
+        assert_eq!(StoredResponseOp::from_path(none), None, "{none}");
+    }
+    assert!(Response.allows("GET") && Response.allows("DELETE") && !Response.allows("POST"));
+    assert!(Cancel.allows("POST") && !Cancel.allows("GET"));
+    assert_eq!(InputItems.allow(), "GET");
 }

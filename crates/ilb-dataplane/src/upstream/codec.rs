@@ -74,7 +74,8 @@ pub fn encode_request_head(out: &mut Vec<u8>, request: &UpstreamRequest<'_>) {
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let named = connection_named(request.headers);
     for (name, value) in request.headers {
-        let replaced = name == header::HOST || name == header::CONTENT_LENGTH;
+        // `Expect: 100-continue` asked the data plane, which has read the whole body by now.
+        let replaced = name == header::HOST || name == header::CONTENT_LENGTH || name == header::EXPECT;
         if replaced || is_hop_by_hop(name) || named.contains(name) {
             continue;
         }

@@ -157,16 +157,32 @@ impl Conn {
             // TLS may hold records that the socket did not take yet; a plain flush is a no-op.
             written = self.stream.flush().await;
         }
-        if let Err(e) = written {
+        // An engine may answer before it has read the whole request (413 for a body too large
+        // for it, 400, 401) and close the connection, which fails the rest of the write: its
+        // answer is the response, passed on like any other, and the connection is not reused.
+        let wrote_all = written.is_ok();
+        let head = match (self.read_head().await, written) {
+            (Ok(head), _) => head,
             // The engine cannot have acted on a request it did not receive in full.
-            return Err(Failed { error: UpstreamError::Write(e), unanswered: true });
-        }
+            (Err(_), Err(e)) => return Err(Failed { error: UpstreamError::Write(e), unanswered: true }),
+            (Err(failed), Ok(())) => return Err(failed),
+        };
+        let keep_alive = head.keep_alive && wrote_all;
+        let body = EngineBody { decoder: BodyDecoder::new(head.framing), keep_alive, conn: Some(self) };
+        let mut response = Response::new(body);
+        *response.status_mut() = head.status;
+        *response.version_mut() = head.version;
+        *response.headers_mut() = head.headers;
+        Ok(response)
+    }
 
+    /// Reads a response head. Hot path.
+    async fn read_head(&mut self) -> Result<codec::Head, Failed> {
         let mut received = false;
-        let head = loop {
+        loop {
             if !self.read_buf.is_empty() {
                 match codec::parse_head(&mut self.read_buf) {
-                    Ok(Some(head)) => break head,
+                    Ok(Some(head)) => return Ok(head),
                     Ok(None) => {}
                     Err(e) => return Err(Failed { error: UpstreamError::Protocol(e), unanswered: false }),
                 }
@@ -180,17 +196,7 @@ impl Conn {
                     return Err(Failed { error: UpstreamError::Read(e), unanswered });
                 }
             }
-        };
-        let body = EngineBody {
-            decoder: BodyDecoder::new(head.framing),
-            keep_alive: head.keep_alive,
-            conn: Some(self),
-        };
-        let mut response = Response::new(body);
-        *response.status_mut() = head.status;
-        *response.version_mut() = head.version;
-        *response.headers_mut() = head.headers;
-        Ok(response)
+        }
     }
 }
 

@@ -3,7 +3,10 @@
 //! The mock engine's behaviour is chosen per request by headers (the data plane forwards them
 //! unchanged): `x-mock-status`, `x-mock-chunks`, `x-mock-delay-ms`, `x-mock-die-after`,
 //! `x-mock-hang`, `x-mock-gate` (stream the first chunk, then wait for the test to open the gate),
-//! `x-mock-close` (answer with `connection: close`, closing the connection after the response).
+//! `x-mock-close` (answer with `connection: close`, closing the connection after the response),
+//! `x-mock-max-body` (answer 413 at once, without reading it, to a body declared longer than
+//! this many bytes, as an engine with a body limit does). Every answer names the method and
+//! path the engine saw (`x-seen-method`, `x-seen-path`).
 #![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 #![allow(dead_code)]
 
@@ -107,7 +110,23 @@ async fn respond(
         return Response::new(ChannelBody::full("ok"));
     }
     if req.uri().path() == "/v1/models" {
-        return Response::new(ChannelBody::full(r#"{"object":"list","data":[{"id":"m","object":"model"}]}"#));
+        // vLLM's shape: its own fields beside OpenAI's.
+        return Response::new(ChannelBody::full(
+            r#"{"object":"list","data":[{"id":"m","object":"model","created":1700000000,"owned_by":"vllm",
+                "root":"/models/m","parent":null,"max_model_len":4096,
+                "permission":[{"id":"modelperm-1","object":"model_permission","allow_sampling":true}]}]}"#,
+        ));
+    }
+    let declared = header_u64(&req, "content-length");
+    if header_u64(&req, "x-mock-max-body").is_some_and(|max| declared.is_some_and(|len| len > max)) {
+        // Refused before reading the body: hyper closes the connection with it unread.
+        let error = r#"{"error":{"message":"engine says too large","type":"invalid_request_error","param":null,"code":null}}"#;
+        return Response::builder()
+            .status(StatusCode::PAYLOAD_TOO_LARGE)
+            .header("x-engine", name)
+            .header("content-type", "application/json")
+            .body(ChannelBody::full(error))
+            .unwrap();
     }
     if req.headers().contains_key("x-mock-hang") || hang.load(SeqCst) {
         std::future::pending::<()>().await;
@@ -118,12 +137,16 @@ async fn respond(
     let die_after = header_u64(&req, "x-mock-die-after");
     let gated = req.headers().contains_key("x-mock-gate");
     let close = req.headers().contains_key("x-mock-close");
+    let method = req.method().clone();
+    let path_and_query = req.uri().path_and_query().map_or("/".to_owned(), |pq| pq.as_str().to_owned());
     let echo_headers = format!("{:?}", req.headers().keys().map(|k| k.as_str()).collect::<Vec<_>>());
     let traceparent = req.headers().get("traceparent").cloned();
     let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
     let mut builder = Response::builder()
         .status(StatusCode::from_u16(status).unwrap())
         .header("x-engine", name)
+        .header("x-seen-method", method.as_str())
+        .header("x-seen-path", path_and_query)
         .header("x-seen-headers", echo_headers);
     if let Some(tp) = traceparent {
         builder = builder.header("x-seen-traceparent", tp);

@@ -361,7 +361,7 @@ fn direct(
     let metrics = &shared.metrics;
     metrics.direct_prompt_tokens.fetch_add(u64::from(completion.prompt_tokens), Ordering::Relaxed);
     metrics.direct_generation_tokens.fetch_add(u64::from(completion.output_tokens), Ordering::Relaxed);
-    let elapsed = started.elapsed().as_nanos() as u64;
+    let elapsed = clock::since(started).as_nanos() as u64;
     metrics.ttft.observe_ns(elapsed);
     metrics.e2e.observe_ns(elapsed);
     metrics.finished(if completion.finish_reason == "length" {

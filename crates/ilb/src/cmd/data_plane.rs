@@ -18,6 +18,13 @@ pub struct DataPlaneArgs {
     /// Address to serve the OpenAI-compatible API on.
     #[arg(long)]
     listen: Option<SocketAddr>,
+    /// Serve /metrics, /debug/route and /health on this address instead of the client
+    /// listener (which then no longer serves the first two).
+    #[arg(long, value_name = "ADDR")]
+    admin_listen: Option<SocketAddr>,
+    /// What the x-ilb-route response header tells clients: full, id (default) or off.
+    #[arg(long, value_name = "DETAIL")]
+    route_header: Option<String>,
     /// Quick mode: an engine base URL (repeatable); equal weights, models from its /v1/models.
     #[arg(long = "engine", value_name = "URL")]
     engines: Vec<String>,
@@ -82,6 +89,12 @@ pub fn run(args: DataPlaneArgs) -> anyhow::Result<()> {
     // Flags override the file.
     if let Some(listen) = args.listen {
         section.listen = Some(listen.to_string());
+    }
+    if let Some(admin) = args.admin_listen {
+        section.admin_listen = Some(admin.to_string());
+    }
+    if let Some(detail) = &args.route_header {
+        section.route_header = Some(detail.clone());
     }
     if !args.engines.is_empty() {
         section.engines = args.engines.clone();
@@ -148,6 +161,9 @@ async fn serve(
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     println!("data-plane: {}", data_plane.url());
+    if let Some(admin) = data_plane.admin_url() {
+        println!("data-plane admin (metrics, debug/route, health): {admin}");
+    }
     let _watcher = listener.map(|l| AbortOnDrop(tokio::spawn(l.watch(Duration::from_secs(1)))));
     // The snapshot file is polled once a second and reinstalled when its mtime changes.
     let mut last_modified = None;

@@ -22,7 +22,7 @@ pub async fn run(
 ) {
     let [(c_profile, c_hardware), (b_profile, b_hardware)] = profiles;
     let start = crate::clock::now();
-    let say = |what: String| println!("── t={:>3}s fleet: {what}", start.elapsed().as_secs());
+    let say = |what: String| println!("── t={:>3}s fleet: {what}", crate::clock::since(start).as_secs());
     let Ok(leaving) = spawn_engine(&args, 3, "engine-e", model, c_hardware).await else {
         say("engine-e could not start".into());
         return;

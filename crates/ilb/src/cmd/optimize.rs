@@ -81,7 +81,7 @@ pub fn run(args: OptimizeArgs) -> anyhow::Result<()> {
     let mut solver = Solver::new(SolverOptions::default());
     let start = crate::clock::wall();
     let solution = solver.solve(&problem).context("solving")?;
-    let solve_ms = start.elapsed().as_secs_f64() * 1e3;
+    let solve_ms = crate::clock::wall_since(start).as_secs_f64() * 1e3;
     let output = render(&problem, &solution, solve_ms);
     let json =
         if args.pretty { serde_json::to_string_pretty(&output) } else { serde_json::to_string(&output) }?;
@@ -129,7 +129,7 @@ fn bench(problem: &Problem, runs: usize) -> Result<BenchReport, ilb_optimizer::P
     for _ in 0..runs {
         let start = crate::clock::wall();
         let (solution, state) = solve(problem, None, &options)?;
-        cold_ms.push(start.elapsed().as_secs_f64() * 1e3);
+        cold_ms.push(crate::clock::wall_since(start).as_secs_f64() * 1e3);
         steps.cold.push(solution.newton_steps);
         max_gap = max_gap.max(solution.gap);
         warm = Some(state);
@@ -139,7 +139,7 @@ fn bench(problem: &Problem, runs: usize) -> Result<BenchReport, ilb_optimizer::P
         current = perturb_demand(&current, i as u64, 0.01);
         let start = crate::clock::wall();
         let (solution, state) = solve(&current, warm.as_ref(), &options)?;
-        warm_ms.push(start.elapsed().as_secs_f64() * 1e3);
+        warm_ms.push(crate::clock::wall_since(start).as_secs_f64() * 1e3);
         steps.warm.push(solution.newton_steps);
         max_gap = max_gap.max(solution.gap);
         max_moved = max_moved.max(solution.traffic_moved.unwrap_or(0.0));

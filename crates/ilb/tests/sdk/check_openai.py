@@ -23,6 +23,19 @@ client = OpenAI(base_url=base + "/v1", api_key="not-needed", max_retries=0, time
 
 ids = [m.id for m in client.models.list().data]
 assert model in ids, f"{model} not in {ids}"
+retrieved = client.models.retrieve(model)
+assert retrieved.id == model and retrieved.object == "model", retrieved
+assert retrieved.model_extra.get("max_model_len"), f"the engine's fields are kept: {retrieved}"
+try:
+    client.models.retrieve("no-such-model")
+    raise AssertionError("an unknown model was retrieved")
+except openai.NotFoundError:
+    pass
+try:
+    client.responses.retrieve("resp_never_stored")
+    raise AssertionError("an unknown response was retrieved")
+except openai.NotFoundError:
+    pass
 
 messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello."}]
 reply = client.chat.completions.create(model=model, messages=messages, max_tokens=8)
