@@ -24,6 +24,7 @@ mod pick;
 pub mod proxy;
 mod refusals;
 pub mod report;
+pub mod router;
 mod server;
 mod shared;
 pub mod sources;
@@ -34,6 +35,7 @@ mod tried;
 pub mod upstream;
 
 pub use config::{DataPlaneConfig, SnapshotSource, Timeouts};
+pub use router::{RouteRequest, Router, Routing};
 
 use ilb_core::snapshot::Snapshot;
 use shared::Shared;
@@ -79,30 +81,7 @@ impl DataPlane {
         if let Some(admin) = admin {
             tasks.spawn(server::serve(admin, Arc::clone(&shared), server::Role::Admin, shutdown_rx.clone()));
         }
-        tasks.spawn(sources::probe_ejected(Arc::clone(&shared), shutdown_rx.clone()));
-        let planner = Arc::clone(&shared);
-        let planner_shutdown = shutdown_rx.clone();
-        tasks.spawn(async move { admission::plan_shedding(&planner.routing, planner_shutdown).await });
-        if let Some(reports) = reports {
-            tasks.spawn(report::run(Arc::clone(&shared), reports, shutdown_rx.clone()));
-        }
-        match source {
-            SnapshotSource::Manual => {}
-            SnapshotSource::Poll { url, interval, long_poll } => {
-                let holds = holds::url_for_snapshot_url(&url).into_iter().collect();
-                tasks.spawn(holds::follow(Arc::clone(&shared), holds, shutdown_rx.clone()));
-                tasks.spawn(sources::poll(Arc::clone(&shared), vec![url], interval, long_poll, shutdown_rx));
-            }
-            SnapshotSource::Replicas { urls, interval, long_poll } => {
-                // The fast guard rides beside the snapshots, from the same replicas.
-                let holds = urls.iter().filter_map(|u| holds::url_for_snapshot_url(u)).collect();
-                tasks.spawn(holds::follow(Arc::clone(&shared), holds, shutdown_rx.clone()));
-                tasks.spawn(sources::poll(Arc::clone(&shared), urls, interval, long_poll, shutdown_rx));
-            }
-            SnapshotSource::Discover { engines, interval } => {
-                tasks.spawn(sources::discover(Arc::clone(&shared), engines, interval, shutdown_rx));
-            }
-        }
+        router::spawn_background(&shared, source, reports, &shutdown_rx, &mut tasks);
         Ok(DataPlane { shared, local_addr, admin_addr, shutdown, tasks })
     }
 

@@ -151,21 +151,7 @@ impl Routed<'_, '_> {
     /// Planned shedding: the control plane says this class is over capacity
     /// ([`admission::arrive`]).
     fn admit(&self) -> Result<(), ProxyError> {
-        self.class_state.arrivals.fetch_add(1, Relaxed);
-        if !admission::arrive(&self.class_state.priority, self.request.priority, self.request_id) {
-            return Ok(());
-        }
-        self.class_state.shed.fetch_add(1, Relaxed);
-        let priority = self.request.priority;
-        let share = admission::shed_probability(&self.class_state.priority, priority);
-        Err(ProxyError::Shed(format!(
-            "class '{}' of model '{}' is over capacity and sheds {} of its {} priority requests{}",
-            self.class.id,
-            self.model,
-            if share >= 1.0 { "all".to_owned() } else { format!("{:.0} %", share * 100.0) },
-            priority.as_str(),
-            if priority == ilb_core::priority::Priority::Low { "" } else { " (lower priorities first)" },
-        )))
+        admit(self.class_state, self.class, self.model, self.request.priority, self.request_id)
     }
 
     /// Picks an engine, waits for a slot when all are full, asks the retry budget before each
@@ -226,22 +212,9 @@ impl Routed<'_, '_> {
     /// The candidate for the next attempt ([`pick::choose`]); remembered for the request's
     /// affinity key.
     fn pick(&self, tried: &[usize], now_s: u32) -> Result<usize, NoCandidate> {
-        let shared = self.shared;
-        let pinned = self
-            .request
-            .previous_response
-            .and_then(|key| self.class.stored_at(&shared.responses, key, now_s));
-        let pick = Pick {
-            tried,
-            pinned,
-            affinity: &shared.affinity,
-            now_s,
-            place_new_by_load: shared.config.place_new_keys_by_load,
-        };
-        let key_hash = self.request.key_hash;
-        let candidate = choose(self.installed, self.class, self.constraints, key_hash, pick)?;
-        self.class.remember(&shared.affinity, key_hash, candidate, now_s);
-        Ok(candidate)
+        let target =
+            ClassTarget { installed: self.installed, class: self.class, constraints: self.constraints };
+        pick(self.shared, target, self.request, tried, now_s)
     }
 
     /// Sends the request to `candidate` (the `attempts`-th attempt) and judges the answer
@@ -304,6 +277,65 @@ impl Routed<'_, '_> {
             }),
         }
     }
+}
+
+/// Planned shedding: the control plane says this class is over capacity
+/// ([`admission::arrive`]). Counts the arrival; a shed request is counted and refused (429).
+/// The proxy and the endpoint picker (`router`) admit through this one function.
+pub(crate) fn admit(
+    class_state: &ClassState,
+    class: &ClassTable,
+    model: &ilb_core::ModelName,
+    priority: Priority,
+    request_id: u64,
+) -> Result<(), ProxyError> {
+    class_state.arrivals.fetch_add(1, Relaxed);
+    if !admission::arrive(&class_state.priority, priority, request_id) {
+        return Ok(());
+    }
+    class_state.shed.fetch_add(1, Relaxed);
+    let share = admission::shed_probability(&class_state.priority, priority);
+    Err(ProxyError::Shed(format!(
+        "class '{}' of model '{}' is over capacity and sheds {} of its {} priority requests{}",
+        class.id,
+        model,
+        if share >= 1.0 { "all".to_owned() } else { format!("{:.0} %", share * 100.0) },
+        priority.as_str(),
+        if priority == ilb_core::priority::Priority::Low { "" } else { " (lower priorities first)" },
+    )))
+}
+
+/// A request's class on the installed table, and the constraints it was chosen for.
+#[derive(Clone, Copy)]
+pub(crate) struct ClassTarget<'a> {
+    pub installed: &'a Installed,
+    pub class: &'a ClassTable,
+    pub constraints: &'a Constraints<'a>,
+}
+
+/// The candidate for a request's next attempt ([`choose`]): the engine that stored the response
+/// it continues if that one can serve, else the remembered or hashed engine; remembered for the
+/// request's affinity key. The proxy and the endpoint picker (`router`) pick through this one
+/// function. Hot path.
+pub(crate) fn pick(
+    shared: &Shared,
+    target: ClassTarget<'_>,
+    request: &Classified<'_>,
+    tried: &[usize],
+    now_s: u32,
+) -> Result<usize, NoCandidate> {
+    let ClassTarget { installed, class, constraints } = target;
+    let pinned = request.previous_response.and_then(|key| class.stored_at(&shared.responses, key, now_s));
+    let pick = Pick {
+        tried,
+        pinned,
+        affinity: &shared.affinity,
+        now_s,
+        place_new_by_load: shared.config.place_new_keys_by_load,
+    };
+    let candidate = choose(installed, class, constraints, request.key_hash, pick)?;
+    class.remember(&shared.affinity, request.key_hash, candidate, now_s);
+    Ok(candidate)
 }
 
 /// One engine of one class of the installed table: where an attempt goes.
@@ -417,7 +449,7 @@ pub(crate) async fn read_body(
 /// `Content-Encoding` header is removed, since the engine gets the decoded bytes. `identity`
 /// passes; any other encoding, or a list of them, is refused (415). Hot path: one header
 /// lookup when the body is not compressed.
-fn decode(headers: &mut HeaderMap, body: Bytes, limit: usize) -> Result<Bytes, ProxyError> {
+pub(crate) fn decode(headers: &mut HeaderMap, body: Bytes, limit: usize) -> Result<Bytes, ProxyError> {
     use std::io::Read;
     let mut encodings = headers.get_all(header::CONTENT_ENCODING).iter();
     let Some(first) = encodings.next() else { return Ok(body) };
@@ -495,7 +527,7 @@ pub fn classify_request<'a>(
 }
 
 /// [`classify_request`] on a body already read (a JSON body, or a multipart form's fields).
-fn classify_info<'a>(
+pub(crate) fn classify_info<'a>(
     endpoint: Endpoint,
     info: classify::BodyInfo<'a>,
     headers: &'a HeaderMap,
@@ -531,13 +563,17 @@ fn classify_info<'a>(
 
 /// The boundary of a `multipart/form-data` body (audio transcriptions and translations), or
 /// `None` for any other content type.
-fn multipart_boundary(headers: &HeaderMap) -> Option<String> {
+pub(crate) fn multipart_boundary(headers: &HeaderMap) -> Option<String> {
     let content_type = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
     multer::parse_boundary(content_type).ok()
 }
 
 /// The text of a multipart form's field `name`, read from the buffered body with `multer`.
-async fn form_field(body: &Bytes, boundary: String, name: &str) -> Result<Option<String>, ProxyError> {
+pub(crate) async fn form_field(
+    body: &Bytes,
+    boundary: String,
+    name: &str,
+) -> Result<Option<String>, ProxyError> {
     let bad = |e: multer::Error| ProxyError::BadRequest(format!("malformed multipart body: {e}"));
     let whole = futures_util::stream::iter([Ok::<Bytes, std::convert::Infallible>(body.clone())]);
     let mut form = multer::Multipart::new(whole, boundary);

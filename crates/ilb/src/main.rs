@@ -27,6 +27,8 @@ enum Command {
     ControlPlane(cmd::control_plane::ControlPlaneArgs),
     /// Run the data plane: an OpenAI-compatible proxy for one front-end cluster.
     DataPlane(cmd::data_plane::DataPlaneArgs),
+    /// Run ilb as the Endpoint Picker (ext_proc gRPC) of an Envoy gateway, with the data plane's routing.
+    Epp(cmd::epp::EppArgs),
     /// Explain the weights of one cluster and model, from a running control plane.
     Explain(cmd::explain::ExplainArgs),
     /// Run one or more simulated OpenAI-compatible inference engines.
@@ -47,6 +49,7 @@ fn main() -> std::process::ExitCode {
         Command::Demo(args) => cmd::demo::run(args),
         Command::ControlPlane(args) => cmd::control_plane::run(args),
         Command::DataPlane(args) => cmd::data_plane::run(args),
+        Command::Epp(args) => cmd::epp::run(args),
         Command::EngineSim(args) => cmd::engine_sim::run(args),
         Command::Explain(args) => cmd::explain::run(args),
         Command::Optimize(args) => cmd::optimize::run(args),

@@ -17,6 +17,7 @@ const ILB_CRATES: &[&str] = &[
     "ilb-dataplane",
     "ilb-planning",
     "ilb-controlplane",
+    "ilb-epp",
     "ilb-fleet-sim",
 ];
 
@@ -30,6 +31,12 @@ fn rules() -> Vec<(&'static str, Vec<&'static str>, &'static str)> {
             "ilb-dataplane",
             vec!["ilb-controlplane", "ilb-optimizer"],
             "the data plane never needs the control plane",
+        ),
+        ("ilb-dataplane", vec!["tonic"], "gRPC stays in the EPP, out of the data plane"),
+        (
+            "ilb-epp",
+            vec!["ilb-controlplane"],
+            "the EPP is the data plane's routing behind a gateway, not a control plane",
         ),
         (
             "ilb-controlplane",
@@ -68,6 +75,7 @@ fn rules() -> Vec<(&'static str, Vec<&'static str>, &'static str)> {
         "ilb-dataplane",
         "ilb-planning",
         "ilb-controlplane",
+        "ilb-epp",
     ] {
         rules.push((krate, vec!["ilb-fleet-sim"], "nothing but the binary depends on the fleet simulator"));
     }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 #[derive(clap::Args, Debug)]
 pub struct DataPlaneArgs {
-    /// Address to serve the OpenAI-compatible API on.
+    /// Address to serve on: the OpenAI-compatible API (`ilb epp`: the ext_proc gRPC server).
     #[arg(long)]
     listen: Option<SocketAddr>,
     /// Serve /metrics, /debug/route and /health on this address instead of the client
@@ -78,7 +78,43 @@ pub struct DataPlaneArgs {
     threads: Option<usize>,
 }
 
+/// What the data plane's flags and config file make, validated and with its files read, before
+/// any port is bound: `ilb data-plane` serves it, `ilb epp` routes with it.
+pub struct Prepared {
+    pub config: DataPlaneConfig,
+    pub source: SnapshotSource,
+    /// A snapshot file to install and follow (`--snapshot`).
+    pub snapshot_file: Option<PathBuf>,
+    pub reports: Option<ReportConfig>,
+    /// TLS for the client listener (`--tls-cert`), watched for rotation.
+    pub listener: Option<crate::tls::Listener>,
+    pub runtime: tokio::runtime::Runtime,
+}
+
+impl DataPlaneArgs {
+    /// Whether the flags set a client-listener option that only the proxy has (`ilb epp`
+    /// refuses them): its name.
+    pub fn proxy_only_flag(&self) -> Option<&'static str> {
+        if self.admin_listen.is_some() {
+            Some("--admin-listen")
+        } else if self.route_header.is_some() {
+            Some("--route-header")
+        } else if self.tls_cert.is_some() {
+            Some("--tls-cert")
+        } else {
+            None
+        }
+    }
+}
+
 pub fn run(args: DataPlaneArgs) -> anyhow::Result<()> {
+    let Prepared { config, source, snapshot_file, reports, listener, runtime } = prepare(&args)?;
+    runtime.block_on(serve(config, source, snapshot_file, reports, listener))
+}
+
+/// Reads the config file, applies the flags over it, reads the TLS files and validates; builds
+/// the runtime (`--threads`).
+pub fn prepare(args: &DataPlaneArgs) -> anyhow::Result<Prepared> {
     let (mut section, mut tls) = match &args.config {
         Some(path) => {
             let file = config::load(path)?;
@@ -146,7 +182,7 @@ pub fn run(args: DataPlaneArgs) -> anyhow::Result<()> {
         Some(n) => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build()?,
         None => tokio::runtime::Builder::new_multi_thread().enable_all().build()?,
     };
-    runtime.block_on(serve(config, source, file, reports, listener))
+    Ok(Prepared { config, source, snapshot_file: file, reports, listener, runtime })
 }
 
 async fn serve(
@@ -165,16 +201,26 @@ async fn serve(
         println!("data-plane admin (metrics, debug/route, health): {admin}");
     }
     let _watcher = listener.map(|l| AbortOnDrop(tokio::spawn(l.watch(Duration::from_secs(1)))));
-    // The snapshot file is polled once a second and reinstalled when its mtime changes.
+    follow_snapshot_file(file.as_deref(), |bytes| data_plane.install_json(bytes)).await;
+    data_plane.shutdown().await;
+    Ok(())
+}
+
+/// Until ctrl-c: installs the snapshot `file` (if any) with `install`, again whenever its
+/// mtime changes (polled once a second); a snapshot refused keeps the last good one.
+pub async fn follow_snapshot_file(
+    file: Option<&Path>,
+    install: impl Fn(&[u8]) -> Result<(), ilb_dataplane::state::InstallError>,
+) {
     let mut last_modified = None;
     loop {
-        if let Some(path) = &file {
+        if let Some(path) = file {
             let modified = modified(path);
             if modified != last_modified || last_modified.is_none() {
                 last_modified = modified;
                 let installed = std::fs::read(path)
                     .with_context(|| format!("cannot read {}", path.display()))
-                    .and_then(|bytes| Ok(data_plane.install_json(&bytes)?));
+                    .and_then(|bytes| Ok(install(&bytes)?));
                 if let Err(e) = installed {
                     tracing::warn!(file = %path.display(), error = %format!("{e:#}"), "snapshot not installed, keeping the last good one");
                 }
@@ -185,8 +231,6 @@ async fn serve(
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
     }
-    data_plane.shutdown().await;
-    Ok(())
 }
 
 /// Stops a background task when dropped.

@@ -7,6 +7,7 @@ mod demo_engines;
 mod demo_fleet;
 mod demo_scenario;
 pub mod engine_sim;
+pub mod epp;
 pub mod explain;
 pub mod optimize;
 pub mod simulate;

@@ -1,0 +1,183 @@
+//! ilb as the Endpoint Picker (EPP) of an Envoy gateway, per the Gateway API Inference
+//! Extension's EPP protocol v1.0: a gRPC server implementing Envoy's
+//! `envoy.service.ext_proc.v3.ExternalProcessor`, which tells the gateway which engine (and
+//! which fallbacks, in order) should serve each request, in the `x-gateway-destination-endpoint`
+//! header and the `envoy.lb` dynamic metadata.
+//!
+//! The decision is the data plane's own ([`ilb_dataplane::Router`]): the same classification,
+//! snapshot, holds, guard, shedding and `ClassTable::select`; the gateway forwards the request.
+//! The endpoint that served (`x-gateway-destination-endpoint-served`, from the gateway's
+//! metadata on the response path) feeds the in-flight counts, the affinity table, the local
+//! guard and the reports to the control plane. Health is served with `grpc.health.v1`:
+//! `liveness` at once; `readiness`, the ext_proc service name and the server (`""`) once a
+//! snapshot is installed.
+//!
+//! **Invariant:** response bodies pass through unchanged, chunk by chunk as the gateway sent
+//! them; request bodies are read whole (the pick needs the model and the prompt) and sent back
+//! unchanged.
+
+mod stream;
+pub mod wire;
+
+pub use stream::StreamError;
+
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
+    ExternalProcessor, ExternalProcessorServer,
+};
+use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
+use ilb_dataplane::Router;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::{Request, Response, Status, Streaming};
+
+/// The name of the ext_proc service, as health checks ask for it.
+pub const EXT_PROC_SERVICE: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
+
+/// How long [`Epp::shutdown`] lets open streams finish.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// A running endpoint picker.
+pub struct Epp {
+    local_addr: SocketAddr,
+    router: Arc<Router>,
+    shutdown: watch::Sender<bool>,
+    server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    readiness: tokio::task::JoinHandle<()>,
+}
+
+impl Epp {
+    /// Binds `listen` and serves the ext_proc and health services, picking with `router`.
+    pub async fn start(listen: SocketAddr, router: Router) -> std::io::Result<Epp> {
+        let listener = tokio::net::TcpListener::bind(listen).await?;
+        let local_addr = listener.local_addr()?;
+        let router = Arc::new(router);
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health.set_service_status("liveness", tonic_health::ServingStatus::Serving).await;
+        for service in ["readiness", EXT_PROC_SERVICE, ""] {
+            health.set_service_status(service, tonic_health::ServingStatus::NotServing).await;
+        }
+        let (shutdown, mut shutdown_rx) = watch::channel(false);
+        let readiness = tokio::spawn(follow_readiness(Arc::clone(&router), health, shutdown_rx.clone()));
+        let service = ExternalProcessorServer::new(ExtProc { router: Arc::clone(&router) })
+            .max_decoding_message_size(router.config().max_body_bytes.saturating_add(64 << 10));
+        let server = tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(service)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+                let _ = shutdown_rx.wait_for(|stop| *stop).await;
+            });
+        let server = tokio::spawn(server);
+        Ok(Epp { local_addr, router, shutdown, server, readiness })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn router(&self) -> &Router {
+        &self.router
+    }
+
+    /// Stops accepting, gives open streams [`SHUTDOWN_GRACE`] to end (a gateway keeps its
+    /// gRPC connection open, so they may not), then stops them and the router's tasks.
+    pub async fn shutdown(mut self) {
+        let _ = self.shutdown.send(true);
+        match tokio::time::timeout(SHUTDOWN_GRACE, &mut self.server).await {
+            Ok(Ok(Err(error))) => tracing::warn!(%error, "epp server ended with an error"),
+            Ok(Err(error)) => tracing::warn!(%error, "epp server task failed"),
+            Ok(Ok(Ok(()))) => {}
+            Err(_) => self.server.abort(),
+        }
+        let _ = self.readiness.await;
+        if let Ok(router) = Arc::try_unwrap(self.router) {
+            router.shutdown().await;
+        }
+    }
+}
+
+/// Sets readiness (and the ext_proc service's status) from whether a snapshot is installed.
+async fn follow_readiness(
+    router: Arc<Router>,
+    health: tonic_health::server::HealthReporter,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut ready = false;
+    loop {
+        let now_ready = router.installed().is_some();
+        if now_ready != ready {
+            ready = now_ready;
+            let status = if ready {
+                tonic_health::ServingStatus::Serving
+            } else {
+                tonic_health::ServingStatus::NotServing
+            };
+            for service in ["readiness", EXT_PROC_SERVICE, ""] {
+                health.set_service_status(service, status).await;
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// The ext_proc service: one task per stream.
+struct ExtProc {
+    router: Arc<Router>,
+}
+
+#[tonic::async_trait]
+impl ExternalProcessor for ExtProc {
+    type ProcessStream = ReceiverStream<Result<ProcessingResponse, Status>>;
+
+    async fn process(
+        &self,
+        request: Request<Streaming<ProcessingRequest>>,
+    ) -> Result<Response<Self::ProcessStream>, Status> {
+        let inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(16);
+        tokio::spawn(run_stream(Arc::clone(&self.router), inbound, tx));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// Reads the stream's messages and sends the answers, until Envoy closes it, an immediate
+/// response went out, or a malformed message ends it with `INVALID_ARGUMENT`.
+async fn run_stream(
+    router: Arc<Router>,
+    mut inbound: Streaming<ProcessingRequest>,
+    tx: mpsc::Sender<Result<ProcessingResponse, Status>>,
+) {
+    let mut stream = stream::Stream::new(router);
+    loop {
+        let message = match inbound.message().await {
+            Ok(Some(message)) => message,
+            Ok(None) => return,
+            Err(status) => {
+                tracing::debug!(%status, "ext_proc stream ended");
+                return;
+            }
+        };
+        match stream.handle(message).await {
+            Ok(answers) => {
+                for answer in answers {
+                    if tx.send(Ok(answer)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            Err(error) => {
+                tracing::debug!(%error, "malformed ext_proc stream");
+                let _ = tx.send(Err(Status::invalid_argument(error.to_string()))).await;
+                return;
+            }
+        }
+        if stream.done() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! One ext_proc stream, which Envoy opens per HTTP request: the request's headers and body come
+//! in, the pick goes out (header + `envoy.lb` metadata), then the response's headers and body
+//! pass through while its [`Routing`] counts the engine that served it until the body ends.
+//!
+//! Request bodies are read whole (the pick needs the model and the prompt's prefix) in
+//! `FULL_DUPLEX_STREAMED` mode, where they are sent back unchanged after the pick, or in
+//! `BUFFERED` mode, where the pick rides on the body's response. Response bodies are passed
+//! through chunk by chunk as they came (full duplex) or acknowledged (buffered).
+
+use crate::wire;
+use bytes::{Bytes, BytesMut};
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    processing_request::Request, processing_response, CommonResponse, HttpBody, HttpHeaders,
+    ProcessingRequest, ProcessingResponse, TrailersResponse,
+};
+use ilb_dataplane::error::ProxyError;
+use ilb_dataplane::{RouteRequest, Router, Routing};
+use std::sync::Arc;
+
+/// What went wrong with the stream itself (not with the HTTP request it carries, which gets an
+/// immediate response): the gRPC status ending it.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error("{0}")]
+    Protocol(String),
+}
+
+/// How Envoy sends one direction's body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BodyMode {
+    None,
+    Buffered,
+    FullDuplex,
+    /// `STREAMED`, `BUFFERED_PARTIAL`, `GRPC`: not spoken.
+    Other(i32),
+}
+
+impl BodyMode {
+    fn of(mode: i32) -> BodyMode {
+        match BodySendMode::try_from(mode) {
+            Ok(BodySendMode::None) => BodyMode::None,
+            Ok(BodySendMode::Buffered) => BodyMode::Buffered,
+            Ok(BodySendMode::FullDuplexStreamed) => BodyMode::FullDuplex,
+            _ => BodyMode::Other(mode),
+        }
+    }
+}
+
+/// Which of Envoy's messages the pick answers.
+#[derive(Clone, Copy, Debug)]
+enum Via {
+    /// The request has no body (or Envoy sends none): the headers' answer.
+    Headers,
+    /// Full duplex: the headers' answer, then the body sent back.
+    DuplexBody { end_of_stream: bool },
+    /// Buffered: the body's answer (the headers were answered when they came).
+    BufferedBody,
+}
+
+/// The state of one stream.
+pub struct Stream {
+    router: Arc<Router>,
+    request_mode: BodyMode,
+    response_mode: BodyMode,
+    headers: http::HeaderMap,
+    path: Option<String>,
+    subset: Option<Vec<String>>,
+    body: BytesMut,
+    /// The request got its answer (a pick or an immediate response).
+    answered: bool,
+    routing: Option<Routing>,
+    /// An immediate response was sent: Envoy ends the stream.
+    done: bool,
+}
+
+impl Stream {
+    pub fn new(router: Arc<Router>) -> Stream {
+        Stream {
+            router,
+            // Until Envoy says otherwise (its first message carries the protocol configuration),
+            // the modes the EPP protocol asks for.
+            request_mode: BodyMode::FullDuplex,
+            response_mode: BodyMode::FullDuplex,
+            headers: http::HeaderMap::new(),
+            path: None,
+            subset: None,
+            body: BytesMut::new(),
+            answered: false,
+            routing: None,
+            done: false,
+        }
+    }
+
+    /// Whether the stream has nothing left to do (an immediate response went out).
+    pub fn done(&self) -> bool {
+        self.done
+    }
+
+    /// Handles one message; returns the messages to send back, in order.
+    pub async fn handle(
+        &mut self,
+        message: ProcessingRequest,
+    ) -> Result<Vec<ProcessingResponse>, StreamError> {
+        if let Some(config) = &message.protocol_config {
+            self.request_mode = BodyMode::of(config.request_body_mode);
+            self.response_mode = BodyMode::of(config.response_body_mode);
+        }
+        let metadata = message.metadata_context.as_ref();
+        match message.request {
+            Some(Request::RequestHeaders(headers)) => {
+                self.subset = wire::subset_hint(metadata);
+                self.request_headers(headers).await
+            }
+            Some(Request::RequestBody(body)) => self.request_body(body).await,
+            Some(Request::RequestTrailers(_)) => {
+                let mut out = Vec::new();
+                if !self.answered {
+                    let via = match self.request_mode {
+                        BodyMode::FullDuplex => Via::DuplexBody { end_of_stream: false },
+                        _ => Via::BufferedBody,
+                    };
+                    out = self.route(via).await;
+                }
+                if !self.done {
+                    out.push(ProcessingResponse {
+                        response: Some(processing_response::Response::RequestTrailers(
+                            TrailersResponse::default(),
+                        )),
+                        ..Default::default()
+                    });
+                }
+                Ok(out)
+            }
+            Some(Request::ResponseHeaders(headers)) => Ok(self.response_headers(metadata, &headers)),
+            Some(Request::ResponseBody(body)) => Ok(self.response_body(body)),
+            Some(Request::ResponseTrailers(_)) => {
+                self.finish();
+                Ok(vec![ProcessingResponse {
+                    response: Some(processing_response::Response::ResponseTrailers(
+                        TrailersResponse::default(),
+                    )),
+                    ..Default::default()
+                }])
+            }
+            None => Err(StreamError::Protocol("a processing request without a request field".into())),
+        }
+    }
+
+    async fn request_headers(
+        &mut self,
+        headers: HttpHeaders,
+    ) -> Result<Vec<ProcessingResponse>, StreamError> {
+        if self.answered || !self.headers.is_empty() || self.path.is_some() {
+            return Err(StreamError::Protocol("request headers sent twice on one stream".into()));
+        }
+        match wire::read_headers(headers.headers.as_ref()) {
+            Ok((map, path)) => {
+                self.headers = map;
+                self.path = path;
+            }
+            Err(e) => return Ok(self.refuse(ProxyError::BadRequest(e.to_string()))),
+        }
+        if headers.end_of_stream || self.request_mode == BodyMode::None {
+            return Ok(self.route(Via::Headers).await);
+        }
+        match self.request_mode {
+            // Envoy waits for this answer before it sends the body.
+            BodyMode::Buffered => Ok(vec![wire::request_headers(CommonResponse::default())]),
+            BodyMode::FullDuplex => Ok(Vec::new()),
+            BodyMode::Other(mode) => Ok(self.refuse(ProxyError::BadRequest(format!(
+                "ilb epp reads request bodies in FULL_DUPLEX_STREAMED or BUFFERED mode, not in mode {mode}; \
+                 fix the gateway's ext_proc processing_mode"
+            )))),
+            BodyMode::None => unreachable!("routed above"),
+        }
+    }
+
+    async fn request_body(&mut self, body: HttpBody) -> Result<Vec<ProcessingResponse>, StreamError> {
+        if self.answered {
+            return Err(StreamError::Protocol("request body after the request was answered".into()));
+        }
+        if self.path.is_none() {
+            return Err(StreamError::Protocol("request body before request headers".into()));
+        }
+        let limit = self.router.config().max_body_bytes;
+        if self.body.len() + body.body.len() > limit {
+            return Ok(self.refuse(ProxyError::BodyTooLarge { limit }));
+        }
+        self.body.extend_from_slice(&body.body);
+        match self.request_mode {
+            // The whole body in one message (trailers may follow), which Envoy waits on.
+            BodyMode::Buffered => Ok(self.route(Via::BufferedBody).await),
+            // Chunks as they arrive, answered once the body is whole.
+            _ if body.end_of_stream => Ok(self.route(Via::DuplexBody { end_of_stream: true }).await),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    /// Picks for the request read so far and answers it `via` the message Envoy waits on; an
+    /// error answers with an immediate response.
+    async fn route(&mut self, via: Via) -> Vec<ProcessingResponse> {
+        self.answered = true;
+        let body: Bytes = std::mem::take(&mut self.body).freeze();
+        let path = self.path.clone().unwrap_or_default();
+        let request = RouteRequest {
+            path: &path,
+            headers: &self.headers,
+            body: body.clone(),
+            subset: self.subset.as_deref(),
+        };
+        let routing = match self.router.route(request).await {
+            Ok(routing) => routing,
+            Err(error) => return self.refuse(error),
+        };
+        let endpoints = routing.endpoints().join(",");
+        tracing::debug!(endpoints = %endpoints, engines = ?routing.engine_ids(), "picked");
+        self.routing = Some(routing);
+        let metadata = Some(wire::pick_metadata(&endpoints));
+        match via {
+            Via::Headers => {
+                let mut headers = wire::request_headers(wire::pick_common(&endpoints, None));
+                headers.dynamic_metadata = metadata;
+                vec![headers]
+            }
+            Via::DuplexBody { end_of_stream } => {
+                // The headers are still held: their answer carries the pick, then the body
+                // goes back as it came (the pick needed all of it).
+                let mut headers = wire::request_headers(wire::pick_common(&endpoints, Some(body.len())));
+                headers.dynamic_metadata = metadata;
+                let mut out = vec![headers];
+                out.extend(wire::request_body_chunks(&body, end_of_stream));
+                out
+            }
+            Via::BufferedBody => {
+                let mut answer = wire::request_body(wire::pick_common(&endpoints, None));
+                answer.dynamic_metadata = metadata;
+                vec![answer]
+            }
+        }
+    }
+
+    /// The request's error as the gateway's immediate response: its status and OpenAI-style
+    /// JSON body (a 4xx for the client's mistakes, 429 shed, 503 no engine).
+    fn refuse(&mut self, error: ProxyError) -> Vec<ProcessingResponse> {
+        self.answered = true;
+        self.done = true;
+        let status = error.status();
+        let details = format!("ilb_epp_{}", status.as_u16());
+        let response: http::Response<Bytes> = error.into_response();
+        let (parts, body) = response.into_parts();
+        vec![wire::immediate(status, &parts.headers, &body, &details)]
+    }
+
+    fn response_headers(
+        &mut self,
+        metadata: Option<&envoy_types::pb::envoy::config::core::v3::Metadata>,
+        headers: &HttpHeaders,
+    ) -> Vec<ProcessingResponse> {
+        let status = wire::status_of(headers.headers.as_ref()).unwrap_or(http::StatusCode::OK);
+        let sse = wire::read_headers(headers.headers.as_ref()).ok().is_some_and(|(map, _)| {
+            map.get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|ct| ct.starts_with("text/event-stream"))
+        });
+        if let Some(routing) = &mut self.routing {
+            routing.served(wire::served_endpoint(metadata).as_deref(), status, sse);
+        }
+        if headers.end_of_stream || self.response_mode == BodyMode::None {
+            self.finish();
+        }
+        vec![wire::response_headers()]
+    }
+
+    fn response_body(&mut self, body: HttpBody) -> Vec<ProcessingResponse> {
+        if let Some(routing) = &mut self.routing {
+            if !body.body.is_empty() {
+                routing.chunk();
+            }
+        }
+        if body.end_of_stream {
+            self.finish();
+        }
+        match self.response_mode {
+            BodyMode::FullDuplex => vec![wire::response_body(wire::streamed(&body.body, body.end_of_stream))],
+            _ => vec![wire::response_body(CommonResponse::default())],
+        }
+    }
+
+    fn finish(&mut self) {
+        if let Some(routing) = &mut self.routing {
+            routing.finish();
+        }
+    }
+}

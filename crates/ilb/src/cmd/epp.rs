@@ -1,0 +1,36 @@
+//! `ilb epp`: ilb as the Endpoint Picker of an Envoy gateway (docs/epp.md). It takes the data
+//! plane's routing flags and config (`--engine`, `--control-plane`/`--cluster`, `--snapshot`,
+//! `--config`, the engine and control-plane TLS flags), routes with the data plane's own code
+//! (`ilb_dataplane::Router`) and answers Envoy's ext_proc stream on `--listen` (gRPC).
+
+use crate::cmd::data_plane::{self, DataPlaneArgs, Prepared};
+use anyhow::{bail, Context};
+use ilb_dataplane::Router;
+
+#[derive(clap::Args, Debug)]
+pub struct EppArgs {
+    #[command(flatten)]
+    routing: DataPlaneArgs,
+}
+
+pub fn run(args: EppArgs) -> anyhow::Result<()> {
+    if let Some(flag) = args.routing.proxy_only_flag() {
+        bail!(
+            "{flag} is a data-plane listener option; ilb epp serves gRPC to the gateway and does not take it"
+        );
+    }
+    let Prepared { config, source, snapshot_file, reports, listener: _, runtime } =
+        data_plane::prepare(&args.routing)?;
+    runtime.block_on(async move {
+        let listen = config.listen;
+        let router = Router::start(config, source, reports);
+        let epp = ilb_epp::Epp::start(listen, router)
+            .await
+            .with_context(|| format!("cannot listen on {listen}"))?;
+        println!("epp (ext_proc gRPC): {}", epp.local_addr());
+        data_plane::follow_snapshot_file(snapshot_file.as_deref(), |bytes| epp.router().install_json(bytes))
+            .await;
+        epp.shutdown().await;
+        Ok(())
+    })
+}
