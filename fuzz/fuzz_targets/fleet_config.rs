@@ -7,9 +7,9 @@
 
 #![no_main]
 
-use ilb_controlplane::fleet::Fleet;
-use ilb_controlplane::planner::Planner;
-use ilb_controlplane::FleetConfig;
+use ilb_planning::fleet::Fleet;
+use ilb_planning::planner::Planner;
+use ilb_planning::FleetConfig;
 use ilb_core::snapshot::Snapshot;
 use ilb_core::table::RoutingTable;
 use libfuzzer_sys::fuzz_target;

@@ -7,8 +7,8 @@
 
 #![no_main]
 
-use ilb_controlplane::prom::{self, Limits};
-use ilb_controlplane::signals::{self, EngineSample, Histogram};
+use ilb_planning::prom::{self, Limits};
+use ilb_planning::signals::{self, EngineSample, Histogram};
 use libfuzzer_sys::fuzz_target;
 use std::time::Duration;
 

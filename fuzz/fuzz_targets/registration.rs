@@ -7,8 +7,8 @@
 
 #![no_main]
 
-use ilb_controlplane::fleet::members::{Members, RegisterError, Registration};
-use ilb_controlplane::FleetConfig;
+use ilb_planning::fleet::members::{Members, RegisterError, Registration};
+use ilb_planning::FleetConfig;
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 use std::time::Duration;

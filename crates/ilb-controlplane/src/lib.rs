@@ -1,44 +1,37 @@
-//! The ilb control plane: collect engine signals, smooth them, and model each engine's
-//! latency as a function of load, for the optimizer.
+//! The ilb control plane's shell: the tasks, sockets and clock around the planning model
+//! (`ilb-planning`). It scrapes engines, takes the data planes' reports and the engines'
+//! registrations, discovers engines, runs the control loop that owns the model's `Fleet` and
+//! `Planner`, and publishes snapshots and engine holds over its HTTP API.
 //!
-//! - [`prom`]: a bounded, zero-copy Prometheus text-format (0.0.4 / OpenMetrics) parser.
-//! - [`signals`]: vLLM, SGLang, llama.cpp and TGI metric names → one [`signals::EngineSample`] per model,
-//!   and windowed figures (rates, latency means and quantiles) between two samples.
+//! Modules, leaves first; each imports only modules above it:
+//! - `clock`: the only place that reads the clock.
 //! - [`scrape`]: fetch and parse one engine's `/metrics` with a timeout and a body limit.
-//! - [`smoothing`]: EWMA with an explicit time constant, staleness, counter rates.
-//! - [`profile`]: latency profiles L(y), their fit from observations, and the projection
-//!   onto convex non-decreasing curves the optimizer requires.
-//! - [`plan`], [`planner`]: fleet state → optimizer problems (one per model) → warm-started
-//!   solves → one routing snapshot per front-end cluster; the control loop and the fleet
-//!   simulator both plan through [`planner::Planner`].
-//! - [`clock`]: the only place that reads the clock.
-//! - [`fleet::members`], [`discovery`], [`registrar`]: where engines come from (config file,
-//!   registrations with leases, DNS discovery) and how the set changes while running;
-//!   [`run::Reloader`] applies a new config file.
+//! - `publish`, `guard`: the published snapshots and engine holds. `telemetry`: `/metrics`
+//!   from the model's `View`. `dashboard`: the web page.
+//! - `events`: the control loop's closed `Event` enum and the handles of the tasks it starts.
+//! - [`discovery`]: engines from DNS; `registrar`: the client side of registration
+//!   ([`Registrar`]).
+//! - `api`: the HTTP API (`engines.rs`: registration).
+//! - `run`: the control loop ([`ControlPlane`], [`Reloader`]).
 //!
 //! **Invariant:** the control plane never depends on the data plane crate.
+//! **Invariant:** planning happens in `ilb-planning`; this crate only feeds it and publishes
+//! what it plans.
 
-pub mod clock;
-pub mod profile;
-pub mod prom;
-pub mod scrape;
-pub mod signals;
-pub mod smoothing;
-
-pub mod api;
-mod api_engines;
-pub mod config;
-pub mod dashboard;
+mod api;
+mod clock;
+mod dashboard;
 pub mod discovery;
-pub mod fleet;
-pub mod guard;
-pub mod plan;
-pub mod planner;
-pub mod publish;
-pub mod registrar;
-pub mod run;
-pub mod telemetry;
-pub mod view;
+mod events;
+mod guard;
+mod publish;
+mod registrar;
+mod run;
+pub mod scrape;
+mod telemetry;
 
-pub use config::FleetConfig;
+pub use api::ApiTls;
+pub use dashboard::PAGE as DASHBOARD_PAGE;
+pub use ilb_planning::FleetConfig;
+pub use registrar::{Registrar, RegistrarError};
 pub use run::{ControlPlane, Reloader};

@@ -12,7 +12,6 @@ use tokio::sync::watch;
 
 #[derive(Clone, Debug)]
 pub struct Published {
-    pub version: u64,
     /// Strong ETag, `"<version>"`.
     pub etag: String,
     pub body: Bytes,
@@ -62,14 +61,7 @@ impl Publisher {
                         continue;
                     }
                 };
-                map.insert(
-                    cluster.clone(),
-                    Published {
-                        version: snapshot.version.0,
-                        etag: format!("\"{}\"", snapshot.version.0),
-                        body,
-                    },
-                );
+                map.insert(cluster.clone(), Published { etag: format!("\"{}\"", snapshot.version.0), body });
             }
         }
         self.round.send_replace(version);

@@ -4,13 +4,13 @@
 //! removes the engine with `DELETE /v1/engines/{id}`; dropping it only stops renewing (the
 //! lease then runs out).
 
-use crate::fleet::members::Registration;
 use bytes::Bytes;
 use http::{header, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use ilb_planning::fleet::members::Registration;
 use std::time::Duration;
 use tokio::sync::watch;
 

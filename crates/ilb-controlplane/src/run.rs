@@ -9,56 +9,22 @@
 //! solve that was started before a change is discarded: its plans index the old engine set.
 
 use crate::api::{self, ApiState};
-use crate::config::{Engine, FleetConfig};
 use crate::discovery::Discovery;
-use crate::fleet::members::{Members, RegisterError, RegisterOutcome, Registration};
-use crate::fleet::{Fleet, Now};
-use crate::plan;
-use crate::planner::{Planner, Round};
+use crate::events::{ControlHandles, Event, Solved};
 use crate::publish::Publisher;
 use crate::scrape::{self, HttpClient};
-use crate::signals::EngineSample;
-use crate::view::{self, View};
-use ilb_core::report::Report;
-use ilb_core::ModelName;
-use ilb_optimizer::SolverOptions;
+use ilb_planning::config::{Engine, FleetConfig};
+use ilb_planning::fleet::members::{Members, RegisterOutcome};
+use ilb_planning::fleet::{Fleet, Now};
+use ilb_planning::view::{self, View};
+use ilb_planning::Planner;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-
-pub enum Event {
-    /// A scrape of engine `engine` at `url` finished.
-    Scraped {
-        engine: String,
-        url: String,
-        result: Result<Vec<(ModelName, EngineSample)>, String>,
-    },
-    Report(Box<Report>),
-    Tick,
-    Solved(Box<Solved>),
-    /// A new configuration file, or why the file that changed was refused.
-    Reload(Box<Result<FleetConfig, String>>),
-    /// `POST /v1/engines`.
-    Register(Box<Registration>, oneshot::Sender<Result<RegisterOutcome, RegisterError>>),
-    /// `DELETE /v1/engines/{id}`; answers whether it was registered.
-    Deregister(String, oneshot::Sender<bool>),
-    /// A discovery group's engines after a resolution.
-    Discovered {
-        group: String,
-        engines: Vec<Engine>,
-    },
-}
-
-pub struct Solved {
-    round: Round,
-    planner: Planner,
-    /// The engine-set generation the plans were built from.
-    generation: u64,
-}
 
 /// A running control plane.
 pub struct ControlPlane {
@@ -125,7 +91,6 @@ impl ControlPlane {
             state: Arc::clone(&state),
             epoch: crate::clock::now(),
             planner: Some(Planner::for_config(&config)),
-            solver_options: plan::solver_options(&config),
             generation: 0,
             solve_pending: false,
             solved_tx,
@@ -225,23 +190,15 @@ impl Drop for Scrapers {
     }
 }
 
-/// What tasks the loop starts need from it.
-pub(crate) struct ControlHandles {
-    pub(crate) client: HttpClient,
-    pub(crate) events: mpsc::Sender<Event>,
-    pub(crate) shutdown: watch::Receiver<bool>,
-}
-
 /// The control loop's state.
 struct Control {
     fleet: Fleet,
     members: Members,
     state: Arc<ApiState>,
     epoch: Instant,
-    /// The planner, while no solve runs (a solve takes it to its thread).
+    /// The planner, while no solve runs (a solve takes it to its thread). Its options follow
+    /// the fleet's configuration; one coming back from a solve takes them again.
     planner: Option<Planner>,
-    /// The options the configuration asks for; a planner coming back from a solve takes them.
-    solver_options: SolverOptions,
     /// Bumped by every change of the engine set or the settings.
     generation: u64,
     /// A change arrived while a solve ran: solve again when it returns.
@@ -398,9 +355,8 @@ impl Control {
             std::mem::replace(every, new) != new
         });
         *self.state.token.lock().unwrap_or_else(|p| p.into_inner()) = cp.token.clone();
-        self.solver_options = plan::solver_options(&config);
         if let Some(planner) = &mut self.planner {
-            planner.set_options(self.solver_options.clone());
+            planner.configure(&config);
         }
         let now = self.now();
         let diff = self.fleet.apply_config_at(config, Some(now));
@@ -430,8 +386,10 @@ impl Control {
         let problems = planner.build(&self.fleet, self.now());
         let tx = self.solved_tx.clone();
         let generation = self.generation;
+        let epoch = self.epoch;
         tokio::task::spawn_blocking(move || {
-            let round = planner.solve(problems);
+            // The planner reads no clock: it times each model's solve with ours.
+            let round = planner.solve_timed(problems, || crate::clock::since(epoch));
             let _ = tx.blocking_send(Event::Solved(Box::new(Solved { round, planner, generation })));
         });
     }
@@ -440,7 +398,7 @@ impl Control {
         let Solved { round, mut planner, generation } = solved;
         self.solver_panics += round.panics;
         // The options may have changed while it solved.
-        planner.set_options(self.solver_options.clone());
+        planner.configure(&self.fleet.config);
         self.planner = Some(planner);
         if generation != self.generation {
             // Built from an engine set that has changed since: its indices are not ours.

@@ -5,8 +5,6 @@
 //! failures and timeouts as health signals of the engine (it may be down), a bad status as
 //! an unhealthy but reachable engine, and parse failures as a misconfigured target.
 
-use crate::prom::{self, Limits, ParseError};
-use crate::signals::{self, EngineSample};
 use bytes::Bytes;
 use http::{header, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Empty, LengthLimitError, Limited};
@@ -15,6 +13,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use ilb_core::ModelName;
+use ilb_planning::prom::{self, Limits, ParseError};
+use ilb_planning::signals::{self, EngineSample};
 use std::time::Duration;
 
 /// The HTTP client scrapes go through (http or https); cheap to clone, keeps connections alive
@@ -43,8 +43,8 @@ pub fn https_client(tls: &ilb_tls::ClientTls) -> HttpClient {
     Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(90)).build(connector)
 }
 
-/// How the text of a [`ScrapeError::Connect`] begins.
-pub const CONNECT_FAILED: &str = "connect failed";
+/// How the text of a [`ScrapeError::Connect`] begins; the fleet reads it from the error text.
+pub use ilb_planning::fleet::CONNECT_FAILED;
 
 /// Why a scrape failed.
 #[derive(Debug, thiserror::Error)]

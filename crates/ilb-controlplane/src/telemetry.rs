@@ -1,8 +1,8 @@
 //! The control plane's Prometheus metrics, every name in one place (`GET /metrics`), rendered
 //! from the latest plan's view; see `docs/metrics.md` for the list with meanings.
 
-use crate::view::View;
 use ilb_core::metrics::TextWriter;
+use ilb_planning::view::{self, View};
 
 pub fn render(view: &View) -> String {
     let mut w = TextWriter::new();
@@ -21,7 +21,7 @@ pub fn render(view: &View) -> String {
     );
     w.sample("ilb_controlplane_snapshots_refused_total", &[], view.snapshots_refused as f64);
 
-    type EngineField = fn(&crate::view::EngineView) -> Option<f64>;
+    type EngineField = fn(&view::EngineView) -> Option<f64>;
     let engine_gauges: [(&str, &str, EngineField); 17] = [
         ("ilb_controlplane_engine_running", "Requests in the engine's running batch (scraped).", |e| {
             Some(e.signals.running)
@@ -103,10 +103,10 @@ pub fn render(view: &View) -> String {
     for m in &view.models {
         for e in &m.engines {
             let s = &e.signals;
-            let source = |src: crate::view::Source| match src {
-                crate::view::Source::Engine => "engine",
-                crate::view::Source::DataPlanes => "data_planes",
-                crate::view::Source::None => "none",
+            let source = |src: view::Source| match src {
+                view::Source::Engine => "engine",
+                view::Source::DataPlanes => "data_planes",
+                view::Source::None => "none",
             };
             let labels = [
                 ("model", m.model.as_str()),
@@ -147,7 +147,7 @@ pub fn render(view: &View) -> String {
             w.sample("ilb_controlplane_class_shed_rps", &labels, c.shed_rps);
         }
     }
-    type ModelField = fn(&crate::view::ModelView) -> f64;
+    type ModelField = fn(&view::ModelView) -> f64;
     let model_gauges: [(&str, &str, ModelField); 5] = [
         ("ilb_controlplane_solve_seconds", "Duration of the latest solve.", |m| m.solve_ms / 1000.0),
         ("ilb_controlplane_solve_gap", "Certified relative optimality gap of the latest solve.", |m| m.gap),

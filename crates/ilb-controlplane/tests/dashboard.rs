@@ -41,7 +41,7 @@ fn hardware(region: &str) -> HardwareProfile {
 
 /// The worked example of tests/plan.rs, with fast scrape and solve intervals so the test
 /// needs only a second or two of live signals. `{url-x}` is replaced by engine x's address.
-const CONFIG: &str = include_str!("fixtures/worked-example.toml");
+const CONFIG: &str = include_str!("../../ilb-planning/tests/fixtures/worked-example.toml");
 
 fn client() -> HttpClient {
     Client::builder(TokioExecutor::new()).build(HttpConnector::new())
@@ -286,7 +286,7 @@ async fn dashboard_renders_the_live_plan() {
 /// The page must work offline: nothing loaded from elsewhere, and the ids the test uses exist.
 #[test]
 fn page_is_self_contained() {
-    let page = ilb_controlplane::dashboard::PAGE;
+    let page = ilb_controlplane::DASHBOARD_PAGE;
     for banned in ["src=\"http", "href=\"http", "url(http", "@import", "<link", "<script src", "//cdn"] {
         assert!(!page.contains(banned), "the page references an external resource ({banned:?})");
     }

@@ -12,11 +12,11 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
-use ilb_controlplane::config::FleetConfig;
 use ilb_controlplane::ControlPlane;
 use ilb_core::holds::{EngineHolds, HoldReason};
 use ilb_dataplane::{DataPlane, DataPlaneConfig, SnapshotSource};
 use ilb_engine_sim::{EngineConfig, EngineHandle, Faults, HardwareProfile};
+use ilb_planning::config::FleetConfig;
 use std::time::Duration;
 use tokio::time::Instant;
 

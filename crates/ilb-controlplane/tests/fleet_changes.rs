@@ -11,9 +11,9 @@ mod fleet_support;
 use bytes::Bytes;
 use fleet_support::*;
 use http_body_util::{BodyExt, Full};
-use ilb_controlplane::fleet::members::Registration;
-use ilb_controlplane::registrar::Registrar;
+use ilb_controlplane::Registrar;
 use ilb_engine_sim::EngineHandle;
+use ilb_planning::fleet::members::Registration;
 use std::time::Duration;
 use tokio::time::Instant;
 

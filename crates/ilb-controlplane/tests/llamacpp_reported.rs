@@ -16,10 +16,10 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use ilb_controlplane::config::FleetConfig;
 use ilb_controlplane::ControlPlane;
 use ilb_dataplane::report::ReportConfig;
 use ilb_dataplane::{DataPlane, DataPlaneConfig, SnapshotSource};
+use ilb_planning::config::FleetConfig;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -66,9 +66,11 @@ impl Body for Reply {
 }
 
 async fn fake_llamacpp() -> SocketAddr {
-    let metrics =
-        std::fs::read_to_string(format!("{}/tests/fixtures/llamacpp_busy.txt", env!("CARGO_MANIFEST_DIR")))
-            .unwrap();
+    let metrics = std::fs::read_to_string(format!(
+        "{}/../ilb-planning/tests/fixtures/llamacpp_busy.txt",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     tokio::spawn(async move {

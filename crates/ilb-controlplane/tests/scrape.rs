@@ -8,15 +8,16 @@ use http_body_util::Full;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use ilb_controlplane::prom::Limits;
 use ilb_controlplane::scrape::{http_client, scrape, scrape_with_limits, ScrapeError};
+use ilb_planning::prom::Limits;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
 fn fixture(file: &str) -> String {
-    std::fs::read_to_string(format!("{}/tests/fixtures/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+    std::fs::read_to_string(format!("{}/../ilb-planning/tests/fixtures/{file}", env!("CARGO_MANIFEST_DIR")))
+        .unwrap()
 }
 
 /// Every fixture, with the engine it comes from.
@@ -139,7 +140,7 @@ async fn unparsable_body_is_typed() {
 
 #[tokio::test]
 async fn scrapes_every_fixture_over_http() {
-    use ilb_controlplane::signals::EngineFlavor;
+    use ilb_planning::signals::EngineFlavor;
     let address = serve().await;
     let client = http_client();
     for file in FIXTURES {

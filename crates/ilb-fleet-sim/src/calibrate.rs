@@ -25,9 +25,9 @@ use crate::scenario::{
 };
 use crate::sim::{self, RunSpec};
 use crate::SimError;
-use ilb_controlplane::config::MeasuredCurves;
-use ilb_controlplane::profile::{fit_queueing, LatencyProfile, Observation, QueueingPrior};
 use ilb_engine_sim::HardwareProfile;
+use ilb_planning::config::MeasuredCurves;
+use ilb_planning::profile::{fit_queueing, LatencyProfile, Observation, QueueingPrior};
 use serde::Serialize;
 
 /// Fractions of capacity measured.

@@ -2,8 +2,8 @@
 //! it (cumulative TTFT, inter-token and end-to-end histograms with vLLM's buckets), turned into
 //! the control plane's [`EngineSample`] as a scrape of `/metrics` would.
 
-use ilb_controlplane::signals::{EngineFlavor, EngineSample, Histogram};
 use ilb_engine_sim::{EngineModel, HardwareProfile, Nanos, Outcome};
+use ilb_planning::signals::{EngineFlavor, EngineSample, Histogram};
 
 /// vLLM's `time_to_first_token_seconds` buckets.
 const TTFT_BUCKETS: [f64; 22] = [

@@ -5,7 +5,7 @@
 use crate::calibrate::{key, Calibration};
 use crate::scenario::Scenario;
 use crate::SimError;
-use ilb_controlplane::config::{
+use ilb_planning::config::{
     Cluster, ControlPlaneSettings, Engine, FleetConfig, ObjectiveSetting, Profile, Region,
 };
 

@@ -1,7 +1,7 @@
 //! `ilb-fleet-sim`: a deterministic discrete-event simulator of a whole ilb fleet in virtual
 //! time. It runs the real engine model (`ilb-engine-sim`), the real selection code
 //! (`ilb-core`: snapshot → routing table → weighted consistent hashing), the control plane's
-//! real planning path (`ilb-controlplane`: fleet state, signal windows, profile fits, problems,
+//! real planning path (`ilb-planning`: fleet state, signal windows, profile fits, problems,
 //! snapshots) and the real optimizer (`ilb-optimizer`), and compares routing policies side by
 //! side on one scenario.
 //!

@@ -2,7 +2,7 @@
 //! deserialize them (`deny_unknown_fields`) and validate them into their typed configs before
 //! any port is bound, with errors that name the field: `[data_plane]` into
 //! `ilb_dataplane::config::DataPlaneSection`, the fleet tables into
-//! `ilb_controlplane::FleetConfig`. The TLS tables name certificate files, which only this
+//! `ilb_planning::FleetConfig`. The TLS tables name certificate files, which only this
 //! binary reads: they are taken out here (`crate::tls`).
 
 use anyhow::Context;
@@ -12,14 +12,14 @@ use std::path::Path;
 /// The whole file: a `[data_plane]` table for `ilb data-plane`, and the fleet description
 /// (`[control_plane]`, `[[regions]]`, `[network]`, `[[clusters]]`, `[[classes]]`,
 /// `[profiles.NAME]`, `[[engines]]`) for `ilb control-plane`; see
-/// `ilb_dataplane::config::DataPlaneSection` and `ilb_controlplane::config::FleetConfig` for
+/// `ilb_dataplane::config::DataPlaneSection` and `ilb_planning::config::FleetConfig` for
 /// those tables' fields.
 #[derive(Debug, Default)]
 pub struct ConfigFile {
     pub data_plane: Option<DataPlaneSection>,
     /// `[data_plane.tls]`, `[data_plane.engine_tls]` and `[data_plane.control_plane_tls]`.
     pub data_plane_tls: DataPlaneTls,
-    pub fleet: Option<ilb_controlplane::FleetConfig>,
+    pub fleet: Option<ilb_planning::FleetConfig>,
     /// `[control_plane.tls]`: TLS on the control plane's API and dashboard listener (`cert`,
     /// `key`, both watched; `client_ca` and `client_auth` to verify data planes' certificates).
     pub control_plane_tls: crate::tls::ListenerTlsSection,
@@ -105,7 +105,7 @@ fn sections(text: &str) -> anyhow::Result<ConfigFile> {
     let fleet = if table.is_empty() {
         None
     } else {
-        let fleet: ilb_controlplane::FleetConfig = toml::Value::Table(table).try_into()?;
+        let fleet: ilb_planning::FleetConfig = toml::Value::Table(table).try_into()?;
         fleet.validate()?;
         Some(fleet)
     };

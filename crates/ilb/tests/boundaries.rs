@@ -15,6 +15,7 @@ const ILB_CRATES: &[&str] = &[
     "ilb-tls",
     "ilb-engine-sim",
     "ilb-dataplane",
+    "ilb-planning",
     "ilb-controlplane",
     "ilb-epp",
     "ilb-fleet-sim",
@@ -42,6 +43,25 @@ fn rules() -> Vec<(&'static str, Vec<&'static str>, &'static str)> {
             vec!["ilb-dataplane", "ilb-engine-sim"],
             "the control plane never depends on the data plane",
         ),
+        (
+            "ilb-planning",
+            vec![
+                "tokio",
+                "hyper",
+                "mio",
+                "hickory-resolver",
+                "ilb-tls",
+                "ilb-dataplane",
+                "ilb-engine-sim",
+                "ilb-controlplane",
+            ],
+            "the planning model does no I/O: no runtime, HTTP, DNS or TLS, nothing of the other planes",
+        ),
+        (
+            "ilb-fleet-sim",
+            vec!["ilb-controlplane"],
+            "the fleet simulator runs the planning model, not the control plane's shell",
+        ),
     ];
     // The shared TLS crate sits below both planes and the simulator: no other ilb crate.
     let others: Vec<&str> = ILB_CRATES.iter().copied().filter(|c| *c != "ilb-tls").collect();
@@ -53,6 +73,7 @@ fn rules() -> Vec<(&'static str, Vec<&'static str>, &'static str)> {
         "ilb-tls",
         "ilb-engine-sim",
         "ilb-dataplane",
+        "ilb-planning",
         "ilb-controlplane",
         "ilb-epp",
     ] {

@@ -5,12 +5,12 @@
 //! (no engines), anything else (a timeout, a refused query) is a failed listing.
 
 use super::Resolve;
-use crate::config::EngineGroup;
 use hickory_resolver::config::{LookupIpStrategy, NameServerConfig, ResolverConfig, ResolverOpts};
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::net::NetError;
 use hickory_resolver::proto::rr::RData;
 use hickory_resolver::TokioResolver;
+use ilb_planning::config::EngineGroup;
 use std::net::SocketAddr;
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Engine discovery: a source lists the addresses of a group's engines, and every address
 //! becomes an engine with the group's shared fields ([`EngineGroup::engine`]).
 //!
-//! A source implements [`Resolve`]: one call, one listing. [`run_group`] calls it every
+//! A source implements [`Resolve`]: one call, one listing. `run_group` calls it every
 //! `resolve_interval_ms`, debounces removals with a [`Tracker`] (an address is removed only
 //! after it is missing from two listings in a row, so one short answer does not drain an
 //! engine), and sends the group's engines to the control loop when they change. A listing
@@ -14,8 +14,8 @@
 
 pub mod dns;
 
-use crate::config::EngineGroup;
-use crate::run::{ControlHandles, Event};
+use crate::events::{ControlHandles, Event};
+use ilb_planning::config::EngineGroup;
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -70,7 +70,7 @@ impl Tracker {
 
 /// Resolves `group` with `source` until shutdown, sending its engines whenever they change
 /// (and after the first answer).
-pub async fn run_group(
+pub(crate) async fn run_group(
     group: EngineGroup,
     mut source: impl Resolve,
     events: mpsc::Sender<Event>,

@@ -11,12 +11,12 @@
 use super::dataplane::DataPlanes;
 use super::{Decision, Load, Policy, Topology};
 use crate::scenario::FeedbackSpec;
-use ilb_controlplane::config::FleetConfig;
-use ilb_controlplane::fleet::Fleet;
-use ilb_controlplane::signals::EngineSample;
 use ilb_core::snapshot::{ClassRoutes, EngineWeight, ModelRoutes, Snapshot, FORMAT};
 use ilb_core::{ClassId, ClusterId, ModelName, SnapshotVersion};
 use ilb_engine_sim::Nanos;
+use ilb_planning::config::FleetConfig;
+use ilb_planning::fleet::Fleet;
+use ilb_planning::signals::EngineSample;
 use rand_pcg::Pcg64Mcg;
 use std::collections::BTreeMap;
 use std::time::Duration;

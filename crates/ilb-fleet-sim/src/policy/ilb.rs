@@ -5,13 +5,13 @@
 
 use super::dataplane::DataPlanes;
 use super::{Decision, Load, Policy, Topology};
-use ilb_controlplane::config::FleetConfig;
-use ilb_controlplane::fleet::Fleet;
-use ilb_controlplane::planner::Planner;
-use ilb_controlplane::signals::EngineSample;
 use ilb_core::report::Report;
 use ilb_core::ModelName;
 use ilb_engine_sim::Nanos;
+use ilb_planning::config::FleetConfig;
+use ilb_planning::fleet::Fleet;
+use ilb_planning::planner::Planner;
+use ilb_planning::signals::EngineSample;
 use rand_pcg::Pcg64Mcg;
 use std::collections::HashMap;
 use std::time::Duration;

@@ -15,10 +15,10 @@ pub use baseline::Baseline;
 pub use feedback::Feedback;
 pub use ilb::Ilb;
 
-use ilb_controlplane::signals::EngineSample;
 use ilb_core::report::Report;
 use ilb_core::ModelName;
 use ilb_engine_sim::Nanos;
+use ilb_planning::signals::EngineSample;
 use rand_pcg::Pcg64Mcg;
 
 /// What never changes during a run: which engines each stream may use, and engine capacities.

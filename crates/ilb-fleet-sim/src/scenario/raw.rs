@@ -1,8 +1,8 @@
 //! The scenario TOML as written: plain serde structs, `deny_unknown_fields` everywhere, defaults
 //! documented on each field. Units are in the field names (`_s`, `_ms`, `_rps`).
 
-use ilb_controlplane::config::{ClassRule, NetworkSettings};
 use ilb_engine_sim::HardwareProfile;
+use ilb_planning::config::{ClassRule, NetworkSettings};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -320,13 +320,12 @@ impl Default for ControlSpec {
             snapshot_delay_s: 1.0,
             smoothing_s: 5.0,
             rho: 0.95,
-            stability_ms: ilb_controlplane::config::ControlPlaneSettings::default().stability_ms,
-            stability_tolerance: ilb_controlplane::config::ControlPlaneSettings::default()
-                .stability_tolerance,
-            demand_band_sigmas: ilb_controlplane::config::ControlPlaneSettings::default().demand_band_sigmas,
+            stability_ms: ilb_planning::config::ControlPlaneSettings::default().stability_ms,
+            stability_tolerance: ilb_planning::config::ControlPlaneSettings::default().stability_tolerance,
+            demand_band_sigmas: ilb_planning::config::ControlPlaneSettings::default().demand_band_sigmas,
             objective: "ttft_plus_decode".into(),
-            shed_penalty_ms: ilb_controlplane::config::ControlPlaneSettings::default().shed_penalty_ms,
-            shed_price_floor: ilb_controlplane::config::ControlPlaneSettings::default().shed_price_floor,
+            shed_penalty_ms: ilb_planning::config::ControlPlaneSettings::default().shed_penalty_ms,
+            shed_price_floor: ilb_planning::config::ControlPlaneSettings::default().shed_price_floor,
             calibration_s: 60.0,
             sample_period_s: None,
             measured_curves: false,

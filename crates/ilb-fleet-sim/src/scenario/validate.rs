@@ -3,8 +3,8 @@
 //! control plane's own network model. Errors name the field (`clusters.b.demand[1].class`).
 
 use super::raw::*;
-use ilb_controlplane::config::{ClassRule, ControlPlaneSettings, FleetConfig, Region};
 use ilb_engine_sim::HardwareProfile;
+use ilb_planning::config::{ClassRule, ControlPlaneSettings, FleetConfig, Region};
 use std::collections::HashSet;
 
 /// A scenario that failed to parse or validate; the message names the field.

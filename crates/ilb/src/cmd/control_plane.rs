@@ -5,7 +5,8 @@
 
 use crate::config;
 use anyhow::Context;
-use ilb_controlplane::{ControlPlane, FleetConfig, Reloader};
+use ilb_controlplane::{ControlPlane, Reloader};
+use ilb_planning::FleetConfig;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -92,7 +93,7 @@ pub fn run(args: ControlPlaneArgs) -> anyhow::Result<()> {
         engine_tls.key = args.engine_key.clone();
     }
     let listener = listener_tls.build("control_plane.tls", true)?;
-    let tls = ilb_controlplane::api::ApiTls {
+    let tls = ilb_controlplane::ApiTls {
         listener: listener.as_ref().map(|l| l.tls.clone()),
         scrape: Some(engine_tls.build("control_plane.engine_tls")?),
     };

@@ -10,13 +10,13 @@
 
 use crate::traffic::{self, Target, TrafficConfig};
 use anyhow::Context;
-use ilb_controlplane::config::{
-    Cluster, ControlPlaneSettings, Engine, FleetConfig, LinkLatency, NetworkSettings, Profile,
-};
 use ilb_controlplane::ControlPlane;
 use ilb_dataplane::report::ReportConfig;
 use ilb_dataplane::{DataPlane, DataPlaneConfig, SnapshotSource};
 use ilb_engine_sim::{EngineConfig, EngineHandle, HardwareProfile};
+use ilb_planning::config::{
+    Cluster, ControlPlaneSettings, Engine, FleetConfig, LinkLatency, NetworkSettings, Profile,
+};
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;

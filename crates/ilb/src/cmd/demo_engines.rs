@@ -11,12 +11,12 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
-use ilb_controlplane::config::{
-    Cluster, ControlPlaneSettings, Engine, FleetConfig, LinkLatency, NetworkSettings, Profile,
-};
 use ilb_controlplane::ControlPlane;
 use ilb_dataplane::report::ReportConfig;
 use ilb_dataplane::{DataPlane, DataPlaneConfig, SnapshotSource};
+use ilb_planning::config::{
+    Cluster, ControlPlaneSettings, Engine, FleetConfig, LinkLatency, NetworkSettings, Profile,
+};
 use std::collections::BTreeMap;
 use std::time::Duration;
 

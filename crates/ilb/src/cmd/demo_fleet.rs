@@ -5,7 +5,7 @@
 
 use crate::cmd::demo::{spawn_engine, DemoArgs};
 use crate::cmd::engine_sim::{leave, registration};
-use ilb_controlplane::registrar::Registrar;
+use ilb_controlplane::Registrar;
 use ilb_engine_sim::HardwareProfile;
 use std::time::Duration;
 

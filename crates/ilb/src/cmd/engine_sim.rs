@@ -11,9 +11,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use ilb_controlplane::fleet::members::Registration;
-use ilb_controlplane::registrar::Registrar;
+use ilb_controlplane::Registrar;
 use ilb_engine_sim::{EngineConfig, EngineHandle, HardwareProfile};
+use ilb_planning::fleet::members::Registration;
 use std::time::Duration;
 
 #[derive(clap::Args)]

@@ -2,7 +2,7 @@
 //! fixtures, limits, and properties (no panic on junk; render → parse round trip).
 #![allow(clippy::disallowed_methods)] // tests read their fixtures from files
 
-use ilb_controlplane::prom::{parse, parse_bytes, Limits, MetricType, ParseError};
+use ilb_planning::prom::{parse, parse_bytes, Limits, MetricType, ParseError};
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
 

@@ -5,11 +5,11 @@
 //! sequence of random degradations takes the penalised share over the cap (beyond the one engine
 //! it always admits).
 
-use ilb_controlplane::config::FleetConfig;
-use ilb_controlplane::fleet::Fleet;
-use ilb_controlplane::signals::{EngineSample, Histogram};
 use ilb_core::report::{EngineObservation, Report};
 use ilb_core::{ClusterId, EngineId, ModelName};
+use ilb_planning::config::FleetConfig;
+use ilb_planning::fleet::Fleet;
+use ilb_planning::signals::{EngineSample, Histogram};
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Latency profiles: the JSON shape shared with the optimizer, evaluation, combination of
 //! TTFT and TBOT, the convex projection (properties) and the fits.
 
-use ilb_controlplane::profile::{
+use ilb_planning::profile::{
     combine, fit_level, fit_piecewise, fit_queueing, fit_shape, project_convex_increasing, LatencyProfile,
     Objective, Observation, ProfileError, QueueingPrior,
 };

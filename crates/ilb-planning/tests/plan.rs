@@ -1,13 +1,13 @@
 //! The brief's worked example through the real planning path: config → fleet (with data-plane
 //! reports) → optimizer problems → solutions → published snapshots.
 
-use ilb_controlplane::config::FleetConfig;
-use ilb_controlplane::fleet::Fleet;
-use ilb_controlplane::plan;
 use ilb_core::priority::Priority;
 use ilb_core::report::{ClassDemand, PriorityRps, Report};
 use ilb_core::{ClassId, ClusterId, ModelName};
 use ilb_optimizer::Solver;
+use ilb_planning::config::FleetConfig;
+use ilb_planning::fleet::Fleet;
+use ilb_planning::plan;
 use std::time::Duration;
 
 /// The worked example with fixed loopback engine URLs.
@@ -46,11 +46,11 @@ fn worked_example_spills_b_to_c() {
     for (cluster, rps) in [("a", 90.0), ("b", 120.0), ("c", 40.0)] {
         fleet.on_report(now, report(cluster, rps)).unwrap();
     }
-    let (plans, unplanned) = plan::build(&fleet, now);
+    let (plans, unplanned) = plan::build(&fleet.planning_inputs(now));
     assert_eq!((plans.len(), unplanned.len()), (1, 0));
     let solution = Solver::default().solve(&plans[0].problem).unwrap();
     assert!(solution.gap <= 1e-3, "gap {}", solution.gap);
-    let snapshots = plan::snapshots(&fleet, &plans, &[Some(&solution)], 7, 0);
+    let snapshots = plan::snapshots(&fleet.config, &plans, &[Some(&solution)], 7, 0);
     let b = &snapshots["b"].models[0].classes[0];
     let weight = |class: &ilb_core::snapshot::ClassRoutes, engine: &str| {
         class.weights.iter().find(|w| w.engine.as_str() == engine).map_or(0.0, |w| w.weight)
@@ -89,9 +89,9 @@ fn snapshots_carry_each_engines_in_flight_time() {
         for (cluster, rps) in [("a", 90.0), ("b", 120.0), ("c", 40.0)] {
             fleet.on_report(now, report(cluster, rps)).unwrap();
         }
-        let (plans, _) = plan::build(&fleet, now);
+        let (plans, _) = plan::build(&fleet.planning_inputs(now));
         let solution = Solver::default().solve(&plans[0].problem).unwrap();
-        let snapshots = plan::snapshots(&fleet, &plans, &[Some(&solution)], 1, 0);
+        let snapshots = plan::snapshots(&fleet.config, &plans, &[Some(&solution)], 1, 0);
         let weights = &snapshots["b"].models[0].classes[0].weights;
         assert!(weights.len() >= 2);
         for w in weights {
@@ -151,8 +151,8 @@ fn bad_configs_name_the_field() {
 fn a_failed_solve_falls_back_to_capacity_weights() {
     let config: FleetConfig = toml::from_str(&worked_example()).unwrap();
     let fleet = Fleet::new(config);
-    let (plans, _) = plan::build(&fleet, Duration::from_secs(1));
-    let snapshots = plan::snapshots(&fleet, &plans, &[None], 3, 0);
+    let (plans, _) = plan::build(&fleet.planning_inputs(Duration::from_secs(1)));
+    let snapshots = plan::snapshots(&fleet.config, &plans, &[None], 3, 0);
     let b = &snapshots["b"].models[0].classes[0];
     let weights: Vec<f64> = b.weights.iter().map(|w| w.weight).collect();
     assert_eq!(weights, vec![100.0, 100.0, 80.0]);
@@ -173,7 +173,7 @@ fn overload_sheds_the_cheapest_priority_first() {
     for r in [report("a", 90.0), b, report("c", 40.0)] {
         fleet.on_report(now, r).unwrap();
     }
-    let (plans, _) = plan::build(&fleet, now);
+    let (plans, _) = plan::build(&fleet.planning_inputs(now));
     let plan = &plans[0];
     let b_idx = plan.classes.iter().position(|c| c.key.cluster == "b").unwrap();
     let ids: Vec<&str> = plan.parts_of(b_idx).map(|i| plan.problem.classes[i].id.as_str()).collect();
@@ -195,7 +195,7 @@ fn overload_sheds_the_cheapest_priority_first() {
         .sum();
     assert!(others > 10.0, "normal traffic elsewhere is shed before critical ({others} req/s)");
     // The published class sheds half its demand; weights of the admitted half sum to one.
-    let snapshots = plan::snapshots(&fleet, &plans, &[Some(&solution)], 1, 0);
+    let snapshots = plan::snapshots(&fleet.config, &plans, &[Some(&solution)], 1, 0);
     let class = &snapshots["b"].models[0].classes[0];
     assert!((class.shed_fraction - 0.5).abs() < 0.01, "shed fraction {}", class.shed_fraction);
     let total: f64 = class.weights.iter().map(|w| w.weight).sum();
@@ -217,9 +217,9 @@ fn a_class_shed_entirely_routes_to_its_nearest_engine() {
     for r in [report("a", 200.0), b, report("c", 100.0)] {
         fleet.on_report(now, r).unwrap();
     }
-    let (plans, _) = plan::build(&fleet, now);
+    let (plans, _) = plan::build(&fleet.planning_inputs(now));
     let solution = Solver::default().solve(&plans[0].problem).unwrap();
-    let snapshots = plan::snapshots(&fleet, &plans, &[Some(&solution)], 1, 0);
+    let snapshots = plan::snapshots(&fleet.config, &plans, &[Some(&solution)], 1, 0);
     let class = &snapshots["b"].models[0].classes[0];
     assert!(class.shed_fraction > 0.999, "shed fraction {}", class.shed_fraction);
     let weights: Vec<(&str, f64)> = class.weights.iter().map(|w| (w.engine.as_str(), w.weight)).collect();
@@ -230,11 +230,11 @@ fn a_class_shed_entirely_routes_to_its_nearest_engine() {
 /// Cluster b reports `rps` at `t` seconds (report sequence `t`); the planner builds that
 /// round's problems.
 fn build_after_b_reports(
-    planner: &mut ilb_controlplane::planner::Planner,
+    planner: &mut ilb_planning::planner::Planner,
     fleet: &mut Fleet,
     t: u64,
     rps: f64,
-) -> ilb_controlplane::planner::Problems {
+) -> ilb_planning::planner::Problems {
     let now = Duration::from_secs(t);
     let mut r = report("b", rps);
     r.sequence = t;
@@ -253,7 +253,7 @@ fn demand_is_planned_at_the_top_of_a_band_that_rises_only_as_far_as_the_measurem
     // Engines never scraped stay healthy for the whole test: their capacity does not change.
     config.control_plane.signal_stale_ms = 3_600_000;
     let mut fleet = Fleet::new(config);
-    let mut planner = ilb_controlplane::planner::Planner::for_config(&fleet.config);
+    let mut planner = ilb_planning::planner::Planner::for_config(&fleet.config);
     // (centre, headroom) of cluster b's class.
     let mut planned = |fleet: &mut Fleet, sequence: u64, rps: f64| {
         let problems = build_after_b_reports(&mut planner, fleet, sequence, rps);
@@ -286,7 +286,7 @@ fn a_model_beyond_its_capacity_is_planned_without_headroom() {
     let config: FleetConfig = toml::from_str(&worked_example()).unwrap();
     let mut fleet = Fleet::new(config);
     let now = Duration::from_secs(1);
-    let mut planner = ilb_controlplane::planner::Planner::for_config(&fleet.config);
+    let mut planner = ilb_planning::planner::Planner::for_config(&fleet.config);
     for r in [report("a", 100.0), report("b", 50.0), report("c", 50.0)] {
         fleet.on_report(now, r).unwrap();
     }
@@ -317,7 +317,7 @@ fn headroom_leaves_the_optimizer_part_of_the_slack_near_capacity() {
     let config: FleetConfig = toml::from_str(&worked_example()).unwrap();
     let mut fleet = Fleet::new(config);
     let now = Duration::from_secs(1);
-    let mut planner = ilb_controlplane::planner::Planner::for_config(&fleet.config);
+    let mut planner = ilb_planning::planner::Planner::for_config(&fleet.config);
     // The brief's demand, 250 req/s, against 280 req/s of engines: 16 req/s of slack under
     // ρ = 0.95, less than the bands' 25 req/s of headroom.
     for r in [report("a", 90.0), report("b", 120.0), report("c", 40.0)] {
@@ -351,7 +351,7 @@ fn a_real_change_of_demand_frees_its_model_of_the_stability_strength_for_a_while
     // Engines never scraped stay healthy for the whole test: their capacity does not change.
     config.control_plane.signal_stale_ms = 3_600_000;
     let mut fleet = Fleet::new(config);
-    let mut planner = ilb_controlplane::planner::Planner::for_config(&fleet.config);
+    let mut planner = ilb_planning::planner::Planner::for_config(&fleet.config);
     let mut changed =
         |fleet: &mut Fleet, t: u64, rps: f64| build_after_b_reports(&mut planner, fleet, t, rps).changed[0];
     assert!(changed(&mut fleet, 1, 120.0), "a new class");
@@ -388,7 +388,7 @@ fn shed_prices_are_raised_to_the_objectives_scale() {
         for (cluster, rps) in [("a", 45.0), ("b", 60.0), ("c", 20.0)] {
             fleet.on_report(now, report(cluster, rps)).unwrap();
         }
-        let (plans, _) = plan::build(&fleet, now);
+        let (plans, _) = plan::build(&fleet.planning_inputs(now));
         let problem = &plans[0].problem;
         let price = |id: &str| problem.classes.iter().find(|c| c.id == id).unwrap().shed_penalty_ms;
         let solution = Solver::default().solve(problem).unwrap();

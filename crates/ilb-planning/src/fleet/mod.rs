@@ -31,8 +31,14 @@ use ilb_core::ModelName;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-/// Time since the control plane started.
+/// Time since the control plane started (the caller's epoch: the shell's start, a
+/// simulator's time zero).
 pub type Now = Duration;
+
+/// How the text of a scrape error begins when the connect failed (refused, unreachable, or
+/// the TLS handshake failed): [`Fleet::on_scrape`] holds such an engine after one failure
+/// instead of two. The shell's scraper writes its connect errors with this prefix.
+pub const CONNECT_FAILED: &str = "connect failed";
 
 /// How much the offline profile counts against observations (in requests).
 const PRIOR_WEIGHT: f64 = 200.0;
@@ -149,6 +155,55 @@ impl EngineRuntime {
     }
 }
 
+/// Adds one reported class demand to `out` (per priority, req/s): a rate that is not finite
+/// and positive counts as zero, an instance that does not split its rate by priority counts as
+/// `normal`, and a split that does not add up to the rate is scaled to it.
+fn add_demand(out: &mut [f64; 4], d: &ilb_core::report::ClassDemand) {
+    let valid = |x: f64| if x.is_finite() && x > 0.0 { x } else { 0.0 };
+    let mut normal = [0.0; 4];
+    normal[Priority::Normal.index()] = 1.0;
+    let rps = valid(d.rps);
+    let split = d.by_priority.map_or(normal, |p| p.to_array().map(valid));
+    let total: f64 = split.iter().sum();
+    let (split, total) = if total > 0.0 { (split, total) } else { (normal, 1.0) };
+    for (o, s) in out.iter_mut().zip(split) {
+        *o += rps * s / total;
+    }
+}
+
+/// Everything [`plan::build`](crate::plan::build) needs from the fleet, taken at one instant
+/// ([`Fleet::planning_inputs`]): the configuration, and what the signals say of every engine,
+/// (cluster, engine) pair and traffic class. Fleet engines are indexed as in
+/// `config.engines`.
+#[derive(Clone, Debug)]
+pub struct PlanningInputs<'a> {
+    pub config: &'a FleetConfig,
+    /// Per engine: its effective capacity, req/s ([`Fleet::effective_capacity`]).
+    pub capacity_rps: Vec<f64>,
+    /// Per engine: the latency curve the optimizer minimises and how long a request stays on
+    /// the engine, as functions of its load ([`Fleet::latency_and_in_flight_profiles`]).
+    pub curves: Vec<(LatencyProfile, LatencyProfile)>,
+    /// Per cluster id: the network latency to each engine, ms, measured if reported (and
+    /// allowed by the config), else configured ([`Fleet::network_ms`]).
+    pub network_ms: BTreeMap<String, Vec<f64>>,
+    /// Demand per priority (low, normal, high, critical), req/s, of every class the live
+    /// data-plane instances report ([`Fleet::demand_by_priority`]).
+    pub demand: BTreeMap<ClassKey, [f64; 4]>,
+}
+
+impl PlanningInputs<'_> {
+    /// Class `key`'s demand per priority, req/s; zero for a class nobody reports.
+    pub fn demand_by_priority(&self, key: &ClassKey) -> [f64; 4] {
+        self.demand.get(key).copied().unwrap_or_default()
+    }
+
+    /// Network latency from `cluster` to engine `idx`, ms; infinite for a cluster or engine
+    /// the fleet does not have.
+    pub fn network_ms(&self, cluster: &str, idx: usize) -> f64 {
+        self.network_ms.get(cluster).and_then(|row| row.get(idx)).copied().unwrap_or(f64::INFINITY)
+    }
+}
+
 /// The latest report of one data-plane instance.
 #[derive(Debug)]
 struct InstanceState {
@@ -213,7 +268,7 @@ impl Fleet {
             Ok(samples) => samples,
             Err(error) => {
                 e.consecutive_scrape_failures += 1;
-                e.last_failure_connect = error.starts_with(crate::scrape::CONNECT_FAILED);
+                e.last_failure_connect = error.starts_with(CONNECT_FAILED);
                 e.last_scrape_error = Some(error);
                 return;
             }
@@ -442,9 +497,6 @@ impl Fleet {
     /// instances. An instance that does not split its rate by priority counts as `normal`; a
     /// split that does not add up to the class's rate is scaled to it.
     pub fn demand_by_priority(&self, key: &ClassKey) -> [f64; 4] {
-        let valid = |x: f64| if x.is_finite() && x > 0.0 { x } else { 0.0 };
-        let mut normal = [0.0; 4];
-        normal[Priority::Normal.index()] = 1.0;
         let mut out = [0.0; 4];
         let reports = self
             .instances
@@ -453,15 +505,45 @@ impl Fleet {
             .flat_map(|(_, i)| &i.report.demand)
             .filter(|d| d.model.as_str() == key.model && d.class.as_str() == key.class);
         for d in reports {
-            let rps = valid(d.rps);
-            let split = d.by_priority.map_or(normal, |p| p.to_array().map(valid));
-            let total: f64 = split.iter().sum();
-            let (split, total) = if total > 0.0 { (split, total) } else { (normal, 1.0) };
-            for (o, s) in out.iter_mut().zip(split) {
-                *o += rps * s / total;
+            add_demand(&mut out, d);
+        }
+        out
+    }
+
+    /// [`Fleet::demand_by_priority`] of every class some instance reports, in one pass over the
+    /// reports (the same sums, added in the same order).
+    fn demand_of_every_class(&self) -> BTreeMap<ClassKey, [f64; 4]> {
+        let mut out: BTreeMap<ClassKey, [f64; 4]> = BTreeMap::new();
+        for ((cluster, _), instance) in &self.instances {
+            for d in &instance.report.demand {
+                let key = ClassKey {
+                    cluster: cluster.clone(),
+                    model: d.model.as_str().to_owned(),
+                    class: d.class.as_str().to_owned(),
+                };
+                add_demand(out.entry(key).or_default(), d);
             }
         }
         out
+    }
+
+    /// Everything planning reads from the fleet at `now`, in one value (see
+    /// [`PlanningInputs`]): [`plan::build`](crate::plan::build) takes it and asks the fleet
+    /// nothing else.
+    pub fn planning_inputs(&self, now: Now) -> PlanningInputs<'_> {
+        let all: Vec<usize> = (0..self.engines.len()).collect();
+        PlanningInputs {
+            config: &self.config,
+            capacity_rps: all.iter().map(|&idx| self.effective_capacity(idx, now)).collect(),
+            curves: self.latency_and_in_flight_profiles(&all),
+            network_ms: self
+                .config
+                .clusters
+                .iter()
+                .map(|c| (c.id.clone(), all.iter().map(|&idx| self.network_ms(&c.id, idx)).collect()))
+                .collect(),
+            demand: self.demand_of_every_class(),
+        }
     }
 
     /// Whether engine `idx` counts as up (1) or not (0): its last scrape succeeded, or failed

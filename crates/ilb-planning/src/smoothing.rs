@@ -9,7 +9,7 @@
 //! following a load step within ~30 s, faster than the optimizer should react anyway.
 //!
 //! Time is injected: every method takes `now` ([`TimePoint`]), so the same code runs on the
-//! wall clock, tokio's paused clock or a simulator's virtual clock.
+//! control loop's clock, a paused test clock or a simulator's virtual clock.
 
 use std::time::Duration;
 
@@ -17,23 +17,12 @@ use std::time::Duration;
 /// the fleet, the measurements are taken as settled once this many have passed.
 pub const SETTLING_TAUS: u32 = 3;
 
-/// A point in time. Implemented for `std` and tokio instants, and for `Duration` read as the
-/// time since an arbitrary epoch (what a virtual-time simulator has).
+/// A point in time. Implemented for `Duration` read as the time since an arbitrary epoch: the
+/// control loop's time since it started, a simulator's virtual time. (The model reads no
+/// clock, so it has no use for instants.)
 pub trait TimePoint: Copy {
     /// Seconds from `earlier` to `self`; negative if `self` is earlier.
     fn seconds_since(self, earlier: Self) -> f64;
-}
-
-impl TimePoint for std::time::Instant {
-    fn seconds_since(self, earlier: Self) -> f64 {
-        signed_seconds(self.checked_duration_since(earlier), earlier.checked_duration_since(self))
-    }
-}
-
-impl TimePoint for tokio::time::Instant {
-    fn seconds_since(self, earlier: Self) -> f64 {
-        self.into_std().seconds_since(earlier.into_std())
-    }
 }
 
 impl TimePoint for Duration {
@@ -234,13 +223,5 @@ mod tests {
         // Restart: the counter starts again from zero and reads 4 one second later.
         assert_eq!(rate.update(at(2.0), 4.0), Some(4.0));
         assert!(!rate.is_stale(at(2.0), at(1.0)));
-    }
-
-    #[test]
-    fn works_with_std_instants() {
-        let base = crate::clock::now().into_std();
-        let mut ewma = Ewma::new(at(1.0));
-        ewma.update(base, 1.0);
-        assert!(ewma.is_stale(base + at(3.0), at(2.0)));
     }
 }

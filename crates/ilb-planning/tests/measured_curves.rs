@@ -2,9 +2,9 @@
 //! given curve replaces its signal's queueing profile (loads scaled by the engine's replicas),
 //! and without curves the plan's latency profile is the queueing one exactly as before.
 
-use ilb_controlplane::config::FleetConfig;
-use ilb_controlplane::fleet::Fleet;
-use ilb_controlplane::profile::LatencyProfile;
+use ilb_planning::config::FleetConfig;
+use ilb_planning::fleet::Fleet;
+use ilb_planning::profile::LatencyProfile;
 
 fn config(curves: &str, objective: &str) -> Result<FleetConfig, String> {
     let text = format!(

@@ -4,9 +4,9 @@
 //! lookups hit, TTFT deltas 50 in (60,80] ms, 40 in (80,100], 10 in (100,250]).
 #![allow(clippy::disallowed_methods)] // tests read their fixtures from files
 
-use ilb_controlplane::prom::{parse, Limits};
-use ilb_controlplane::signals::{extract, window, EngineFlavor, EngineSample, Histogram};
 use ilb_core::ModelName;
+use ilb_planning::prom::{parse, Limits};
+use ilb_planning::signals::{extract, window, EngineFlavor, EngineSample, Histogram};
 use std::time::Duration;
 
 fn samples(file: &str) -> Vec<(ModelName, EngineSample)> {

@@ -1,5 +1,6 @@
-//! The planner: the fleet's state → one problem per model ([`plan::build`]) → warm-started
-//! solves → one snapshot per front-end cluster ([`plan::snapshots`]). The control loop
+//! The planner: the fleet's state ([`Fleet::planning_inputs`]) → one problem per model
+//! ([`plan::build`]) → warm-started solves → one snapshot per front-end cluster
+//! ([`plan::snapshots`]). The control loop
 //! (`run.rs`) plans through it, and so does the fleet simulator's `ilb` policy: what the
 //! simulator measures is this code, not a copy of it.
 //!
@@ -48,9 +49,9 @@
 //! its previous solve. A solve that panics is caught and logged with its model, the snapshots
 //! then route that model by capacity, and its solver starts afresh next round.
 //!
-//! Invariants: the planner reads the clock only to time its solves (`now` comes in as an
-//! argument); a class's planned demand is never below its band's centre, nor above it by more
-//! than one band.
+//! Invariants: the planner reads no clock (`now` comes in as an argument, and a caller that
+//! times the solves passes its clock to [`Planner::solve_timed`]); a class's planned demand is
+//! never below its band's centre, nor above it by more than one band.
 
 use crate::config::FleetConfig;
 use crate::fleet::{Fleet, Now};
@@ -93,7 +94,8 @@ pub struct Problems {
 pub struct Round {
     pub plans: Vec<ModelPlan>,
     pub unplanned: Vec<Unplanned>,
-    /// Per plan: its solution or why there is none, and the solve's wall time (ms).
+    /// Per plan: its solution or why there is none, and the solve's wall time (ms; 0 when the
+    /// caller did not time it, see [`Planner::solve_timed`]).
     pub results: Vec<(Result<Solution, String>, f64)>,
     /// Models whose solve panicked in this round.
     pub panics: u64,
@@ -119,6 +121,11 @@ impl Planner {
         &self.options
     }
 
+    /// Takes the options `config` asks for (see [`Planner::set_options`]).
+    pub fn configure(&mut self, config: &FleetConfig) {
+        self.set_options(plan::solver_options(config));
+    }
+
     /// Takes new options. Solvers carry their options, so a change starts every model afresh
     /// (its warm start is lost); the same options again change nothing.
     pub fn set_options(&mut self, options: SolverOptions) {
@@ -130,7 +137,7 @@ impl Planner {
 
     /// The problems for the fleet as it is at `now`, each class's demand as measured.
     pub fn problems(fleet: &Fleet, now: Now) -> Problems {
-        let (plans, unplanned) = plan::build(fleet, now);
+        let (plans, unplanned) = plan::build(&fleet.planning_inputs(now));
         let changed = vec![true; plans.len()];
         Problems { plans, unplanned, changed }
     }
@@ -215,8 +222,16 @@ impl Planner {
 
     /// Solves every model, each warm from its previous solve. A solve that panics is caught:
     /// its model gets the panic as its error (the snapshots then route it by capacity), it is
-    /// logged with the model, and the model starts from a fresh solver next round.
+    /// logged with the model, and the model starts from a fresh solver next round. Solves are
+    /// not timed (their wall times read 0; see [`Planner::solve_timed`]).
     pub fn solve(&mut self, problems: Problems) -> Round {
+        self.solve_timed(problems, || Duration::ZERO)
+    }
+
+    /// As [`Planner::solve`], timing each model's solve with the caller's `clock` (read before
+    /// and after it): the planner reads no clock itself, so the control loop passes its own and
+    /// the fleet simulator, in virtual time, none.
+    pub fn solve_timed(&mut self, problems: Problems, mut clock: impl FnMut() -> Now) -> Round {
         let Problems { plans, unplanned, changed } = problems;
         let mut panics = 0;
         let mut results = Vec::with_capacity(plans.len());
@@ -224,19 +239,20 @@ impl Planner {
             let solver =
                 self.solvers.entry(plan.model.clone()).or_insert_with(|| Solver::new(self.options.clone()));
             solver.options.stability_ms = if changed { 0.0 } else { self.options.stability_ms };
-            let started = crate::clock::now();
+            let started = clock();
             let (result, panicked) = guarded(&plan.model, || solver.solve(&plan.problem));
             if panicked {
                 panics += 1;
                 // A solver that panicked may hold half-updated state.
                 self.solvers.remove(&plan.model);
             }
-            results.push((result, crate::clock::since(started).as_secs_f64() * 1000.0));
+            let wall = clock().saturating_sub(started);
+            results.push((result, wall.as_secs_f64() * 1000.0));
         }
         Round { plans, unplanned, results, panics }
     }
 
-    /// Builds and solves.
+    /// Builds and solves, untimed.
     pub fn plan(&mut self, fleet: &Fleet, now: Now) -> Round {
         let problems = self.build(fleet, now);
         self.solve(problems)
@@ -251,7 +267,7 @@ impl Round {
 
     /// One snapshot per cluster (see [`plan::snapshots`]).
     pub fn snapshots(&self, fleet: &Fleet, version: u64, created_unix_ms: u64) -> BTreeMap<String, Snapshot> {
-        plan::snapshots(fleet, &self.plans, &self.solutions(), version, created_unix_ms)
+        plan::snapshots(&fleet.config, &self.plans, &self.solutions(), version, created_unix_ms)
     }
 
     /// The mean end-to-end latency the solved plans expect for the traffic they admit, ms:

@@ -3,13 +3,13 @@
 //! token: with neither, registration is off, since a registered URL is one data planes will
 //! forward to.
 
-use crate::api::{error, json, ApiState};
-use crate::fleet::members::{RegisterError, Registration};
-use crate::run::Event;
+use super::{error, json, ApiState};
+use crate::events::Event;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
+use ilb_planning::fleet::members::{RegisterError, Registration};
 use std::time::Duration;
 use tokio::sync::oneshot;
 

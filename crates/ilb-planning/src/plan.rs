@@ -15,8 +15,8 @@
 //! would be below the service time of a long decode on slow hardware, and the plan would shed
 //! with engines idle.
 
-use crate::config::ClassRule;
-use crate::fleet::{ClassKey, Fleet, Now};
+use crate::config::{ClassRule, FleetConfig};
+use crate::fleet::{ClassKey, PlanningInputs};
 use crate::profile::LatencyProfile;
 use ilb_core::constraint::satisfies;
 use ilb_core::priority::Priority;
@@ -45,7 +45,7 @@ pub struct ModelPlan {
     /// Effective capacity of each engine as planned, req/s.
     pub capacity_rps: Vec<f64>,
     /// Per engine: how long a request stays on it as a function of its load, ms (network
-    /// excluded; [`Fleet::latency_and_in_flight_profiles`]).
+    /// excluded; [`PlanningInputs::curves`]).
     pub in_flight: Vec<LatencyProfile>,
     /// Each class's `headroom_rps` is how much of its demand is headroom above the demand
     /// expected (the planner plans each class at the top of its noise band, as far as the
@@ -189,10 +189,11 @@ fn part_id(key: &ClassKey, priority: Priority) -> String {
     }
 }
 
-/// Builds one problem per model (sorted by model name), and says which models could not be
-/// planned and why.
-pub fn build(fleet: &Fleet, now: Now) -> (Vec<ModelPlan>, Vec<Unplanned>) {
-    let config = &fleet.config;
+/// Builds one problem per model (sorted by model name) from the fleet's inputs
+/// ([`Fleet::planning_inputs`](crate::fleet::Fleet::planning_inputs)), and says which models
+/// could not be planned and why.
+pub fn build(inputs: &PlanningInputs<'_>) -> (Vec<ModelPlan>, Vec<Unplanned>) {
+    let config = inputs.config;
     let cp = &config.control_plane;
     let mut models: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
     for (idx, engine) in config.engines.iter().enumerate() {
@@ -221,7 +222,7 @@ pub fn build(fleet: &Fleet, now: Now) -> (Vec<ModelPlan>, Vec<Unplanned>) {
                     model: model.to_owned(),
                     class: rule.map_or("default".to_owned(), |r| r.id.clone()),
                 };
-                let by_priority = fleet.demand_by_priority(&key);
+                let by_priority = inputs.demand_by_priority(&key);
                 for (priority, demand_rps) in priority_parts(by_priority, cp.demand_floor_rps) {
                     parts.push((classes.len(), priority));
                     problem_classes.push(Class {
@@ -241,15 +242,15 @@ pub fn build(fleet: &Fleet, now: Now) -> (Vec<ModelPlan>, Vec<Unplanned>) {
                 class_rules.push(*rule);
             }
         }
-        let capacity_rps: Vec<f64> = engine_idx.iter().map(|&j| fleet.effective_capacity(j, now)).collect();
+        let capacity_rps: Vec<f64> = engine_idx.iter().map(|&j| inputs.capacity_rps[j]).collect();
         let (profiles, in_flight): (Vec<LatencyProfile>, Vec<LatencyProfile>) =
-            fleet.latency_and_in_flight_profiles(&engine_idx).into_iter().unzip();
+            engine_idx.iter().map(|&j| inputs.curves[j].clone()).unzip();
         let network = NetworkMatrix::from_fn(parts.len(), engine_idx.len(), |i, j| {
             let k = parts[i].0;
             let engine = &config.engines[engine_idx[j]];
             // Measured and configured latencies are finite and non-negative; clamp anyway
             // so a bad measurement cannot make the problem invalid.
-            let ms = fleet.network_ms(&classes[k].key.cluster, engine_idx[j]);
+            let ms = inputs.network_ms(&classes[k].key.cluster, engine_idx[j]);
             let ms = if ms.is_finite() { ms.max(0.0) } else { 1e6 };
             allows(class_rules[k], engine).then_some(ms)
         });
@@ -336,7 +337,7 @@ fn to_optimizer(profile: LatencyProfile) -> Latency {
 }
 
 /// The optimizer's options from the control plane's settings (one solver per model uses them).
-pub fn solver_options(config: &crate::config::FleetConfig) -> SolverOptions {
+pub(crate) fn solver_options(config: &FleetConfig) -> SolverOptions {
     let cp = &config.control_plane;
     SolverOptions {
         stability_ms: cp.stability_ms,
@@ -349,13 +350,12 @@ pub fn solver_options(config: &crate::config::FleetConfig) -> SolverOptions {
 /// `None` when that model could not be solved: its classes then route in proportion to
 /// effective capacity, so data planes never lose a model because of one failed solve.
 pub fn snapshots(
-    fleet: &Fleet,
+    config: &FleetConfig,
     plans: &[ModelPlan],
     solutions: &[Option<&Solution>],
     version: u64,
     created_unix_ms: u64,
 ) -> BTreeMap<String, Snapshot> {
-    let config = &fleet.config;
     let (mut planned_load, mut capacity) = (0.0, 0.0);
     for (plan, solution) in plans.iter().zip(solutions) {
         if let Some(s) = solution {

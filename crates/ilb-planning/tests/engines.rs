@@ -4,13 +4,13 @@
 //! fast guard's holds; an unreachable engine is held unless most of the fleet is.
 #![allow(clippy::disallowed_methods)] // tests read their fixtures from files
 
-use ilb_controlplane::config::FleetConfig;
-use ilb_controlplane::fleet::Fleet;
-use ilb_controlplane::prom::{parse, Limits};
-use ilb_controlplane::signals::{extract, EngineFlavor, EngineSample};
 use ilb_core::holds::HoldReason;
 use ilb_core::report::{EngineObservation, Report};
 use ilb_core::{ClusterId, EngineId, ModelName};
+use ilb_planning::config::FleetConfig;
+use ilb_planning::fleet::Fleet;
+use ilb_planning::prom::{parse, Limits};
+use ilb_planning::signals::{extract, EngineFlavor, EngineSample};
 use std::time::Duration;
 
 fn fleet(engines: usize) -> Fleet {

@@ -14,14 +14,17 @@
 //! | `GET /` | the live dashboard |
 //! | `GET /metrics` | Prometheus metrics (`ilb_controlplane_*`) |
 //!
+//! [`engines`] serves `POST /v1/engines` and `DELETE /v1/engines/{id}`.
+//!
 //! With TLS ([`ApiTls`]) the listener terminates it with a rotatable certificate. With a
 //! client CA, data planes authenticate with certificates: `GET /v1/snapshots/...` and
 //! `POST /v1/reports` then need a verified client certificate (reports: or the bearer token,
 //! if one is set), and the certificate's name is logged and shown in `/v1/state`.
 
+mod engines;
+
+use crate::events::Event;
 use crate::publish::Publisher;
-use crate::run::Event;
-use crate::view::View;
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
@@ -29,6 +32,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use ilb_core::report::Report;
 use ilb_optimizer::Problem;
+use ilb_planning::view::View;
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -119,14 +123,10 @@ impl ApiState {
 
 type Body = Full<Bytes>;
 
-/// Serves the API until `shutdown` changes. Connections are tracked, and closed before it
-/// returns: a control plane that has shut down must not answer a kept-alive connection from
-/// its old state (a client would otherwise get a stale snapshot from a replaced process).
-pub async fn serve(listener: TcpListener, state: Arc<ApiState>, shutdown: watch::Receiver<bool>) {
-    serve_tls(listener, state, None, shutdown).await
-}
-
-/// As [`serve`], terminating TLS with `tls` when given.
+/// Serves the API until `shutdown` changes, terminating TLS with `tls` when given. Connections
+/// are tracked, and closed before it returns: a control plane that has shut down must not
+/// answer a kept-alive connection from its old state (a client would otherwise get a stale
+/// snapshot from a replaced process).
 pub async fn serve_tls(
     listener: TcpListener,
     state: Arc<ApiState>,
@@ -214,12 +214,10 @@ async fn dispatch(state: Arc<ApiState>, peer: &Peer, req: Request<Incoming>) -> 
         ),
         (&Method::GET, "/v1/engine-holds") => holds(&state, &query).await,
         (&Method::POST, "/v1/reports") => report(&state, peer, req).await,
-        (&Method::POST, "/v1/engines") => {
-            crate::api_engines::register(&state, peer.identity.is_some(), req).await
-        }
+        (&Method::POST, "/v1/engines") => engines::register(&state, peer.identity.is_some(), req).await,
         (&Method::DELETE, p) if p.starts_with("/v1/engines/") => {
             let id = p.trim_start_matches("/v1/engines/").to_owned();
-            crate::api_engines::deregister(&state, peer.identity.is_some(), &req, &id).await
+            engines::deregister(&state, peer.identity.is_some(), &req, &id).await
         }
         (&Method::GET, p) if p.starts_with("/v1/problems/") => {
             let model = p.trim_start_matches("/v1/problems/");

@@ -3,13 +3,13 @@
 //! table: configs and reports that the control plane accepts cannot make it publish what every
 //! data plane would refuse (a `NaN` weight written as `null`, say).
 
-use ilb_controlplane::config::{Engine, FleetConfig, Profile};
-use ilb_controlplane::fleet::Fleet;
-use ilb_controlplane::planner::Planner;
 use ilb_core::report::{ClassDemand, Report};
 use ilb_core::snapshot::Snapshot;
 use ilb_core::table::RoutingTable;
 use ilb_core::{ClassId, ClusterId, ModelName};
+use ilb_planning::config::{Engine, FleetConfig, Profile};
+use ilb_planning::fleet::Fleet;
+use ilb_planning::planner::Planner;
 use proptest::prelude::*;
 use std::time::Duration;
 
