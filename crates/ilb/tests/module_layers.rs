@@ -1,9 +1,10 @@
-//! ARCHITECTURE.md lists the data plane's modules leaves first, each importing only modules
-//! above it in the list, so imports point one way and no two modules import each other. This
-//! test reads that list from ARCHITECTURE.md itself and the crate's sources, and fails when a
-//! module names one listed after it (`use crate::x`, `use crate::{a, b::c}` or an inline
-//! `crate::x::f()` path), when a module is missing from the list or a listed one does not
-//! exist, or when a module outside tests uses an item of `lib.rs` (which sits above them all).
+//! ARCHITECTURE.md lists the modules of the layered crates (the data plane, the planning model
+//! and the control plane's shell) leaves first, each importing only modules above it in the
+//! list, so imports point one way and no two modules import each other. This test reads those
+//! lists from ARCHITECTURE.md itself and each crate's sources, and fails when a module names
+//! one listed after it (`use crate::x`, `use crate::{a, b::c}` or an inline `crate::x::f()`
+//! path), when a module is missing from the list or a listed one does not exist, or when a
+//! module outside tests uses an item of `lib.rs` (which sits above them all).
 #![allow(clippy::disallowed_methods)] // a test of the source tree reads it
 
 use std::collections::BTreeMap;
@@ -11,15 +12,19 @@ use std::path::Path;
 
 const ARCHITECTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../ARCHITECTURE.md");
 
-/// The data plane's modules in ARCHITECTURE.md's order. The list is the bullets of the
-/// `ilb-dataplane` section before its first **Invariant:** line; a module is a backticked
+/// The crates whose modules ARCHITECTURE.md lists in layers.
+const LAYERED: &[&str] = &["ilb-dataplane", "ilb-planning", "ilb-controlplane"];
+
+/// A crate's modules in ARCHITECTURE.md's order. The list is the bullets of the crate's
+/// section (`### `krate``) before its first **Invariant:** line; a module is a backticked
 /// `name.rs` or `name/` that starts a bullet or a sentence (after `.` or `;`). Files of a
 /// directory module are named inside parentheses, so they are not taken for modules.
-fn documented_order(markdown: &str) -> Vec<String> {
+fn documented_order(markdown: &str, krate: &str) -> Vec<String> {
+    let heading = format!("\n### `{krate}`\n");
     let section = markdown
-        .split("\n### `ilb-dataplane`\n")
+        .split(heading.as_str())
         .nth(1)
-        .expect("ARCHITECTURE.md has a \"### `ilb-dataplane`\" section");
+        .unwrap_or_else(|| panic!("ARCHITECTURE.md has no \"### `{krate}`\" section"));
     let mut bullets: Vec<String> = Vec::new();
     for line in section.lines() {
         if line.starts_with("**Invariant:**") || line.starts_with("### ") {
@@ -265,7 +270,7 @@ fn imports(src: &Path) -> BTreeMap<String, Vec<Use>> {
 /// Every way `graph` breaks `order`: a module listed twice, a module not in it, a module of it
 /// that does not exist, a use of a module listed later (or of no module), a use of `lib.rs`'s
 /// items outside tests.
-fn problems(graph: &BTreeMap<String, Vec<Use>>, order: &[String]) -> Vec<String> {
+fn problems(graph: &BTreeMap<String, Vec<Use>>, order: &[String], krate: &str) -> Vec<String> {
     let position = |m: &str| order.iter().position(|o| o == m);
     let mut problems = Vec::new();
     for (i, listed) in order.iter().enumerate() {
@@ -279,7 +284,7 @@ fn problems(graph: &BTreeMap<String, Vec<Use>>, order: &[String]) -> Vec<String>
     for (module, uses) in graph {
         let Some(at) = position(module) else {
             problems
-                .push(format!("module `{module}` is not in ARCHITECTURE.md's list of data-plane modules"));
+                .push(format!("module `{module}` is not in ARCHITECTURE.md's list of {krate} modules"));
             continue;
         };
         for Use { name, place, in_test } in uses {
@@ -306,46 +311,56 @@ fn problems(graph: &BTreeMap<String, Vec<Use>>, order: &[String]) -> Vec<String>
     problems
 }
 
-fn sources() -> BTreeMap<String, Vec<Use>> {
-    imports(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"))
+fn sources(krate: &str) -> BTreeMap<String, Vec<Use>> {
+    imports(&Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(krate).join("src"))
 }
 
-fn order() -> Vec<String> {
-    documented_order(&std::fs::read_to_string(ARCHITECTURE).unwrap())
+fn order(krate: &str) -> Vec<String> {
+    documented_order(&std::fs::read_to_string(ARCHITECTURE).unwrap(), krate)
 }
 
 #[test]
 fn modules_import_only_modules_listed_before_them() {
-    let order = order();
-    let problems = problems(&sources(), &order);
-    assert!(
-        problems.is_empty(),
-        "data-plane module layers (ARCHITECTURE.md order {order:?}):\n{}",
-        problems.join("\n")
-    );
+    for krate in LAYERED {
+        let order = order(krate);
+        let problems = problems(&sources(krate), &order, krate);
+        assert!(
+            problems.is_empty(),
+            "{krate} module layers (ARCHITECTURE.md order {order:?}):\n{}",
+            problems.join("\n")
+        );
+    }
 }
 
 #[test]
-fn the_list_is_read_from_architecture_md() {
-    let order = order();
-    assert_eq!(order.first().map(String::as_str), Some("clock"), "{order:?}");
-    assert_eq!(order.last().map(String::as_str), Some("server"), "{order:?}");
-    for inside in ["codec", "conn", "origin", "lib"] {
-        assert!(!order.iter().any(|m| m == inside), "`{inside}` is not a top-level module: {order:?}");
+fn the_lists_are_read_from_architecture_md() {
+    for (krate, first, last, inside) in [
+        ("ilb-dataplane", "clock", "server", &["codec", "conn", "origin", "lib"][..]),
+        ("ilb-planning", "prom", "view", &["members", "fit", "lib"][..]),
+        ("ilb-controlplane", "clock", "run", &["dns", "engines", "lib"][..]),
+    ] {
+        let order = order(krate);
+        assert_eq!(order.first().map(String::as_str), Some(first), "{krate}: {order:?}");
+        assert_eq!(order.last().map(String::as_str), Some(last), "{krate}: {order:?}");
+        for inside in inside {
+            assert!(!order.iter().any(|m| m == inside), "{krate}: `{inside}` is not a top-level module: {order:?}");
+        }
     }
 }
 
 #[test]
 fn the_check_sees_a_use_that_points_up() {
-    let graph = sources();
-    let order = order();
-    let reversed: Vec<String> = order.iter().rev().cloned().collect();
-    let reported = problems(&graph, &reversed);
-    assert!(
-        reported.iter().any(|p| p.contains("`proxy` uses `crate::shared`, listed after it")),
-        "{reported:?}"
-    );
-    assert!(!problems(&graph, &order[1..]).is_empty(), "a module left out of the list is reported");
+    for (krate, upward) in [
+        ("ilb-dataplane", "`proxy` uses `crate::shared`, listed after it"),
+        ("ilb-planning", "`planner` uses `crate::plan`, listed after it"),
+        ("ilb-controlplane", "`run` uses `crate::events`, listed after it"),
+    ] {
+        let (graph, order) = (sources(krate), order(krate));
+        let reversed: Vec<String> = order.iter().rev().cloned().collect();
+        let reported = problems(&graph, &reversed, krate);
+        assert!(reported.iter().any(|p| p.contains(upward)), "{krate}: {reported:?}");
+        assert!(!problems(&graph, &order[1..], krate).is_empty(), "{krate}: a module left out is reported");
+    }
 }
 
 #[test]
