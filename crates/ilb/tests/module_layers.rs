@@ -283,8 +283,7 @@ fn problems(graph: &BTreeMap<String, Vec<Use>>, order: &[String], krate: &str) -
     }
     for (module, uses) in graph {
         let Some(at) = position(module) else {
-            problems
-                .push(format!("module `{module}` is not in ARCHITECTURE.md's list of {krate} modules"));
+            problems.push(format!("module `{module}` is not in ARCHITECTURE.md's list of {krate} modules"));
             continue;
         };
         for Use { name, place, in_test } in uses {
@@ -343,7 +342,10 @@ fn the_lists_are_read_from_architecture_md() {
         assert_eq!(order.first().map(String::as_str), Some(first), "{krate}: {order:?}");
         assert_eq!(order.last().map(String::as_str), Some(last), "{krate}: {order:?}");
         for inside in inside {
-            assert!(!order.iter().any(|m| m == inside), "{krate}: `{inside}` is not a top-level module: {order:?}");
+            assert!(
+                !order.iter().any(|m| m == inside),
+                "{krate}: `{inside}` is not a top-level module: {order:?}"
+            );
         }
     }
 }
