@@ -67,16 +67,7 @@ fn rules() -> Vec<(&'static str, Vec<&'static str>, &'static str)> {
     let others: Vec<&str> = ILB_CRATES.iter().copied().filter(|c| *c != "ilb-tls").collect();
     rules.push(("ilb-tls", others, "ilb-tls depends on no other ilb crate"));
     // The fleet simulator sits above the product: only the binary (and tests) may use it.
-    for krate in [
-        "ilb-core",
-        "ilb-optimizer",
-        "ilb-tls",
-        "ilb-engine-sim",
-        "ilb-dataplane",
-        "ilb-planning",
-        "ilb-controlplane",
-        "ilb-epp",
-    ] {
+    for krate in ILB_CRATES.iter().copied().filter(|c| !["ilb", "ilb-fleet-sim"].contains(c)) {
         rules.push((krate, vec!["ilb-fleet-sim"], "nothing but the binary depends on the fleet simulator"));
     }
     rules
