@@ -56,7 +56,7 @@ fn check_within_gap(config: GenConfig) {
 /// curves and with a third of them fitted; and warm re-solves of it.
 #[test]
 fn fleet_instances_agree_within_the_certified_gap() {
-    for (n, m, seed) in [(6, 20, 1), (16, 60, 2), (24, 160, 3), (40, 300, 4)] {
+    for (n, m, seed) in [(6, 20, 1), (16, 60, 2), (24, 160, 3), (32, 240, 4)] {
         let config = GenConfig::fleet(n, m, seed);
         check_within_gap(config.clone());
         check_within_gap(config.clone().with_load(1.08));
