@@ -2,8 +2,8 @@
 //! change), printing one table row per instance. "1st warm" re-solves from a cold solve; "warm" is
 //! the steady state, re-solving from a solve that was itself warm (every later control cycle). Run with
 //! `cargo run --release -p ilb-optimizer --example bench` (add `-- quick` for the small sizes).
-//! Arguments filter the rows: `clustered` or `noisy` (the generator's two network models; both
-//! by default), and sizes such as `100x5000`.
+//! Arguments filter the rows: `clustered`, `noisy` or `fleet` (the generator's two network models
+//! and the real-looking fleet; all by default), and sizes such as `100x5000`.
 //! Timing uses the wall clock, read only in this example's `clock` function.
 
 use ilb_optimizer::gen::{generate, perturb_demand, GenConfig};
@@ -84,8 +84,8 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let has = |a: &str| args.iter().any(|x| x == a);
     let quick = has("quick");
-    let (clustered, noisy) = match (has("clustered"), has("noisy")) {
-        (false, false) => (true, true),
+    let (clustered, noisy, fleet) = match (has("clustered"), has("noisy"), has("fleet")) {
+        (false, false, false) => (true, true, true),
         other => other,
     };
     let wanted: Vec<&String> = args.iter().filter(|a| a.contains('x')).collect();
@@ -113,6 +113,12 @@ fn main() {
             run(&format!("{n}x{m} noisy"), &normal, repeats);
             let overloaded = generate(&GenConfig::noisy(n, m, 2).with_load(1.08));
             run(&format!("{n}x{m} noisy 108%"), &overloaded, repeats);
+        }
+        if fleet {
+            let normal = generate(&GenConfig::fleet(n, m, 1));
+            run(&format!("{n}x{m} fleet"), &normal, repeats);
+            let overloaded = generate(&GenConfig::fleet(n, m, 2).with_load(1.08));
+            run(&format!("{n}x{m} fleet 108%"), &overloaded, repeats);
         }
     }
 }

@@ -1,5 +1,5 @@
 //! Solves one generated instance cold, then warm many times (for profilers):
-//! `profile_one N M [REPEATS] [overloaded] [noisy] [cold] [chained] [seed=S]` (`cold`: only the
+//! `profile_one N M [REPEATS] [overloaded] [noisy | fleet] [cold] [chained] [seed=S]` (`cold`: only the
 //! cold solve, REPEATS times; `chained`: see the settling below; the seed defaults to 1, or 2
 //! when overloaded).
 //! The solves being measured run inside `measured`, so that an instruction count can be limited
@@ -34,9 +34,13 @@ fn main() {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let (n, m) = (args.first().copied().unwrap_or(100), args.get(1).copied().unwrap_or(5000));
     let flag = |f: &str| std::env::args().any(|a| a == f);
-    let (overloaded, noisy) = (flag("overloaded"), flag("noisy"));
+    let (overloaded, noisy, fleet) = (flag("overloaded"), flag("noisy"), flag("fleet"));
     let seed = std::env::args().find_map(|a| a.strip_prefix("seed=").and_then(|s| s.parse().ok()));
     let p = match (noisy, overloaded) {
+        _ if fleet => {
+            let config = GenConfig::fleet(n, m, seed.unwrap_or(if overloaded { 2 } else { 1 }));
+            generate(&if overloaded { config.with_load(1.08) } else { config })
+        }
         (false, false) => generate(&GenConfig::new(n, m, seed.unwrap_or(1))),
         (false, true) => generate(&GenConfig::new(n, m, seed.unwrap_or(2)).overloaded()),
         (true, false) => generate(&GenConfig::noisy(n, m, seed.unwrap_or(1))),

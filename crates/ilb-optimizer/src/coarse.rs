@@ -42,6 +42,9 @@ const APPROXIMATE_GAP: f64 = 5e-4;
 /// erratic in this parameter.
 const FITTED_EPSILON: f64 = 0.1;
 
+/// Smallest ε, relative to the price scale, at which the full solve starts from fitted clusters.
+const FITTED_MIN_EPSILON: f64 = 1e-3;
+
 /// Smallest spacing of the samples, relative to the cluster's price range.
 const FIRST_SAMPLE: f64 = 1e-4;
 
@@ -162,10 +165,62 @@ pub(crate) fn start(model: &Model, options: &SolverOptions, scale: f64) -> Optio
             share[j as usize] /= total;
         }
     }
-    let prev = centre(m, &run.cand, &repaired.x, |j| {
-        (cluster_of[j] != u32::MAX).then(|| (cluster_of[j] as usize, share[j]))
-    });
+    let prev = split(model, &clusters, &run.cand, &repaired.x, &share, &cluster_of);
+    // A fitted coarse problem whose continuation went far below the fit's precision (at a kink of
+    // its dual) would hand the full solve an ε at which its prices, off by the fit's error, take
+    // hundreds of Newton steps: start no lower than `FITTED_MIN_EPSILON`.
+    let epsilon = if clusters.exact { epsilon } else { epsilon.max(FITTED_MIN_EPSILON * scale) };
     Some(CoarseStart { prices: run.u, prev, epsilon, clusters: clusters.len() })
+}
+
+/// The proximal centre of the full problem: each coarse entry's flow (class k, cluster S) split
+/// over S's members by `share`, renormalised over the members that allow k (all of them, and the
+/// share unchanged, unless the fit let a few forbidden pairs into the cluster).
+fn split(
+    model: &Model,
+    clusters: &Clusters,
+    cand: &crate::pass::Candidates,
+    x: &[f64],
+    share: &[f64],
+    cluster_of: &[u32],
+) -> PrevRoutes {
+    // Per coarse entry: the share of the cluster that allows its class (1 when all do).
+    let mut allowed = vec![1.0; x.len()];
+    for s in 0..clusters.len() {
+        let members = clusters.members(s);
+        for e in cand.start[s]..cand.start[s + 1] {
+            let k = cand.class[e] as usize;
+            if x[e] > 0.0 && members.iter().any(|&j| model.network.engine_column(j as usize)[k].is_infinite())
+            {
+                allowed[e] = members
+                    .iter()
+                    .filter(|&&j| model.network.engine_column(j as usize)[k].is_finite())
+                    .map(|&j| share[j as usize])
+                    .sum();
+            }
+        }
+    }
+    let m = model.n_engines();
+    let mut prev = PrevRoutes { start: Vec::with_capacity(m + 1), class: Vec::new(), rps: Vec::new() };
+    prev.start.push(0);
+    for j in 0..m {
+        if cluster_of[j] != u32::MAX {
+            let (row, column) = (cluster_of[j] as usize, model.network.engine_column(j));
+            for e in cand.start[row]..cand.start[row + 1] {
+                let k = cand.class[e] as usize;
+                if !(column[k].is_finite() && allowed[e] > 0.0) {
+                    continue;
+                }
+                let rps = if allowed[e] == 1.0 { x[e] * share[j] } else { x[e] * share[j] / allowed[e] };
+                if rps > 0.0 {
+                    prev.class.push(k as u32);
+                    prev.rps.push(rps);
+                }
+            }
+        }
+        prev.start.push(prev.class.len());
+    }
+    prev
 }
 
 /// A proximal centre for `n_engines` engines from candidate-entry flows `x`: engine j takes the
@@ -259,24 +314,29 @@ fn exact_clusters(model: &Model) -> Option<Clusters> {
 
 /// Approximate clusters for matrices that do not cluster exactly (measured round-trip times:
 /// sites spread around a region's centre, jitter on every pair): engines grouped by their
-/// nearest group (the front end with the smallest n_kj) and the set of groups that may use them,
-/// so at most about one cluster per group. Within a cluster the columns are fitted as
-/// n_kj ≈ a_kS + b_j (b_j the engine's mean over its allowed groups, less the cluster's smallest;
-/// a_kS the members' mean of n_kj − b_j, +∞ where any member is forbidden). The coarse solution
-/// is then only a starting point: the full solve corrects what the fit leaves out.
+/// nearest group (the front end with the smallest n_kj) and, within that, by the groups that
+/// split them (forbidden at some members and allowed at others, see `SPLITTING`), so at most
+/// about one cluster per group. Pairs forbidden at only a few members (scattered exclusions)
+/// do not split a cluster: the fit uses the members that allow them, and the split of the
+/// coarse flows gives those members nothing (`start`). Within a cluster the columns are fitted
+/// as n_kj ≈ a_kS + b_j (b_j the engine's mean over its allowed groups, less the cluster's
+/// smallest; a_kS the mean of n_kj − b_j over the members that allow k, +∞ where at least half
+/// forbid it). The coarse solution is then only a starting point: the full solve corrects what
+/// the fit leaves out.
 fn nearest_clusters(model: &Model) -> Option<Clusters> {
     let (n, m) = (model.n_classes(), model.n_engines());
     let active: Vec<usize> = (0..n).filter(|&k| model.class_on[k]).collect();
     let mut offset = vec![0.0; m];
-    // (nearest group, hash of the allowed set, engine)
+    // (nearest group, hash of the groups that may not use it, engine)
     let mut keyed: Vec<(u32, u64, u32)> = Vec::with_capacity(m);
+    let mut forbidden_hash = vec![0u64; m];
     for j in 0..m {
         if !model.engine_on[j] {
             continue;
         }
         let column = model.network.engine_column(j);
         let (mut nearest, mut best) = (u32::MAX, f64::INFINITY);
-        let (mut hash, mut sum, mut count) = (0x243F_6A88_85A3_08D3u64, 0.0, 0.0);
+        let (mut hash, mut sum, mut count) = (FORBIDDEN_HASH_SEED, 0.0, 0.0);
         for &k in &active {
             let v = column[k];
             if v.is_finite() {
@@ -294,9 +354,14 @@ fn nearest_clusters(model: &Model) -> Option<Clusters> {
             continue; // no class may use it
         }
         offset[j] = sum / count;
+        forbidden_hash[j] = hash;
         keyed.push((nearest, hash, j as u32));
     }
     keyed.sort_unstable();
+    if keyed.len() < MIN_ENGINES {
+        return None;
+    }
+    let keyed = split_by_forbidden(model, &active, keyed);
     let mut start = vec![0usize];
     for w in 1..keyed.len() {
         if (keyed[w].0, keyed[w].1) != (keyed[w - 1].0, keyed[w - 1].1) {
@@ -305,11 +370,14 @@ fn nearest_clusters(model: &Model) -> Option<Clusters> {
     }
     start.push(keyed.len());
     let clusters = start.len() - 1;
-    if keyed.len() < MIN_ENGINES || clusters * MIN_REDUCTION > keyed.len() || clusters > MAX_CLUSTERS {
+    // About one cluster per group, more where residency splits them: the coarse problem's size
+    // follows the group count (its cost is linear here, unlike `exact_clusters`'s search).
+    if clusters * MIN_REDUCTION > keyed.len() || clusters > MAX_CLUSTERS.max(2 * active.len()) {
         return None;
     }
     let engine: Vec<u32> = keyed.into_iter().map(|(_, _, j)| j).collect();
     let mut values = vec![0.0; n * clusters];
+    let mut allowed = vec![0u32; n];
     for s in 0..clusters {
         let members = &engine[start[s]..start[s + 1]];
         let low = members.iter().map(|&j| offset[j as usize]).fold(f64::INFINITY, f64::min);
@@ -317,18 +385,108 @@ fn nearest_clusters(model: &Model) -> Option<Clusters> {
             offset[j as usize] -= low;
         }
         let column = &mut values[s * n..(s + 1) * n];
+        let first_hash = forbidden_hash[members[0] as usize];
+        if members.iter().all(|&j| forbidden_hash[j as usize] == first_hash) {
+            // Every member forbids the same groups: +∞ stays +∞, the rest is a plain mean.
+            for &j in members {
+                let b = offset[j as usize];
+                for (a, &v) in column.iter_mut().zip(model.network.engine_column(j as usize)) {
+                    *a += v - b;
+                }
+            }
+            let count = members.len() as f64;
+            for a in column.iter_mut() {
+                *a = (*a / count).max(0.0);
+            }
+            continue;
+        }
+        allowed.fill(0);
         for &j in members {
             let b = offset[j as usize];
-            for (a, &v) in column.iter_mut().zip(model.network.engine_column(j as usize)) {
-                *a += v - b; // +∞ stays +∞
+            for ((a, &v), c) in
+                column.iter_mut().zip(model.network.engine_column(j as usize)).zip(&mut allowed)
+            {
+                if v.is_finite() {
+                    *a += v - b;
+                    *c += 1;
+                }
             }
         }
-        let count = members.len() as f64;
-        for a in column.iter_mut() {
-            *a = (*a / count).max(0.0);
+        for (a, &c) in column.iter_mut().zip(&allowed) {
+            *a = if 2 * c as usize > members.len() { (*a / c as f64).max(0.0) } else { f64::INFINITY };
         }
     }
     Some(Clusters { start, engine, offset, values, exact: false })
+}
+
+/// A group splits a bucket of engines (same nearest group) when it is forbidden at more than this
+/// fraction of the members (and at least two) and allowed at more than this fraction: a
+/// residency rule or a sovereign subset rather than scattered exclusions.
+const SPLITTING: f64 = 0.1;
+
+/// Fewer splitting groups than this are scattered exclusions too: the bucket stays whole.
+const MIN_SPLITTING: usize = 4;
+
+/// Seed of the hash of the groups an engine forbids.
+const FORBIDDEN_HASH_SEED: u64 = 0x243F_6A88_85A3_08D3;
+
+/// The engines keyed by (nearest group, hash of the groups they forbid, engine), sorted, re-keyed
+/// by (nearest group, sub-cluster, engine), sorted. A bucket (one nearest group) whose members all
+/// forbid the same groups is one sub-cluster. Otherwise an engine's pattern is the set of
+/// splitting groups it forbids, and it joins the first sub-cluster whose first member's pattern
+/// differs in at most a quarter of the splitting groups (scattered exclusions of a splitting group
+/// do not make a sub-cluster of their own; a rule that forbids many groups at some members does),
+/// else starts one.
+fn split_by_forbidden(
+    model: &Model,
+    active: &[usize],
+    mut keyed: Vec<(u32, u64, u32)>,
+) -> Vec<(u32, u64, u32)> {
+    let mut forbidden = vec![0usize; model.n_classes()];
+    let mut splitting = Vec::new();
+    let mut patterns: Vec<bool> = Vec::new(); // the heads' patterns, one after the other
+    for bucket in keyed.chunk_by_mut(|a, b| a.0 == b.0) {
+        if bucket.first().map(|e| e.1) == bucket.last().map(|e| e.1) {
+            // Sorted by hash within the bucket: first and last agree, so all do.
+            bucket.iter_mut().for_each(|e| e.1 = 0);
+            continue;
+        }
+        bucket.sort_unstable_by_key(|e| e.2); // heads in engine order
+        forbidden.fill(0);
+        for &(_, _, j) in bucket.iter() {
+            let column = model.network.engine_column(j as usize);
+            for &k in active {
+                forbidden[k] += usize::from(!column[k].is_finite());
+            }
+        }
+        let size = bucket.len() as f64;
+        splitting.clear();
+        splitting.extend(active.iter().copied().filter(|&k| {
+            let f = forbidden[k] as f64;
+            f >= 2.0 && f > SPLITTING * size && size - f > SPLITTING * size
+        }));
+        if splitting.len() < MIN_SPLITTING {
+            splitting.clear();
+        }
+        let tolerance = splitting.len() / 4;
+        patterns.clear();
+        for entry in bucket.iter_mut() {
+            let column = model.network.engine_column(entry.2 as usize);
+            let pattern = splitting.iter().map(|&k| !column[k].is_finite());
+            let heads = patterns.len() / splitting.len().max(1);
+            let sub = (0..heads).find(|&h| {
+                let head = &patterns[h * splitting.len()..(h + 1) * splitting.len()];
+                head.iter().zip(pattern.clone()).filter(|(a, b)| **a != *b).count() <= tolerance
+            });
+            let sub = sub.unwrap_or_else(|| {
+                patterns.extend(pattern);
+                heads
+            });
+            entry.1 = sub as u64;
+        }
+    }
+    keyed.sort_unstable();
+    keyed
 }
 
 /// The cluster as one engine: its marginal cost tabulated at prices from the cheapest member's

@@ -1,5 +1,13 @@
 //! Agreement with an independent exact solve (Clarabel) on generated small and medium
 //! instances, normal and overloaded (forcing shedding), with queueing and fitted curves.
+//!
+//! Clarabel solves the whole problem exactly in conic form (`tests/common`): the queueing term
+//! y·(t0 + b·y/(c − y)) = t0·y + b·y²/(c − y) as a rotated second-order cone y² ≤ w·(c − y), a
+//! fitted curve's convex envelope as one cone per piece (y·L is the maximum of the pieces'
+//! quadratics), forbidden pairs as absent variables, shedding as a linear cost, capacity as
+//! y ≤ ρ·c. Every feature of the optimization problem is expressible; what is not part of it is
+//! the stability rule (`SolverOptions::stability_ms`, off by default), which publishes a mix of
+//! the new and the previous split after the solve, so the comparison runs with it off.
 
 mod common;
 
@@ -21,6 +29,53 @@ fn check(config: GenConfig) {
     assert!(solution.gap <= 1e-3, "{config:?}: certified gap {}", solution.gap);
     // The certificate is a true lower bound: never above the exact optimum (up to its tolerance).
     assert!(solution.lower_bound <= reference.objective * (1.0 + 1e-7), "{config:?}: bound above optimum");
+}
+
+/// The differential check on one instance: ilb's objective is a feasible routing's, so it may
+/// not be below the exact optimum, and it may exceed it by no more than ilb's own certified gap
+/// (plus Clarabel's tolerance); ilb's lower bound may not be above it.
+fn check_within_gap(config: GenConfig) {
+    let problem = generate(&config);
+    let (solution, _) = solve(&problem, None, &SolverOptions::default()).unwrap();
+    common::check_invariants(&problem, &solution);
+    let reference = common::clarabel_solve(&problem);
+    let (objective, exact) = (solution.objective, reference.objective);
+    assert!(solution.gap <= 1e-3, "{config:?}: certified gap {}", solution.gap);
+    assert!(objective >= exact * (1.0 - 1e-7), "{config:?}: objective {objective} below the optimum {exact}");
+    assert!(
+        objective <= exact * (1.0 + 1e-7) + solution.gap * objective,
+        "{config:?}: objective {objective} vs clarabel {exact}, certified gap {}",
+        solution.gap
+    );
+    assert!(solution.lower_bound <= exact * (1.0 + 1e-7), "{config:?}: bound above optimum");
+}
+
+/// The real-looking fleet (`GenConfig::fleet`: four hardware classes with an eightfold capacity
+/// spread, sixteen regions with mismatched demand and capacity, residency and random forbidden
+/// pairs, lognormal demand), small and medium, at 72 % and at 108 % (shedding), with queueing
+/// curves and with a third of them fitted; and warm re-solves of it.
+#[test]
+fn fleet_instances_agree_within_the_certified_gap() {
+    for (n, m, seed) in [(6, 20, 1), (16, 60, 2), (24, 160, 3), (32, 240, 4)] {
+        let config = GenConfig::fleet(n, m, seed);
+        check_within_gap(config.clone());
+        check_within_gap(config.clone().with_load(1.08));
+        check_within_gap(GenConfig { piecewise_fraction: 0.35, ..config.clone() });
+        check_within_gap(GenConfig { piecewise_fraction: 1.0, ..config.with_load(1.08) });
+    }
+    // Warm re-solves after ±1 % demand changes agree too.
+    let problem = generate(&GenConfig::fleet(24, 160, 5).with_load(1.08));
+    let options = SolverOptions::default();
+    let (_, mut warm) = solve(&problem, None, &options).unwrap();
+    let mut current = problem;
+    for round in 0..2 {
+        current = ilb_optimizer::gen::perturb_demand(&current, round, 0.01);
+        let (next, next_warm) = solve(&current, Some(&warm), &options).unwrap();
+        let exact = common::clarabel_solve(&current).objective;
+        assert!(next.objective >= exact * (1.0 - 1e-7), "round {round}");
+        assert!(next.objective <= exact * (1.0 + 1e-7) + next.gap * next.objective, "round {round}");
+        warm = next_warm;
+    }
 }
 
 #[test]

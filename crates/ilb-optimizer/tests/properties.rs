@@ -22,6 +22,7 @@ fn config_strategy() -> impl Strategy<Value = GenConfig> {
             piecewise_fraction: piecewise,
             rho,
             noise: None,
+            fleet: None,
         },
     )
 }
@@ -98,6 +99,71 @@ proptest! {
         common::check_invariants(&changed, &c);
         prop_assert!(c.gap <= 1e-3, "warm gap {}", c.gap);
         prop_assert_eq!(c, d);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, rng_seed: RngSeed::Fixed(4), ..ProptestConfig::default() })]
+
+    /// The same properties on the real-looking fleet (four hardware classes, sixteen regions with
+    /// mismatched demand and capacity, residency and random forbidden pairs, lognormal demand).
+    #[test]
+    fn fleet_instances_are_feasible_certified_and_deterministic(
+        (n, m, seed, load, piecewise) in (1usize..40, 1usize..400, any::<u64>(), 0.2f64..1.3, 0.0f64..0.6)
+    ) {
+        let config = GenConfig { piecewise_fraction: piecewise, ..GenConfig::fleet(n, m, seed).with_load(load) };
+        let problem = generate(&config);
+        prop_assert_eq!(&problem, &generate(&config));
+        let options = SolverOptions::default();
+        let (a, warm_a) = solve(&problem, None, &options).unwrap();
+        let (b, warm_b) = solve(&problem, None, &options).unwrap();
+        common::check_invariants(&problem, &a);
+        prop_assert!(a.gap <= 1e-3, "gap {}", a.gap);
+        prop_assert_eq!(&a, &b);
+        prop_assert_eq!(&warm_a, &warm_b);
+        let changed = perturb_demand(&problem, seed, 0.01);
+        let (c, _) = solve(&changed, Some(&warm_a), &options).unwrap();
+        let (d, _) = solve(&changed, Some(&warm_b), &options).unwrap();
+        common::check_invariants(&changed, &c);
+        prop_assert!(c.gap <= 1e-3, "warm gap {}", c.gap);
+        prop_assert_eq!(c, d);
+    }
+}
+
+/// The fleet at the sizes' smaller end, 72 % and 108 % load: its features are there (many
+/// forbidden pairs, an eightfold capacity spread, shedding at 108 %), the solve is certified, equal
+/// inputs give equal outputs, and chained warm re-solves stay certified and deterministic.
+#[test]
+fn fleet_instances_are_certified_and_stable() {
+    for config in [GenConfig::fleet(100, 5_000, 1), GenConfig::fleet(100, 5_000, 2).with_load(1.08)] {
+        let problem = generate(&config);
+        let forbidden = (0..100)
+            .flat_map(|k| (0..5_000).map(move |j| (k, j)))
+            .filter(|&(k, j)| problem.network_ms.get(k, j).is_none())
+            .count() as f64
+            / 500_000.0;
+        assert!((0.05..0.2).contains(&forbidden), "{forbidden} of the pairs forbidden");
+        let caps = problem.engines.iter().map(|e| e.capacity_rps);
+        let spread = caps.clone().fold(0.0, f64::max) / caps.fold(f64::INFINITY, f64::min);
+        assert!(spread > 8.0, "capacity spread {spread}");
+        let options = SolverOptions::default();
+        let (a, warm) = solve(&problem, None, &options).unwrap();
+        common::check_invariants(&problem, &a);
+        assert!(a.gap <= 5e-4, "{config:?}: gap {}", a.gap);
+        let shed: f64 = a.shed_rps.iter().sum();
+        assert_eq!(shed > 0.0, config.load_factor > 1.0, "shed {shed}");
+        let (b, _) = solve(&problem, None, &options).unwrap();
+        assert_eq!(a, b);
+        let (mut warm, mut current) = (warm, problem);
+        for round in 0..2 {
+            current = perturb_demand(&current, round, 0.01);
+            let (next, next_warm) = solve(&current, Some(&warm), &options).unwrap();
+            let (again, _) = solve(&current, Some(&warm), &options).unwrap();
+            common::check_invariants(&current, &next);
+            assert!(next.gap <= 5e-4, "round {round}: gap {}", next.gap);
+            assert_eq!(next, again);
+            warm = next_warm;
+        }
     }
 }
 
