@@ -10,8 +10,9 @@
 # drawn uniformly from SPACING_MS, vLLM's chunk shapes, each chunk stamped with the time it was
 # sent) and the load client (`stream_load load`: STREAMS kept-alive connections started over
 # RAMP_MS, each running ROUNDS streams of CHUNKS chunks, with `include_usage`) share CPU 0; each
-# router runs alone on CPU 1, started fresh: direct (no router), ilb, vllm-router, sglang-router
-# (SMG) and Envoy 1.40 (the kit's envoy-candidate.sh, one worker). The router's user+system CPU
+# router runs alone on CPU 1, started fresh: direct (no router), ilb, ilb-tls (ilb with TLS on
+# both sides: https engines with a throwaway CA, an https listener, the client over TLS),
+# vllm-router, sglang-router (SMG) and Envoy 1.40 (the kit's envoy-candidate.sh, one worker). The router's user+system CPU
 # (from /proc, over the whole load run) is divided by the streams and by the content chunks
 # served; the per-chunk latency is the time from the engine's write to the client's read, so
 # "added" is a router's figure less direct's of the same run.
@@ -20,7 +21,7 @@
 # candidate beside sglang-router and vllm-router, then (`nonstream`, `delay`) with Envoy as the
 # candidate beside vllm-router; each run's ratios are to vllm-router of the same run.
 #
-# Knobs: SECTIONS ("streams kit"), CONTENDERS ("direct ilb vllm-router sglang-router envoy"),
+# Knobs: SECTIONS ("streams kit"), CONTENDERS ("direct ilb ilb-tls vllm-router sglang-router envoy"),
 # STREAMS (1000), CHUNKS (256), SPACING_MS (20-50), RAMP_MS (2000), ROUNDS (1), KIT_DUR (5),
 # KIT_WARM (1), ILB (target/release/ilb), ILB_ARGS (extra data-plane flags), LOADGEN
 # (target/release/examples/stream_load), PEERS_KIT (../shared/bench/peers), PEERS_HOME
@@ -35,7 +36,7 @@ source "$PEERS_KIT/lib.sh"
 RUN_DIR=$PEERS_HOME/run-streams # PID records of this script, apart from run.sh's
 
 SECTIONS=${SECTIONS:-"streams kit"}
-CONTENDERS=${CONTENDERS:-"direct ilb vllm-router sglang-router envoy"}
+CONTENDERS=${CONTENDERS:-"direct ilb ilb-tls vllm-router sglang-router envoy"}
 STREAMS=${STREAMS:-1000}
 CHUNKS=${CHUNKS:-256}
 SPACING_MS=${SPACING_MS:-20-50}
@@ -48,6 +49,7 @@ ILB_ARGS=${ILB_ARGS:-}
 LOADGEN=$(realpath -m "${LOADGEN:-target/release/examples/stream_load}")
 OUT=$(realpath -m "${OUT:-target/bench-streams/$(date +%Y%m%d-%H%M%S)}")
 ENGINE_PORTS=(19801 19802 19803 19804)
+TLS_ENGINE_PORTS=(19811 19812 19813 19814)
 ROUTER_PORT=19890
 METRICS_PORT=19891
 PY=python3
@@ -62,18 +64,22 @@ RESULTS=$OUT/streams.jsonl
 LOAD=(taskset -c 0)
 ROUTER=(taskset -c 1)
 
+TLS_DIR=$OUT/tls # the https engines' throwaway CA and certificate
+
 stop_stale
-cleanup() { stop load; stop router; stop engines; }
+cleanup() { stop load; stop router; stop engines; stop tlsengines; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 chat='{"model":"mock-model","messages":[{"role":"user","content":"hi"}],"max_tokens":4}'
 http_ok() { # URL: a non-streamed chat completion answers 200
   [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 -H 'Content-Type: application/json' \
-      -d "$chat" "$1/v1/chat/completions" 2>/dev/null)" = 200 ]
+      --cacert "$TLS_DIR/ca.pem" -d "$chat" "$1/v1/chat/completions" 2>/dev/null)" = 200 ]
 }
 engine_urls=()
 for p in "${ENGINE_PORTS[@]}"; do engine_urls+=("http://127.0.0.1:$p"); done
+tls_engine_urls=()
+for p in "${TLS_ENGINE_PORTS[@]}"; do tls_engine_urls+=("https://127.0.0.1:$p"); done
 
 # start_router NAME: the contender on ROUTER_PORT, alone on CPU 1; sets CUR_PID (empty: direct)
 start_router() {
@@ -86,6 +92,12 @@ start_router() {
     ilb)
       # shellcheck disable=SC2086
       start router "$log" "${ROUTER[@]}" "$ILB" --log warn data-plane --listen "127.0.0.1:$ROUTER_PORT" "${flags[@]}" $ILB_ARGS ;;
+    ilb-tls)
+      flags=()
+      for u in "${tls_engine_urls[@]}"; do flags+=(--engine "$u"); done
+      # shellcheck disable=SC2086
+      start router "$log" "${ROUTER[@]}" "$ILB" --log warn,rustls=error data-plane --listen "127.0.0.1:$ROUTER_PORT" \
+        "${flags[@]}" --engine-ca "$TLS_DIR/ca.pem" --tls-cert "$TLS_DIR/server.pem" --tls-key "$TLS_DIR/server.key" $ILB_ARGS ;;
     vllm-router)
       start router "$log" "${ROUTER[@]}" "$VENV/bin/vllm-router" --host 127.0.0.1 --port "$ROUTER_PORT" \
         --worker-urls "${engine_urls[@]}" --policy round_robin \
@@ -100,6 +112,7 @@ start_router() {
   esac
   CUR_PID=$(recorded_pid router)
   local base=http://127.0.0.1:$ROUTER_PORT
+  [ "$name" = ilb-tls ] && base=https://127.0.0.1:$ROUTER_PORT
   for _ in $(seq 150); do http_ok "$base" && break; sleep 0.2; done
   http_ok "$base" || { tail -n 20 "$log" >&2; return 1; }
   if [ "$name" = vllm-router ] || [ "$name" = sglang-router ]; then
@@ -116,6 +129,8 @@ run_streams() {
   local name=$1 urls=() r0=0 r1=0 idle=null rss=null hwm=null la0 la1 log=$OUT/load-$1.txt
   if [ "$name" = direct ]; then
     for u in "${engine_urls[@]}"; do urls+=(--url "$u/v1/chat/completions"); done
+  elif [ "$name" = ilb-tls ]; then
+    urls=(--url "https://127.0.0.1:$ROUTER_PORT/v1/chat/completions" --ca "$TLS_DIR/ca.pem")
   else
     urls=(--url "http://127.0.0.1:$ROUTER_PORT/v1/chat/completions")
   fi
@@ -160,12 +175,19 @@ section_streams() {
   start engines "$OUT/engines.log" "${LOAD[@]}" "$LOADGEN" serve --ports "$ports" --spacing-ms "$SPACING_MS"
   for _ in $(seq 50); do http_ok "${engine_urls[0]}" && break; sleep 0.1; done
   http_ok "${engine_urls[0]}" || die "the mock engines did not start (see $OUT/engines.log)"
+  if [[ " $CONTENDERS " == *" ilb-tls "* ]]; then
+    ports=$(IFS=,; echo "${TLS_ENGINE_PORTS[*]}")
+    start tlsengines "$OUT/tls-engines.log" "${LOAD[@]}" "$LOADGEN" serve --ports "$ports" --spacing-ms "$SPACING_MS" --tls-dir "$TLS_DIR"
+    for _ in $(seq 50); do http_ok "${tls_engine_urls[0]}" && break; sleep 0.1; done
+    http_ok "${tls_engine_urls[0]}" || die "the https mock engines did not start (see $OUT/tls-engines.log)"
+  fi
   echo "== streams: $STREAMS streams x $CHUNKS chunks, $SPACING_MS ms apart, ramp $RAMP_MS ms, $ROUNDS round(s) -> $RESULTS"
   for c in $CONTENDERS; do
     if start_router "$c"; then run_streams "$c"; else echo "!! $c did not become ready" >&2; fi
     stop router
   done
   stop engines
+  stop tlsengines
   "$PY" - "$RESULTS" <<'PY' | tee "$OUT/streams.md"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
@@ -184,7 +206,7 @@ for r in rows:
 ilb = next((r for r in rows if r["contender"] == "ilb"), None)
 if ilb and ilb["cpu_us_per_chunk"]:
     ratios = ["%s %.2f×" % (r["contender"], r["cpu_us_per_chunk"] / ilb["cpu_us_per_chunk"])
-              for r in rows if r["contender"] not in ("ilb", "direct") and r["cpu_us_per_chunk"]]
+              for r in rows if r["contender"] not in ("ilb", "ilb-tls", "direct") and r["cpu_us_per_chunk"]]
     if ratios:
         print("\nPeer CPU per chunk over ilb's: " + ", ".join(ratios))
 PY

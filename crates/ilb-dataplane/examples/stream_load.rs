@@ -3,9 +3,9 @@
 //! and measures how late each chunk arrives.
 //!
 //! ```text
-//! stream_load serve --ports 19801,19802 [--spacing-ms 20-50] [--seed 1]
+//! stream_load serve --ports 19801,19802 [--spacing-ms 20-50] [--seed 1] [--tls-dir DIR]
 //! stream_load load --url http://127.0.0.1:PORT/v1/chat/completions [--url ...] \
-//!     [--streams 1000] [--chunks 256] [--rounds 1] [--ramp-ms 2000]
+//!     [--streams 1000] [--chunks 256] [--rounds 1] [--ramp-ms 2000] [--ca DIR/ca.pem]
 //! ```
 //!
 //! `serve`: every streamed chat completion sends `max_tokens` content chunks (one token each),
@@ -15,13 +15,16 @@
 //! socket (`@<unix ns>` inside its text), so a client on the same machine measures each chunk's
 //! latency through whatever sits in between. A request with `stream` false gets one JSON
 //! answer at once. The engines set TCP_NODELAY, as real ones do, and answer the probes routers
-//! send (`/health`, `/v1/models`, `/get_server_info`, ...).
+//! send (`/health`, `/v1/models`, `/get_server_info`, ...). With `--tls-dir` they serve https
+//! with a throwaway CA's certificate for 127.0.0.1, written to `DIR` (`ca.pem`, `server.pem`,
+//! `server.key`) for the router and the load client to use.
 //!
 //! `load`: `--streams` connections (kept alive; connection `i` goes to URL `i mod n`), started
 //! evenly over `--ramp-ms`, each running `--rounds` streams one after the other. Prints one JSON
 //! line: streams completed and failed (a status other than 200, a broken or short stream, a
 //! missing `[DONE]`), content chunks received, per-chunk latency (sent by the engine → read by
-//! the client) and time to the first chunk, as percentiles in milliseconds.
+//! the client) and time to the first chunk, as percentiles in milliseconds. `https` URLs are
+//! trusted through `--ca`.
 //!
 //! A benchmark tool, not product code: it reads the clock and its arguments directly.
 #![allow(clippy::disallowed_methods)]
@@ -48,8 +51,8 @@ fn main() {
     let result = match args.first().map(String::as_str) {
         Some("serve") => Serve::parse(&args[1..]).and_then(serve),
         Some("load") => Load::parse(&args[1..]).and_then(load),
-        _ => Err("usage: stream_load serve --ports P1,P2 [--spacing-ms 20-50] [--seed N] | \
-                  stream_load load --url URL [--url URL ...] [--streams N] [--chunks N] [--rounds N] [--ramp-ms MS]"
+        _ => Err("usage: stream_load serve --ports P1,P2 [--spacing-ms 20-50] [--seed N] [--tls-dir DIR] | \
+                  stream_load load --url URL [--url URL ...] [--streams N] [--chunks N] [--rounds N] [--ramp-ms MS] [--ca FILE]"
             .into()),
     };
     if let Err(e) = result {
@@ -76,11 +79,12 @@ struct Serve {
     ports: Vec<u16>,
     spacing_ms: (u64, u64),
     seed: u64,
+    tls_dir: Option<std::path::PathBuf>,
 }
 
 impl Serve {
     fn parse(args: &[String]) -> Result<Serve, Error> {
-        let mut serve = Serve { ports: vec![19801], spacing_ms: (20, 50), seed: 1 };
+        let mut serve = Serve { ports: vec![19801], spacing_ms: (20, 50), seed: 1, tls_dir: None };
         let mut i = 0;
         while i < args.len() {
             match args[i].as_str() {
@@ -97,6 +101,7 @@ impl Serve {
                     }
                 }
                 "--seed" => serve.seed = value(args, i)?,
+                "--tls-dir" => serve.tls_dir = Some(value::<String>(args, i)?.into()),
                 other => return Err(format!("serve: unknown argument '{other}'").into()),
             }
             i += 2;
@@ -105,8 +110,21 @@ impl Serve {
     }
 }
 
+/// A throwaway CA and a server certificate for 127.0.0.1, written to `dir`.
+fn server_tls(dir: &std::path::Path) -> Result<ilb_tls::TlsAcceptor, Error> {
+    let ca = ilb_tls::testing::TestCa::new("stream_load throwaway ca");
+    let server = ca.issue(&["127.0.0.1", "localhost"]);
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("ca.pem"), ca.pem())?;
+    std::fs::write(dir.join("server.pem"), &server.cert_pem)?;
+    std::fs::write(dir.join("server.key"), &server.key_pem)?;
+    let tls = ilb_tls::ServerTls::new(&server.identity(), ilb_tls::ClientAuth::None)?;
+    Ok(tls.acceptor().clone())
+}
+
 fn serve(config: Serve) -> Result<(), Error> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let tls = config.tls_dir.as_deref().map(server_tls).transpose()?;
     runtime.block_on(async move {
         let config = Arc::new(config);
         let mut listeners = Vec::new();
@@ -118,7 +136,7 @@ fn serve(config: Serve) -> Result<(), Error> {
         let mut tasks = Vec::new();
         for listener in listeners {
             let (config, requests) = (Arc::clone(&config), Arc::clone(&requests));
-            tasks.push(tokio::spawn(accept_loop(listener, config, requests)));
+            tasks.push(tokio::spawn(accept_loop(listener, config, requests, tls.clone())));
         }
         for task in tasks {
             task.await?;
@@ -127,19 +145,29 @@ fn serve(config: Serve) -> Result<(), Error> {
     })
 }
 
-async fn accept_loop(listener: TcpListener, config: Arc<Serve>, requests: Arc<std::sync::atomic::AtomicU64>) {
+async fn accept_loop(
+    listener: TcpListener,
+    config: Arc<Serve>,
+    requests: Arc<std::sync::atomic::AtomicU64>,
+    tls: Option<ilb_tls::TlsAcceptor>,
+) {
     loop {
         let Ok((stream, _)) = listener.accept().await else { continue };
         let _ = stream.set_nodelay(true);
-        let (config, requests) = (Arc::clone(&config), Arc::clone(&requests));
+        let (config, requests, tls) = (Arc::clone(&config), Arc::clone(&requests), tls.clone());
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| {
                 let n = requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 answer(Arc::clone(&config), n, req)
             });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let http = hyper::server::conn::http1::Builder::new();
+            let _ = match tls {
+                None => http.serve_connection(TokioIo::new(stream), service).await,
+                Some(tls) => match tls.accept(stream).await {
+                    Ok(stream) => http.serve_connection(TokioIo::new(stream), service).await,
+                    Err(_) => return,
+                },
+            };
         });
     }
 }
@@ -303,6 +331,8 @@ impl Body for TokenStream {
 
 struct Load {
     urls: Vec<http::Uri>,
+    /// For `https` URLs.
+    tls: Option<ilb_tls::ClientTls>,
     streams: usize,
     chunks: u32,
     rounds: u32,
@@ -311,7 +341,7 @@ struct Load {
 
 impl Load {
     fn parse(args: &[String]) -> Result<Load, Error> {
-        let mut load = Load { urls: Vec::new(), streams: 1000, chunks: 256, rounds: 1, ramp_ms: 2000 };
+        let mut load = Load { urls: Vec::new(), tls: None, streams: 1000, chunks: 256, rounds: 1, ramp_ms: 2000 };
         let mut i = 0;
         while i < args.len() {
             match args[i].as_str() {
@@ -320,6 +350,11 @@ impl Load {
                 "--chunks" => load.chunks = value(args, i)?,
                 "--rounds" => load.rounds = value(args, i)?,
                 "--ramp-ms" => load.ramp_ms = value(args, i)?,
+                "--ca" => {
+                    let pem = std::fs::read(value::<String>(args, i)?)?;
+                    let roots = ilb_tls::certs_from_pem(&pem)?;
+                    load.tls = Some(ilb_tls::ClientTls::new(&ilb_tls::ClientOptions { roots, identity: None })?);
+                }
                 other => return Err(format!("load: unknown argument '{other}'").into()),
             }
             i += 2;
@@ -453,7 +488,7 @@ async fn client(config: &Load, user: usize, tally: &Shared) {
     let mut sender = None;
     for round in 0..config.rounds {
         if sender.is_none() {
-            match connect(uri).await {
+            match connect(uri, config.tls.as_ref()).await {
                 Ok(s) => sender = Some(s),
                 Err(e) => {
                     lock(tally).fail(format!("connect: {e}"));
@@ -478,12 +513,20 @@ async fn client(config: &Load, user: usize, tally: &Shared) {
 
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
-async fn connect(uri: &http::Uri) -> Result<Sender, Error> {
+async fn connect(uri: &http::Uri, tls: Option<&ilb_tls::ClientTls>) -> Result<Sender, Error> {
     let host = uri.host().ok_or("url without host")?;
-    let port = uri.port_u16().unwrap_or(80);
+    let https = uri.scheme_str() == Some("https");
+    let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
     let tcp = TcpStream::connect((host, port)).await?;
     tcp.set_nodelay(true)?;
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
+    if !https {
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
+        tokio::spawn(conn);
+        return Ok(sender);
+    }
+    let tls = tls.ok_or("an https url needs --ca")?;
+    let stream = tls.connector().connect(ilb_tls::server_name(host)?, tcp).await?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(conn);
     Ok(sender)
 }
