@@ -203,7 +203,11 @@ struct StreamOptions {
 
 const MODEL: &str = "mock-model";
 
-async fn answer(config: Arc<Serve>, n: u64, req: Request<Incoming>) -> Result<Response<EngineBody>, Infallible> {
+async fn answer(
+    config: Arc<Serve>,
+    n: u64,
+    req: Request<Incoming>,
+) -> Result<Response<EngineBody>, Infallible> {
     let path = req.uri().path().to_owned();
     if req.method() == http::Method::GET {
         let body = match path.as_str() {
@@ -216,7 +220,9 @@ async fn answer(config: Arc<Serve>, n: u64, req: Request<Incoming>) -> Result<Re
             "/get_model_info" | "/model_info" => format!(
                 r#"{{"model_path":"{MODEL}","tokenizer_path":"{MODEL}","is_generation":true,"served_model_name":"{MODEL}","model_type":"llama","architectures":["LlamaForCausalLM"]}}"#
             ),
-            "/get_load" | "/get_loads" => r#"[{"dp_rank":0,"num_reqs":0,"num_waiting_reqs":0,"num_tokens":0}]"#.into(),
+            "/get_load" | "/get_loads" => {
+                r#"[{"dp_rank":0,"num_reqs":0,"num_waiting_reqs":0,"num_tokens":0}]"#.into()
+            }
             "/version" => r#"{"version":"0.0.0-bench"}"#.into(),
             _ => String::new(),
         };
@@ -242,7 +248,9 @@ async fn answer(config: Arc<Serve>, n: u64, req: Request<Incoming>) -> Result<Re
     }
     let include_usage = chat.stream_options.is_some_and(|o| o.include_usage);
     let stream = TokenStream {
-        prefix: format!(r#"data: {{"id":"{id}","object":"chat.completion.chunk","created":{created},"model":"{model}","#),
+        prefix: format!(
+            r#"data: {{"id":"{id}","object":"chat.completion.chunk","created":{created},"model":"{model}","#
+        ),
         tokens,
         sent: 0,
         include_usage,
@@ -284,7 +292,10 @@ impl Body for TokenStream {
     type Data = Bytes;
     type Error = Infallible;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         let this = self.get_mut();
         if this.sent < this.tokens {
             let pause = this.pause();
@@ -341,7 +352,8 @@ struct Load {
 
 impl Load {
     fn parse(args: &[String]) -> Result<Load, Error> {
-        let mut load = Load { urls: Vec::new(), tls: None, streams: 1000, chunks: 256, rounds: 1, ramp_ms: 2000 };
+        let mut load =
+            Load { urls: Vec::new(), tls: None, streams: 1000, chunks: 256, rounds: 1, ramp_ms: 2000 };
         let mut i = 0;
         while i < args.len() {
             match args[i].as_str() {
@@ -353,7 +365,8 @@ impl Load {
                 "--ca" => {
                     let pem = std::fs::read(value::<String>(args, i)?)?;
                     let roots = ilb_tls::certs_from_pem(&pem)?;
-                    load.tls = Some(ilb_tls::ClientTls::new(&ilb_tls::ClientOptions { roots, identity: None })?);
+                    load.tls =
+                        Some(ilb_tls::ClientTls::new(&ilb_tls::ClientOptions { roots, identity: None })?);
                 }
                 other => return Err(format!("load: unknown argument '{other}'").into()),
             }
@@ -599,7 +612,9 @@ impl Scan {
                 self.carry = text[start - 1..].to_vec();
                 return;
             }
-            if let Some(stamp) = std::str::from_utf8(&text[start..start + digits]).ok().and_then(|s| s.parse::<u64>().ok()) {
+            if let Some(stamp) =
+                std::str::from_utf8(&text[start..start + digits]).ok().and_then(|s| s.parse::<u64>().ok())
+            {
                 latency.record(now_ns.saturating_sub(stamp) / 1000);
                 self.chunks += 1;
             }

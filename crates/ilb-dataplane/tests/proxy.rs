@@ -335,7 +335,8 @@ async fn the_idle_limit_bounds_each_gap_between_chunks_not_the_stream() {
     let dp = data_plane(cfg, &snapshot(1, &[("e1", e1.url(), 1.0)])).await;
     // Ten chunks 150 ms apart: longer than the limit in all, every gap well inside it.
     let headers = [("x-mock-chunks", "10"), ("x-mock-delay-ms", "150")];
-    let (status, _, text) = send(&client(), post(&dp.url(), "/v1/chat/completions", &chat_body("s"), &headers)).await;
+    let (status, _, text) =
+        send(&client(), post(&dp.url(), "/v1/chat/completions", &chat_body("s"), &headers)).await;
     assert_eq!(status, 200);
     assert!(!text.contains("error"), "{text}");
     assert_eq!(text.matches("\"chunk\"").count(), 10, "{text}");
@@ -343,7 +344,8 @@ async fn the_idle_limit_bounds_each_gap_between_chunks_not_the_stream() {
     // A stream that stalls after its first chunk (its gate never opens) is cut after the limit,
     // with an SSE error event.
     let headers = [("x-mock-chunks", "3"), ("x-mock-gate", "1")];
-    let (status, _, text) = send(&client(), post(&dp.url(), "/v1/chat/completions", &chat_body("t"), &headers)).await;
+    let (status, _, text) =
+        send(&client(), post(&dp.url(), "/v1/chat/completions", &chat_body("t"), &headers)).await;
     assert_eq!(status, 200);
     let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
     assert_eq!(events.len(), 2, "{text}");

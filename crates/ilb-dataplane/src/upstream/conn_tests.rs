@@ -303,7 +303,10 @@ async fn chunks_read_together_leave_as_one_frame_with_their_bytes_unchanged() {
 #[tokio::test]
 async fn a_malformed_chunk_after_good_ones_still_delivers_them_then_fails() {
     let e = ScriptedEngine::start(|_| {
-        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\nzz\r\n".to_vec(), Then::KeepOpen)
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\nzz\r\n".to_vec(),
+            Then::KeepOpen,
+        )
     })
     .await;
     let mut body = e.send("").await.unwrap().into_body();
