@@ -64,9 +64,13 @@ pub struct ResponseStore {
 pub struct UpstreamBody {
     inner: EngineBody,
     /// Armed on the first `Pending` only: most small responses complete without ever waiting,
-    /// and then no timer is registered at all.
+    /// and then no timer is registered at all. Never moved per chunk: when it fires, it is
+    /// moved to `idle_timeout` after `last_data` if data came since it was set.
     idle: Option<Pin<Box<Sleep>>>,
     idle_timeout: Duration,
+    /// When the last data arrived, read only once the idle timer is armed (or for the chunk
+    /// figures of a stream, from the same clock read).
+    last_data: Instant,
     sse: bool,
     /// Whether everything forwarded so far ends at an SSE event boundary.
     at_boundary: bool,
@@ -93,6 +97,8 @@ impl UpstreamBody {
             inner,
             idle: None,
             idle_timeout,
+            // Set again when the idle timer is armed; no clock read for a response that never waits.
+            last_data: in_flight.started,
             sse,
             at_boundary: true,
             done: false,
@@ -193,15 +199,16 @@ impl UpstreamBody {
                 if let Some(data) = frame.data_ref() {
                     if !data.is_empty() {
                         self.at_boundary = data.ends_with(b"\n\n") || data.ends_with(b"\r\n\r\n");
-                        // The closing `[DONE]` follows the last token at once: no token gap.
-                        if self.sse && !data.starts_with(b"data: [DONE]") {
+                        if self.sse || self.idle.is_some() {
+                            // One clock read for the chunk figures and the idle gap.
                             let now = clock::now();
-                            self.in_flight.stream_chunk(self.last_chunk, now);
-                            self.last_chunk = Some(now);
+                            self.last_data = now;
+                            // The closing `[DONE]` follows the last token at once: no token gap.
+                            if self.sse && !data.starts_with(b"data: [DONE]") {
+                                self.in_flight.stream_chunk(self.last_chunk, now);
+                                self.last_chunk = Some(now);
+                            }
                         }
-                    }
-                    if let Some(idle) = self.idle.as_mut() {
-                        idle.as_mut().reset(clock::now() + self.idle_timeout);
                     }
                     if self.response_id.is_some() {
                         let data = data.clone();
@@ -225,8 +232,20 @@ impl UpstreamBody {
             }
             Poll::Pending => {
                 let timeout = self.idle_timeout;
-                let idle = self.idle.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
-                ready!(idle.as_mut().poll(cx));
+                if self.idle.is_none() {
+                    self.last_data = clock::now();
+                    self.idle = Some(Box::pin(tokio::time::sleep_until(self.last_data + timeout)));
+                }
+                let Some(idle) = self.idle.as_mut() else { return Poll::Pending };
+                loop {
+                    ready!(idle.as_mut().poll(cx));
+                    // Data came after the timer was set: the gap ends later.
+                    let deadline = self.last_data + timeout;
+                    if deadline <= idle.deadline() {
+                        break;
+                    }
+                    idle.as_mut().reset(deadline);
+                }
                 let engine = self.in_flight.engine_id().to_owned();
                 let timeout_ms = self.idle_timeout.as_millis() as u64;
                 self.fail(ProxyError::EngineTimeout { engine, timeout_ms })

@@ -328,6 +328,33 @@ async fn engine_dying_mid_stream_gives_an_sse_error_event_and_a_clean_end() {
 }
 
 #[tokio::test]
+async fn the_idle_limit_bounds_each_gap_between_chunks_not_the_stream() {
+    let e1 = MockEngine::start("e1").await;
+    let mut cfg = config();
+    cfg.timeouts.idle = Duration::from_secs(1);
+    let dp = data_plane(cfg, &snapshot(1, &[("e1", e1.url(), 1.0)])).await;
+    // Ten chunks 150 ms apart: longer than the limit in all, every gap well inside it.
+    let headers = [("x-mock-chunks", "10"), ("x-mock-delay-ms", "150")];
+    let (status, _, text) =
+        send(&client(), post(&dp.url(), "/v1/chat/completions", &chat_body("s"), &headers)).await;
+    assert_eq!(status, 200);
+    assert!(!text.contains("error"), "{text}");
+    assert_eq!(text.matches("\"chunk\"").count(), 10, "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    // A stream that stalls after its first chunk (its gate never opens) is cut after the limit,
+    // with an SSE error event.
+    let headers = [("x-mock-chunks", "3"), ("x-mock-gate", "1")];
+    let (status, _, text) =
+        send(&client(), post(&dp.url(), "/v1/chat/completions", &chat_body("t"), &headers)).await;
+    assert_eq!(status, 200);
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(events.len(), 2, "{text}");
+    assert_eq!(events[0], "data: {\"chunk\":0}");
+    let error: serde_json::Value = serde_json::from_str(events[1].strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(error["error"]["code"], "engine_timeout");
+}
+
+#[tokio::test]
 async fn client_disconnect_cancels_the_upstream_stream() {
     let e1 = MockEngine::start("e1").await;
     let dp = data_plane(config(), &snapshot(1, &[("e1", e1.url(), 1.0)])).await;

@@ -289,13 +289,32 @@ impl EngineBody {
     }
 }
 
+/// `first` and every further body byte the buffer already holds, as one piece: copied
+/// together only when there are more (then they are chunks of a chunked body, split by their
+/// framing). Stops at the first thing that is not body data (more to read, the end, or a
+/// malformed frame, which the next decode reports again: the decoder stays where it failed).
+fn coalesce(decoder: &mut BodyDecoder, buf: &mut BytesMut, first: Bytes) -> Bytes {
+    let mut joined: Option<BytesMut> = None;
+    while let Ok(Decoded::Data(more)) = decoder.decode(buf) {
+        let joined = joined.get_or_insert_with(|| {
+            let mut out = BytesMut::with_capacity(first.len() + more.len() + buf.len());
+            out.extend_from_slice(&first);
+            out
+        });
+        joined.extend_from_slice(&more);
+    }
+    joined.map_or(first, BytesMut::freeze)
+}
+
 impl Body for EngineBody {
     type Data = Bytes;
     type Error = BodyError;
 
     /// Hands out what the buffer holds first (a small response usually arrived whole with its
     /// head, and then goes out in one frame without another read); reads only when it is
-    /// empty. Hot path.
+    /// empty. Every body byte already read goes out in the one frame ([`coalesce`]): chunks
+    /// that arrived together (a stream's last token, finish and `[DONE]` events) pass the
+    /// client side once, and none waits for a chunk still to come. Hot path.
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -304,7 +323,10 @@ impl Body for EngineBody {
         loop {
             let Some(conn) = this.conn.as_mut() else { return Poll::Ready(None) };
             match this.decoder.decode(&mut conn.read_buf) {
-                Ok(Decoded::Data(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                Ok(Decoded::Data(data)) => {
+                    let data = coalesce(&mut this.decoder, &mut conn.read_buf, data);
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
                 Ok(Decoded::Done) => return Poll::Ready(None),
                 Ok(Decoded::NeedMore) => {}
                 Err(e) => return this.broken(BodyError::Protocol(e)),

@@ -281,3 +281,37 @@ async fn large_bodies_cross_many_reads_and_large_buffers_are_not_kept() {
     let conn = body.take_reusable_conn().expect("reusable");
     assert!(conn.read_capacity() <= 16 * 1024, "capacity {}", conn.read_capacity());
 }
+
+#[tokio::test]
+async fn chunks_read_together_leave_as_one_frame_with_their_bytes_unchanged() {
+    // A stream's last token, its finish event and `[DONE]` arrive in one write.
+    let events = ["data: {\"t\":1}\n\n", "data: {\"finish\":true}\n\n", "data: [DONE]\n\n"];
+    let mut response = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+    for event in events {
+        response.extend_from_slice(format!("{:x}\r\n{event}\r\n", event.len()).as_bytes());
+    }
+    response.extend_from_slice(b"0\r\n\r\n");
+    let e = ScriptedEngine::start(move |_| (response.clone(), Then::KeepOpen)).await;
+    let mut body = e.send("").await.unwrap().into_body();
+    let frame = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(frame, events.concat(), "one frame, the three events in order");
+    assert!(body.is_end_stream());
+    assert!(body.frame().await.is_none());
+    assert!(body.take_reusable_conn().is_some(), "the connection ended cleanly");
+}
+
+#[tokio::test]
+async fn a_malformed_chunk_after_good_ones_still_delivers_them_then_fails() {
+    let e = ScriptedEngine::start(|_| {
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\nzz\r\n".to_vec(),
+            Then::KeepOpen,
+        )
+    })
+    .await;
+    let mut body = e.send("").await.unwrap().into_body();
+    assert_eq!(body.frame().await.unwrap().unwrap().into_data().unwrap(), "abcde");
+    let error = body.frame().await.unwrap().unwrap_err();
+    assert_eq!(error.to_string(), "malformed chunk size line");
+    assert!(body.take_reusable_conn().is_none());
+}
