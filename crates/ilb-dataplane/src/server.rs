@@ -334,6 +334,9 @@ async fn dispatch(shared: Arc<Shared>, req: Request<Incoming>, role: Role) -> Re
     }
     // Without an admin listener the operator's endpoints stay on the client listener.
     let operator = !client || shared.config.admin_listen.is_none();
+    if operator && path == crate::replicas::PATH {
+        return crate::replicas::receive(&shared, req).await;
+    }
     let local = match path {
         "/health" => Local::Health,
         "/v1/models" if client => Local::Models,

@@ -53,6 +53,8 @@ pub struct Shared {
     /// plane asked them (quick mode): `/v1/models` serves their fields (vLLM's
     /// `max_model_len`, llama.cpp's `meta`, ...). Empty with a snapshot source.
     pub model_objects: arc_swap::ArcSwap<ModelObjects>,
+    /// What the other data planes of the cluster said (`replicas`); never touched by requests.
+    pub peers: crate::replicas::Peers,
 }
 
 /// Engines' own model objects (JSON objects) by model id.
@@ -69,13 +71,17 @@ impl Shared {
         let control_plane_tls = config.control_plane_tls.clone().unwrap_or_else(untrusting);
         let client = http_client(&config, &engine_tls);
         let control_plane_client = http_client(&config, &control_plane_tls);
-        let affinity = ilb_core::affinity::AffinityTable::new(
+        // With peers, the tables note their changes for them (`replicas`).
+        let journal = if config.peers.is_empty() { 0 } else { crate::replicas::JOURNAL_LEN };
+        let affinity = ilb_core::affinity::AffinityTable::with_journal(
             config.affinity_entries,
             config.affinity_ttl.as_secs().min(u64::from(u32::MAX)) as u32,
+            journal,
         );
-        let responses = ilb_core::affinity::AffinityTable::new(
+        let responses = ilb_core::affinity::AffinityTable::with_journal(
             config.affinity_entries,
             config.response_ttl.as_secs().min(u64::from(u32::MAX)) as u32,
+            journal,
         );
         Shared {
             responses,
@@ -95,6 +101,7 @@ impl Shared {
             pool_clock: Default::default(),
             affinity,
             model_objects: Default::default(),
+            peers: Default::default(),
         }
     }
 
