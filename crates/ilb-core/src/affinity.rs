@@ -86,7 +86,8 @@ impl AffinityTable {
     /// (rounded up to a power of two) for [`AffinityTable::changes_since`].
     pub fn with_journal(entries: usize, ttl_s: u32, journal_len: usize) -> AffinityTable {
         let mut table = AffinityTable::new(entries, ttl_s);
-        let len = if journal_len == 0 || table.entries.is_empty() { 0 } else { journal_len.next_power_of_two() };
+        let len =
+            if journal_len == 0 || table.entries.is_empty() { 0 } else { journal_len.next_power_of_two() };
         table.journal.keys = (0..len).map(|_| AtomicU64::new(0)).collect();
         table
     }

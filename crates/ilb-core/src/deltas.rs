@@ -136,7 +136,8 @@ mod tests {
 
     #[test]
     fn refuses_oversized_messages() {
-        let too_many = Deltas { instance: "a".into(), responses: vec![(1, 1); MAX_ENTRIES + 1], ..Default::default() };
+        let too_many =
+            Deltas { instance: "a".into(), responses: vec![(1, 1); MAX_ENTRIES + 1], ..Default::default() };
         let json = serde_json::to_string(&too_many).expect("serialises");
         check(&json, Err("responses has 32769 entries"));
         check(&" ".repeat(MAX_BYTES + 1), Err("more than 4194304"));

@@ -25,7 +25,7 @@
 //! this data plane's own messages come back to it and are recognised by their instance name.
 
 use crate::body::{json_response, ProxyBody};
-use crate::shared::Shared;
+use crate::shared::{PeerLoad, Shared};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
@@ -33,8 +33,8 @@ use hyper::body::Incoming;
 use ilb_core::affinity::{affinity_tag, Change};
 use ilb_core::deltas::{Deltas, DeltasError, MAX_BYTES};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -42,36 +42,11 @@ use tokio::task::JoinSet;
 /// Where peers `POST` their deltas (the admin listener, else the client listener).
 pub const PATH: &str = "/v1/replicas/deltas";
 
-/// Changes each table's journal keeps between two sends: far more than a replica decides in
-/// one `peer_interval` (16,384 new conversations in 200 ms).
-pub const JOURNAL_LEN: usize = 1 << 14;
-
 /// Most peers whose load is kept; a message from a further one is refused.
 const MAX_PEERS: usize = 256;
 
 /// How often peer host names are resolved again.
-pub const RESOLVE_EVERY: Duration = Duration::from_secs(5);
-
-/// What the other data planes said, and the exchange's counters (for `/metrics`).
-#[derive(Default)]
-pub struct Peers {
-    /// Each peer's last in-flight figures by instance name. Taken by the receiving handler
-    /// and the folding task, never by a request.
-    loads: Mutex<HashMap<String, PeerLoad>>,
-    pub messages_received: AtomicU64,
-    pub messages_refused: AtomicU64,
-    pub messages_sent: AtomicU64,
-    pub send_failures: AtomicU64,
-    /// Deliveries skipped because the peer was still busy with the previous one.
-    pub sends_skipped: AtomicU64,
-    pub entries_learned: AtomicU64,
-}
-
-struct PeerLoad {
-    /// [`Shared::now_ms`] when it arrived.
-    at_ms: u64,
-    in_flight: Vec<(u32, u32)>,
-}
+pub(crate) const RESOLVE_EVERY: Duration = Duration::from_secs(5);
 
 /// How long a peer's in-flight figures count after its last message.
 pub fn stale_after(shared: &Shared) -> Duration {
@@ -263,7 +238,11 @@ fn retarget(mut old: HashMap<String, Arc<Target>>, urls: Vec<String>) -> HashMap
     urls.into_iter()
         .map(|url| {
             let target = old.remove(&url).unwrap_or_else(|| {
-                Arc::new(Target { url: url.clone(), busy: AtomicBool::new(false), failing: AtomicBool::new(false) })
+                Arc::new(Target {
+                    url: url.clone(),
+                    busy: AtomicBool::new(false),
+                    failing: AtomicBool::new(false),
+                })
             });
             (url, target)
         })
@@ -306,7 +285,8 @@ fn deliver(shared: &Arc<Shared>, target: &Arc<Target>, body: Bytes, deliveries: 
     let (shared, target) = (Arc::clone(shared), Arc::clone(target));
     deliveries.spawn(async move {
         let sent = tokio::time::timeout(shared.config.peer_timeout, post(&shared, &target.url, body)).await;
-        let result = sent.unwrap_or_else(|_| Err(format!("no answer within {:?}", shared.config.peer_timeout)));
+        let result =
+            sent.unwrap_or_else(|_| Err(format!("no answer within {:?}", shared.config.peer_timeout)));
         match result {
             Ok(()) => {
                 shared.peers.messages_sent.fetch_add(1, Relaxed);
@@ -340,4 +320,3 @@ async fn post(shared: &Shared, url: &str, body: Bytes) -> Result<(), String> {
         Err(format!("status {status}"))
     }
 }
-

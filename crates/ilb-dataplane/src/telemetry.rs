@@ -221,14 +221,34 @@ pub fn render(shared: &Shared) -> String {
 }
 
 /// The exchange with the other data planes of the cluster (`replicas`).
-fn replicas(w: &mut TextWriter, peers: &crate::replicas::Peers) {
+fn replicas(w: &mut TextWriter, peers: &crate::shared::Peers) {
     let counters = [
-        ("ilb_dataplane_replica_messages_received_total", "Delta messages taken from peers.", &peers.messages_received),
-        ("ilb_dataplane_replica_messages_refused_total", "Delta messages refused (malformed, oversized, too many peers).", &peers.messages_refused),
+        (
+            "ilb_dataplane_replica_messages_received_total",
+            "Delta messages taken from peers.",
+            &peers.messages_received,
+        ),
+        (
+            "ilb_dataplane_replica_messages_refused_total",
+            "Delta messages refused (malformed, oversized, too many peers).",
+            &peers.messages_refused,
+        ),
         ("ilb_dataplane_replica_messages_sent_total", "Delta messages a peer took.", &peers.messages_sent),
-        ("ilb_dataplane_replica_send_failures_total", "Delta messages not delivered (error, timeout, refusal).", &peers.send_failures),
-        ("ilb_dataplane_replica_sends_skipped_total", "Deliveries skipped while the peer was still busy with the previous one.", &peers.sends_skipped),
-        ("ilb_dataplane_replica_entries_learned_total", "Affinity and stored-response entries learned from peers.", &peers.entries_learned),
+        (
+            "ilb_dataplane_replica_send_failures_total",
+            "Delta messages not delivered (error, timeout, refusal).",
+            &peers.send_failures,
+        ),
+        (
+            "ilb_dataplane_replica_sends_skipped_total",
+            "Deliveries skipped while the peer was still busy with the previous one.",
+            &peers.sends_skipped,
+        ),
+        (
+            "ilb_dataplane_replica_entries_learned_total",
+            "Affinity and stored-response entries learned from peers.",
+            &peers.entries_learned,
+        ),
     ];
     for (name, help, counter) in counters {
         w.family(name, "counter", help);

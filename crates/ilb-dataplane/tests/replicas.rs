@@ -29,9 +29,7 @@ async fn reserved_addr() -> std::net::SocketAddr {
 
 async fn metric(client: &TestClient, dp: &DataPlane, name: &str) -> f64 {
     let (_, text) = get(client, &format!("{}/metrics", dp.admin_url().unwrap())).await;
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
+    text.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok()).unwrap_or(0.0)
 }
 
 /// Polls an async condition until it holds or the deadline passes.
@@ -64,19 +62,25 @@ async fn a_conversation_placed_by_one_replica_keeps_its_engine_on_another() {
     let admin_two = reserved_addr().await;
     let leaning_a = snapshot(1, &[("a", a.url(), 0.6), ("b", b.url(), 0.4)]);
     let one = data_plane(replica_config(vec![format!("http://{admin_two}")]), &leaning_a).await;
-    let config_two = DataPlaneConfig {
-        admin_listen: Some(admin_two),
-        ..replica_config(vec![one.admin_url().unwrap()])
-    };
+    let config_two =
+        DataPlaneConfig { admin_listen: Some(admin_two), ..replica_config(vec![one.admin_url().unwrap()]) };
     let two = data_plane(config_two, &snapshot(1, &[("a", a.url(), 0.4), ("b", b.url(), 0.6)])).await;
     let keys: Vec<String> = (0..40).map(|i| format!("conv-{i}")).collect();
     let mut placed = Vec::new();
     for key in &keys {
         placed.push(engine_for(&client, &one, key).await);
     }
-    assert!(placed.iter().filter(|e| *e == "a").count() > 10, "the first replica places on a too: {placed:?}");
+    assert!(
+        placed.iter().filter(|e| *e == "a").count() > 10,
+        "the first replica places on a too: {placed:?}"
+    );
     // Every placement reached the second replica (40 new keys, each noted once).
-    assert!(until(|| async { metric(&client, &two, "ilb_dataplane_replica_entries_learned_total").await >= 40.0 }).await);
+    assert!(
+        until(|| async {
+            metric(&client, &two, "ilb_dataplane_replica_entries_learned_total").await >= 40.0
+        })
+        .await
+    );
     for (key, engine) in keys.iter().zip(&placed) {
         assert_eq!(&engine_for(&client, &two, key).await, engine, "{key} moved replicas and engines");
     }
@@ -93,25 +97,27 @@ async fn replicas_place_new_conversations_by_the_load_all_of_them_cause() {
     // The first replica routes to `a` alone, so that its held streams all land there.
     let only_a = snapshot(1, &[("a", a.url(), 1.0)]);
     let one = data_plane(replica_config(vec![format!("http://{admin_two}")]), &only_a).await;
-    let config_two = DataPlaneConfig {
-        admin_listen: Some(admin_two),
-        ..replica_config(vec![one.admin_url().unwrap()])
-    };
+    let config_two =
+        DataPlaneConfig { admin_listen: Some(admin_two), ..replica_config(vec![one.admin_url().unwrap()]) };
     let two = data_plane(config_two, &snapshot(1, &weights)).await;
     // Streams held open by the mock's gate.
     let mut held = Vec::new();
     for i in 0..6 {
         let key = format!("held-{i}");
-        let req = post(&one.url(), "/v1/chat/completions", &chat_body(&key), &[
-            ("x-session-id", &key),
-            ("x-mock-chunks", "2"),
-            ("x-mock-gate", "1"),
-        ]);
+        let req = post(
+            &one.url(),
+            "/v1/chat/completions",
+            &chat_body(&key),
+            &[("x-session-id", &key), ("x-mock-chunks", "2"), ("x-mock-gate", "1")],
+        );
         let client = client.clone();
         held.push(tokio::spawn(async move { send(&client, req).await }));
     }
     let peer_load = "ilb_dataplane_engine_peer_in_flight{engine=\"a\"}";
-    assert!(until(|| async { metric(&client, &two, peer_load).await == 6.0 }).await, "the second replica sees a's load");
+    assert!(
+        until(|| async { metric(&client, &two, peer_load).await == 6.0 }).await,
+        "the second replica sees a's load"
+    );
     let fresh: Vec<String> = (0..20).map(|i| format!("new-{i}")).collect();
     let mut on_b = 0;
     for key in &fresh {
@@ -119,16 +125,21 @@ async fn replicas_place_new_conversations_by_the_load_all_of_them_cause() {
     }
     assert_eq!(on_b, fresh.len(), "new conversations avoid the engine the other replica loads");
     // The gate wakes the streams waiting at it now: open it until all have ended.
-    assert!(until(|| async {
-        a.gate.notify_waiters();
-        held.iter().all(|stream| stream.is_finished())
-    })
-    .await);
+    assert!(
+        until(|| async {
+            a.gate.notify_waiters();
+            held.iter().all(|stream| stream.is_finished())
+        })
+        .await
+    );
     for stream in held {
         let (status, _, _) = stream.await.unwrap();
         assert_eq!(status, 200);
     }
-    assert!(until(|| async { metric(&client, &two, peer_load).await == 0.0 }).await, "finished streams leave the count");
+    assert!(
+        until(|| async { metric(&client, &two, peer_load).await == 0.0 }).await,
+        "finished streams leave the count"
+    );
 }
 
 /// Malformed and oversized messages get 400 and 413 and change nothing; a peer that accepts
