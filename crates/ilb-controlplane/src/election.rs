@@ -26,8 +26,8 @@
 //!
 //! The engine holds (`guard.rs`) stay per replica: each follows its own scrapes.
 
-use crate::events::Event;
 use crate::api::ApiState;
+use crate::events::Event;
 use bytes::Bytes;
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, Txn, TxnOp, WatchOptions};
 use ilb_core::snapshot::Snapshot;
@@ -141,7 +141,9 @@ impl Election {
             Ok(bytes) => {
                 self.rounds.send_replace(Some(Bytes::from(bytes)));
             }
-            Err(e) => tracing::error!(error = %e, "round does not serialize; followers keep the previous one"),
+            Err(e) => {
+                tracing::error!(error = %e, "round does not serialize; followers keep the previous one")
+            }
         }
     }
 }
@@ -198,7 +200,8 @@ impl Session<'_> {
         let connect = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(2))
             .with_timeout(self.options.lease_ttl.max(Duration::from_secs(2)));
-        let mut client = Client::connect(&self.options.endpoints, Some(connect)).await.map_err(|e| e.to_string())?;
+        let mut client =
+            Client::connect(&self.options.endpoints, Some(connect)).await.map_err(|e| e.to_string())?;
         let ttl = self.options.lease_ttl;
         let lease = client.lease_grant(ttl.as_secs() as i64, None).await.map_err(|e| e.to_string())?.id();
         let (mut keeper, mut answers) = client.lease_keep_alive(lease).await.map_err(|e| e.to_string())?;
@@ -274,7 +277,8 @@ impl Session<'_> {
             self.adopt(kv.value());
         }
         let options = WatchOptions::new().with_start_revision(from);
-        let mut stream = client.watch(key, Some(options)).await.map_err(|e| format!("watching the round: {e}"))?;
+        let mut stream =
+            client.watch(key, Some(options)).await.map_err(|e| format!("watching the round: {e}"))?;
         while let Some(answer) = stream.message().await.map_err(|e| format!("watching the round: {e}"))? {
             for event in answer.events() {
                 if let Some(kv) = event.kv().filter(|kv| !kv.value().is_empty()) {
@@ -314,7 +318,10 @@ mod tests {
         // A later term beats every round of an earlier one.
         let later = Leadership::default();
         later.lead(8, b"k8".to_vec(), now + Duration::from_secs(2));
-        assert!(later.next_version(now).expect("leading") > VERSION_BASE + 7 * ROUNDS_PER_TERM + ROUNDS_PER_TERM - 1);
+        assert!(
+            later.next_version(now).expect("leading")
+                > VERSION_BASE + 7 * ROUNDS_PER_TERM + ROUNDS_PER_TERM - 1
+        );
         // The lease not confirmed in time: steps down, for good.
         assert_eq!(leadership.next_version(now + Duration::from_secs(2)), None);
         assert_eq!(leadership.term(), None);

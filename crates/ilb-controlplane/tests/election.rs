@@ -57,7 +57,8 @@ struct Etcd {
 impl Etcd {
     async fn start(binary: &PathBuf) -> Etcd {
         let (client_port, peer) = (free_port(), free_port());
-        let dir = std::env::temp_dir().join(format!("ilb-election-test-{}-{client_port}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("ilb-election-test-{}-{client_port}", std::process::id()));
         let url = format!("http://127.0.0.1:{client_port}");
         let peer_url = format!("http://127.0.0.1:{peer}");
         let child = std::process::Command::new(binary)
@@ -73,7 +74,8 @@ impl Etcd {
         let etcd = Etcd { child, dir, url };
         let end = Instant::now() + DEADLINE;
         loop {
-            let request = http::Request::get(format!("{}/health", etcd.url)).body(Default::default()).unwrap();
+            let request =
+                http::Request::get(format!("{}/health", etcd.url)).body(Default::default()).unwrap();
             if let Ok(response) = client().request(request).await {
                 let body = response.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
                 if String::from_utf8_lossy(&body).contains("true") {
@@ -143,7 +145,11 @@ async fn snapshot_body(url: &str) -> bytes::Bytes {
 /// Every version one data plane installed, with when it saw it.
 type InstallLog = Arc<Mutex<Vec<(Instant, u64)>>>;
 
-fn watch_installs(dp: Arc<DataPlane>, log: InstallLog, mut stop: watch::Receiver<bool>) -> impl std::future::Future<Output = ()> {
+fn watch_installs(
+    dp: Arc<DataPlane>,
+    log: InstallLog,
+    mut stop: watch::Receiver<bool>,
+) -> impl std::future::Future<Output = ()> {
     async move {
         loop {
             if let Some(v) = dp.snapshot_version() {
@@ -258,9 +264,15 @@ async fn the_elected_replica_plans_for_all_and_a_killed_leader_is_replaced_witho
     for (i, log) in installs.iter().enumerate() {
         let log = log.lock().unwrap();
         for pair in log.windows(2) {
-            assert!(pair[1].1 >= pair[0].1, "data plane {i} installed version {} after {}", pair[1].1, pair[0].1);
+            assert!(
+                pair[1].1 >= pair[0].1,
+                "data plane {i} installed version {} after {}",
+                pair[1].1,
+                pair[0].1
+            );
         }
-        let first_new = log.iter().position(|(_, v)| term_of(*v) == new_term).expect("installed the new term");
+        let first_new =
+            log.iter().position(|(_, v)| term_of(*v) == new_term).expect("installed the new term");
         assert!(
             log[first_new..].iter().all(|(_, v)| term_of(*v) == new_term),
             "data plane {i} installed an old-term plan after the new leader's: {log:?}"
@@ -268,7 +280,11 @@ async fn the_elected_replica_plans_for_all_and_a_killed_leader_is_replaced_witho
     }
     println!("| event | ms after the leader was killed |");
     println!("|---|---:|");
-    println!("| survivor elected (the lease of {} s lapsed) | {:.0} |", 2, (elected_at - killed_at).as_secs_f64() * 1000.0);
+    println!(
+        "| survivor elected (the lease of {} s lapsed) | {:.0} |",
+        2,
+        (elected_at - killed_at).as_secs_f64() * 1000.0
+    );
     println!(
         "| new leader's plan installed on all 4 data planes | {:.0} ({:.0} after its election) |",
         (installed_everywhere - killed_at).as_secs_f64() * 1000.0,

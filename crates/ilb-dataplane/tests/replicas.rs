@@ -28,7 +28,8 @@ async fn reserved_addr() -> std::net::SocketAddr {
 }
 
 async fn metric(client: &TestClient, dp: &DataPlane, name: &str) -> f64 {
-    let (_, text) = get(client, &format!("{}/metrics", dp.admin_url().unwrap())).await;
+    let base = dp.admin_url().unwrap_or_else(|| dp.url());
+    let (_, text) = get(client, &format!("{base}/metrics")).await;
     text.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok()).unwrap_or(0.0)
 }
 
@@ -74,10 +75,14 @@ async fn a_conversation_placed_by_one_replica_keeps_its_engine_on_another() {
         placed.iter().filter(|e| *e == "a").count() > 10,
         "the first replica places on a too: {placed:?}"
     );
-    // Every placement reached the second replica (40 new keys, each noted once).
+    // Every placement reached the second replica (40 new keys, each noted once), and so did
+    // the first one's idle state: a load figure still counting the last placement's request
+    // could make a follow-up leave a (placing by load).
+    let learned = "ilb_dataplane_replica_entries_learned_total";
+    let peer_load = "ilb_dataplane_engine_peer_in_flight{engine=\"a\"}";
     assert!(
         until(|| async {
-            metric(&client, &two, "ilb_dataplane_replica_entries_learned_total").await >= 40.0
+            metric(&client, &two, learned).await >= 40.0 && metric(&client, &two, peer_load).await == 0.0
         })
         .await
     );
@@ -87,18 +92,22 @@ async fn a_conversation_placed_by_one_replica_keeps_its_engine_on_another() {
 }
 
 /// One replica holds streams open on engine `a`; the other places new conversations on `b`
-/// while they last, because it adds them to its own counts.
+/// while they last, because it adds them to its own counts. Without admin listeners: the
+/// deltas go to the client listeners and must not be taken for an engine endpoint there (the
+/// first benchmark of issue 31 found every delivery proxied to an engine that way).
 #[tokio::test]
 async fn replicas_place_new_conversations_by_the_load_all_of_them_cause() {
     let (a, b) = (MockEngine::start("a").await, MockEngine::start("b").await);
     let client = client();
     let weights = [("a", a.url(), 0.5), ("b", b.url(), 0.5)];
-    let admin_two = reserved_addr().await;
+    let listen_two = reserved_addr().await;
     // The first replica routes to `a` alone, so that its held streams all land there.
     let only_a = snapshot(1, &[("a", a.url(), 1.0)]);
-    let one = data_plane(replica_config(vec![format!("http://{admin_two}")]), &only_a).await;
+    let config_one =
+        DataPlaneConfig { admin_listen: None, ..replica_config(vec![format!("http://{listen_two}")]) };
+    let one = data_plane(config_one, &only_a).await;
     let config_two =
-        DataPlaneConfig { admin_listen: Some(admin_two), ..replica_config(vec![one.admin_url().unwrap()]) };
+        DataPlaneConfig { listen: listen_two, admin_listen: None, ..replica_config(vec![one.url()]) };
     let two = data_plane(config_two, &snapshot(1, &weights)).await;
     // Streams held open by the mock's gate.
     let mut held = Vec::new();

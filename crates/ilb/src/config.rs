@@ -50,7 +50,10 @@ pub struct EtcdSection {
 
 impl EtcdSection {
     /// `None` without endpoints.
-    pub fn validate(self, listen: std::net::SocketAddr) -> anyhow::Result<Option<ilb_controlplane::EtcdOptions>> {
+    pub fn validate(
+        self,
+        listen: std::net::SocketAddr,
+    ) -> anyhow::Result<Option<ilb_controlplane::EtcdOptions>> {
         if self.endpoints.is_empty() {
             return Ok(None);
         }
@@ -161,7 +164,14 @@ fn sections(text: &str) -> anyhow::Result<ConfigFile> {
         fleet.validate()?;
         Some(fleet)
     };
-    Ok(ConfigFile { data_plane, data_plane_tls, fleet, control_plane_tls, control_plane_engine_tls, control_plane_etcd })
+    Ok(ConfigFile {
+        data_plane,
+        data_plane_tls,
+        fleet,
+        control_plane_tls,
+        control_plane_engine_tls,
+        control_plane_etcd,
+    })
 }
 
 #[cfg(test)]
