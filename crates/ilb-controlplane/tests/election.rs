@@ -145,23 +145,17 @@ async fn snapshot_body(url: &str) -> bytes::Bytes {
 /// Every version one data plane installed, with when it saw it.
 type InstallLog = Arc<Mutex<Vec<(Instant, u64)>>>;
 
-fn watch_installs(
-    dp: Arc<DataPlane>,
-    log: InstallLog,
-    mut stop: watch::Receiver<bool>,
-) -> impl std::future::Future<Output = ()> {
-    async move {
-        loop {
-            if let Some(v) = dp.snapshot_version() {
-                let mut log = log.lock().unwrap();
-                if log.last().is_none_or(|(_, last)| *last != v.0) {
-                    log.push((Instant::now(), v.0));
-                }
+async fn watch_installs(dp: Arc<DataPlane>, log: InstallLog, mut stop: watch::Receiver<bool>) {
+    loop {
+        if let Some(v) = dp.snapshot_version() {
+            let mut log = log.lock().unwrap();
+            if log.last().is_none_or(|(_, last)| *last != v.0) {
+                log.push((Instant::now(), v.0));
             }
-            tokio::select! {
-                _ = tokio::time::sleep(Duration::from_millis(5)) => {}
-                _ = stop.changed() => return,
-            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+            _ = stop.changed() => return,
         }
     }
 }
