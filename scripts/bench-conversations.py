@@ -427,6 +427,8 @@ def router_argv(args, port, metrics_port, workers):
     if kind == "ilb":
         peers = [] if args.no_ilb_peers else [f for p in args.replica_ports if p != port
                                                for f in ("--peer", f"http://127.0.0.1:{p}")]
+        if peers and args.ilb_peer_interval_ms:
+            peers += ["--peer-interval-ms", str(args.ilb_peer_interval_ms)]
         return [args.ilb_bin, "--log", "warn", "data-plane", "--listen", f"127.0.0.1:{port}", *flags, *peers], "ilb"
     if kind == "sglang":
         return [os.path.join(args.peers_venv, "bin", "smg"), "launch", "--host", "127.0.0.1", "--port", str(port),
@@ -624,6 +626,7 @@ def main():
     ap.add_argument("--router-metrics-port", type=int, default=18729)
     ap.add_argument("--replicas", type=int, default=1, help="router processes; each request to a random one")
     ap.add_argument("--no-ilb-peers", action="store_true", help="ilb replicas without --peer (each decides alone)")
+    ap.add_argument("--ilb-peer-interval-ms", type=int, help="ilb's --peer-interval-ms (default: ilb's, 200)")
     ap.add_argument("--seed", default="31", help="seeds which replica each turn goes to")
     ap.add_argument("--out", help="details folder (default target/bench-conversations/<UTC time>-<router>)")
     args = ap.parse_args()

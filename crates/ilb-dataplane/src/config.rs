@@ -301,7 +301,7 @@ pub struct DataPlaneSection {
     /// data plane's own messages are recognised and ignored. Default: none.
     #[serde(default)]
     pub peers: Vec<String>,
-    /// How often deltas go to the peers, ms; default 200 (at least 20).
+    /// How often deltas go to the peers, ms; default 200 (at least 20; flag `--peer-interval-ms`).
     pub peer_interval_ms: Option<u64>,
 }
 

@@ -43,6 +43,9 @@ pub struct DataPlaneArgs {
     /// placements, stored-response engines and load.
     #[arg(long = "peer", value_name = "URL")]
     peers: Vec<String>,
+    /// How often deltas go to the peers, ms (default 200).
+    #[arg(long, value_name = "MS")]
+    peer_interval_ms: Option<u64>,
     /// TOML config file; its `[data_plane]` table sets everything the flags set, and more.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -154,6 +157,9 @@ pub fn prepare(args: &DataPlaneArgs) -> anyhow::Result<Prepared> {
     }
     if !args.peers.is_empty() {
         section.peers = args.peers.clone();
+    }
+    if args.peer_interval_ms.is_some() {
+        section.peer_interval_ms = args.peer_interval_ms;
     }
     if args.tls_cert.is_some() {
         tls.tls.cert = args.tls_cert.clone();
