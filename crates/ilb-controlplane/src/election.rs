@@ -96,9 +96,11 @@ impl Leadership {
         Some(VERSION_BASE + term.term * ROUNDS_PER_TERM + term.rounds)
     }
 
-    /// The current term, if leading.
+    /// The current term, if leading and the lease is still confirmed (a busy election task may
+    /// not have stepped down yet when its lease's confirmation ran out).
     pub fn term(&self) -> Option<u64> {
-        self.lock().as_ref().map(|t| t.term)
+        let now = crate::clock::now();
+        self.lock().as_ref().filter(|t| now < t.valid_until).map(|t| t.term)
     }
 
     fn lead(&self, term: u64, leader_key: Vec<u8>, valid_until: Instant) {
