@@ -218,4 +218,28 @@ model = "m"
         let reason = error(&FLEET.replace("http://127.0.0.1", "http://admin:hunter22@127.0.0.1"));
         assert!(reason.contains("engines.e.url") && !reason.contains("hunter22"), "{reason}");
     }
+
+    #[test]
+    fn the_etcd_table_is_taken_out_and_checked() {
+        let listen = "127.0.0.1:7000".parse().unwrap();
+        let with = |table: &str| parse(&format!("{FLEET}\n[control_plane.etcd]\n{table}\n"));
+        let file = with("endpoints = [\"http://127.0.0.1:2379\"]\nlease_ttl_s = 3").expect("valid");
+        let options = file.control_plane_etcd.validate(listen).unwrap().expect("etcd configured");
+        assert_eq!(options.prefix, "/ilb/control-plane");
+        assert_eq!(options.lease_ttl, std::time::Duration::from_secs(3));
+        assert!(
+            parse(FLEET).unwrap().control_plane_etcd.validate(listen).unwrap().is_none(),
+            "off by default"
+        );
+        for (table, reason) in [
+            ("endpoints = [\"etcd:2379\"]", "control_plane.etcd.endpoints"),
+            ("endpoints = [\"http://e:2379\"]\nlease_ttl_s = 0", "control_plane.etcd.lease_ttl_s"),
+        ] {
+            let error = with(table).unwrap().control_plane_etcd.validate(listen).expect_err(table);
+            assert!(error.to_string().contains(reason), "{error}");
+        }
+        assert!(
+            error(&format!("{FLEET}\n[control_plane.etcd]\nendpoint = []\n")).contains("control_plane.etcd")
+        );
+    }
 }
