@@ -9,6 +9,9 @@ router state carried over), and only the processes this script started are stopp
 PID and process start time, each in its own process group). Standard library only.
 
     python3 scripts/bench-conversations.py --router ilb --runs 2
+    python3 scripts/bench-conversations.py --router ilb --replicas 4 --runs 2            # with --peer
+    python3 scripts/bench-conversations.py --router ilb --replicas 4 --no-ilb-peers      # each alone
+    python3 scripts/bench-conversations.py --router sglang:cache_aware --replicas 4
     python3 scripts/bench-conversations.py --router sglang:cache_aware --runs 2
     python3 scripts/bench-conversations.py --router vllm:consistent_hash
     python3 scripts/bench-conversations.py --router-cmd 'my-router --port {port} {engine_flags}'
@@ -20,6 +23,12 @@ binary from --ilb-bin), `sglang:POLICY` (`smg launch`, sglang-router) and `vllm:
 (no router: each conversation goes to engine A or B by its index, even/odd), or `--router-cmd`,
 a command template with {port}, {engine_flags} (`--engine URL ...`), {workers} (space
 separated) and {workers_csv}.
+
+Replicas (`--replicas N`, issue 31): N router processes in front of the same engines, on ports
+--router-port + 100·i, and every request (every turn) goes to one of them at random (seeded by
+--seed, conversation and turn, so every run sends the same turns to the same replicas), as
+behind a Service. ilb's replicas name each other with `--peer` (each other's client URL; no
+admin listener) unless --no-ilb-peers; the label says which (`ilb-4r-peers`, `ilb-4r-alone`).
 
 Workload (defaults): 16 conversations of 4 turns, 4 at a time (a conversation starts when one
 finishes), each with its own `x-session-id` (the same ids in every run). The first user message
@@ -257,7 +266,7 @@ def stream_turn(conn, model, messages, session, max_tokens):
 
 
 def run_workload(target_for, model, args, router_view):
-    """Runs every conversation (`target_for(conv)` is the base URL it is sent to); returns the
+    """Runs every conversation (`target_for(conv, turn)` is the base URL a turn is sent to); returns the
     per-turn records. `router_view(session)`, if given, is asked after each first turn which
     engine the router remembers for the conversation (ilb: /debug/route)."""
     records = []
@@ -265,7 +274,6 @@ def run_workload(target_for, model, args, router_view):
 
     def conversation(conv):
         session = f"bench-conv-{conv:02d}"
-        u = urllib.parse.urlsplit(target_for(conv))
         messages = [{"role": "user", "content": document(conv, args.words) + "\n\n" + QUESTIONS[0]}]
         prev_prompt = None
         for turn in range(args.turns):
@@ -273,6 +281,7 @@ def run_workload(target_for, model, args, router_view):
                 messages.append({"role": "user", "content": QUESTIONS[turn % len(QUESTIONS)]})
             # A connection per turn, as a client that reconnects: reusing one, llama.cpp's
             # server closed it after a 20 s streamed first turn (seen when sent direct).
+            u = urllib.parse.urlsplit(target_for(conv, turn))
             conn = http.client.HTTPConnection(u.hostname, u.port, timeout=args.request_timeout)
             try:
                 rec = stream_turn(conn, model, messages, session, args.max_tokens)
@@ -416,7 +425,11 @@ def router_argv(args, port, metrics_port, workers):
         return shlex.split(args.router_cmd.format(**fields)), "custom"
     kind, _, policy = args.router.partition(":")
     if kind == "ilb":
-        return [args.ilb_bin, "--log", "warn", "data-plane", "--listen", f"127.0.0.1:{port}", *flags], "ilb"
+        peers = [] if args.no_ilb_peers else [f for p in args.replica_ports if p != port
+                                               for f in ("--peer", f"http://127.0.0.1:{p}")]
+        if peers and args.ilb_peer_interval_ms:
+            peers += ["--peer-interval-ms", str(args.ilb_peer_interval_ms)]
+        return [args.ilb_bin, "--log", "warn", "data-plane", "--listen", f"127.0.0.1:{port}", *flags, *peers], "ilb"
     if kind == "sglang":
         return [os.path.join(args.peers_venv, "bin", "smg"), "launch", "--host", "127.0.0.1", "--port", str(port),
                 "--worker-urls", *workers, "--policy", policy or "cache_aware", "--log-level", "warn",
@@ -449,7 +462,8 @@ def router_ready(kind, base, workers, model):
 def one_run(args, run_no, out_dir):
     ports = args.engine_ports
     engines = [f"http://127.0.0.1:{p}" for p in ports]
-    for p in ports + [args.router_port, args.router_metrics_port]:
+    metrics_ports = [args.router_metrics_port + 100 * i for i in range(args.replicas)]
+    for p in ports + args.replica_ports + metrics_ports:
         if not port_free(p):
             raise RuntimeError(f"port {p} on 127.0.0.1 is in use; pick others (--engine-ports, --router-port)")
     model_path = os.path.join(args.llama_dir, MODEL_FILE)
@@ -481,16 +495,24 @@ def one_run(args, run_no, out_dir):
         router_view = None
         if args.router == "direct" and not args.router_cmd:
             base = None
-            target_for = lambda conv: engines[conv % len(engines)]
+            target_for = lambda conv, turn: engines[conv % len(engines)]
         else:
-            argv, kind = router_argv(args, args.router_port, args.router_metrics_port, engines)
-            with open(os.path.join(out_dir, f"{tag}-router-cmd.txt"), "w") as f:
-                f.write(shlex.join(argv) + "\n")
-            router = Proc("router", argv, os.path.join(out_dir, f"{tag}-router.log"))
-            procs.append(router)
-            base = f"http://127.0.0.1:{args.router_port}"
-            target_for = lambda conv: base
-            wait_until(f"router {args.router}", router_ready(kind, base, engines, MODEL_ALIAS), 60, router)
+            bases = []
+            for i, (port, metrics_port) in enumerate(zip(args.replica_ports, metrics_ports)):
+                argv, kind = router_argv(args, port, metrics_port, engines)
+                suffix = f"-{i}" if args.replicas > 1 else ""
+                with open(os.path.join(out_dir, f"{tag}-router{suffix}-cmd.txt"), "w") as f:
+                    f.write(shlex.join(argv) + "\n")
+                replica = Proc(f"router{suffix}", argv, os.path.join(out_dir, f"{tag}-router{suffix}.log"))
+                procs.append(replica)
+                router = router or replica
+                bases.append(f"http://127.0.0.1:{port}")
+                wait_until(f"router {args.router}{suffix}", router_ready(kind, bases[-1], engines, MODEL_ALIAS), 60,
+                           replica)
+            base = bases[0]
+            # Each turn to a replica drawn from a generator seeded by the run's seed, the
+            # conversation and the turn: the same draws in every run and for every router.
+            target_for = lambda conv, turn: random.Random(f"{args.seed}-{conv}-{turn}").choice(bases)
             if kind == "ilb":
                 names = {e.split("//", 1)[1]: "ab"[i] for i, e in enumerate(engines)}
 
@@ -536,7 +558,7 @@ def one_run(args, run_no, out_dir):
                 r = dict(r, t_start=round(r["t_start"] - t_base, 3), t_end=round(r["t_end"] - t_base, 3))
                 f.write(json.dumps(r) + "\n")
         result = {
-            "router": args.router_name or args.router, "run": run_no, "started_utc": started,
+            "router": args.label, "run": run_no, "started_utc": started, "replicas": args.replicas,
             "load_1m_start": round(load_start[0], 2), "load_1m_end": round(load_end[0], 2),
             "load_5m_end": round(load_end[1], 2), "wall_s": round(wall, 1),
             **summarize(records),
@@ -602,11 +624,22 @@ def main():
     ap.add_argument("--engine-ports", type=lambda s: [int(x) for x in s.split(",")], default=[18721, 18722])
     ap.add_argument("--router-port", type=int, default=18720)
     ap.add_argument("--router-metrics-port", type=int, default=18729)
+    ap.add_argument("--replicas", type=int, default=1, help="router processes; each request to a random one")
+    ap.add_argument("--no-ilb-peers", action="store_true", help="ilb replicas without --peer (each decides alone)")
+    ap.add_argument("--ilb-peer-interval-ms", type=int, help="ilb's --peer-interval-ms (default: ilb's, 200)")
+    ap.add_argument("--seed", default="31", help="seeds which replica each turn goes to")
     ap.add_argument("--out", help="details folder (default target/bench-conversations/<UTC time>-<router>)")
     args = ap.parse_args()
     if args.router_cmd and not args.router_name:
         args.router_name = "custom"
-    label = (args.router_name or args.router).replace(":", "-").replace("/", "-")
+    if args.replicas < 1:
+        raise SystemExit("--replicas must be at least 1")
+    args.replica_ports = [args.router_port + 100 * i for i in range(args.replicas)]
+    args.label = args.router_name or args.router
+    if args.replicas > 1 and not args.router_name:
+        mode = ("-alone" if args.no_ilb_peers else "-peers") if args.router == "ilb" else ""
+        args.label = f"{args.router}-{args.replicas}r{mode}"
+    label = args.label.replace(":", "-").replace("/", "-")
     out_dir = args.out or os.path.join(ROOT, "target", "bench-conversations",
                                        time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + label)
     os.makedirs(out_dir, exist_ok=True)

@@ -33,6 +33,8 @@ pub(crate) enum Event {
         group: String,
         engines: Vec<Engine>,
     },
+    /// This replica became the planning leader (`election.rs`): plan now.
+    Elected,
 }
 
 /// A solve that finished on its blocking thread, with the planner it took there.

@@ -12,6 +12,7 @@
 //! - [`discovery`]: engines from DNS; `registrar`: the client side of registration
 //!   ([`Registrar`]).
 //! - `api`: the HTTP API (`engines.rs`: registration).
+//! - `election`: with etcd, one replica plans and publishes, the others publish its rounds.
 //! - `run`: the control loop ([`ControlPlane`], [`Reloader`]).
 //!
 //! **Invariant:** the control plane never depends on the data plane crate.
@@ -22,6 +23,7 @@ mod api;
 mod clock;
 mod dashboard;
 pub mod discovery;
+mod election;
 mod events;
 mod guard;
 mod publish;
@@ -32,6 +34,7 @@ mod telemetry;
 
 pub use api::ApiTls;
 pub use dashboard::PAGE as DASHBOARD_PAGE;
+pub use election::{EtcdOptions, VERSION_BASE};
 pub use ilb_planning::FleetConfig;
 pub use registrar::{Registrar, RegistrarError};
 pub use run::{ControlPlane, Reloader};

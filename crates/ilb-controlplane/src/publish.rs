@@ -68,6 +68,20 @@ impl Publisher {
         refused
     }
 
+    /// Publishes a round another replica planned (the etcd leader's, `election.rs`) if its
+    /// version is newer than the newest published here; whether it did.
+    pub fn publish_if_newer(&self, version: u64, snapshots: &BTreeMap<String, Snapshot>) -> bool {
+        if version <= *self.round.borrow() || snapshots.values().any(|s| s.version.0 != version) {
+            return false;
+        }
+        {
+            let mut last = self.last_version.lock().unwrap_or_else(|p| p.into_inner());
+            *last = (*last).max(version);
+        }
+        self.publish(snapshots);
+        true
+    }
+
     pub fn get(&self, cluster: &str) -> Option<Published> {
         self.snapshots.lock().unwrap_or_else(|p| p.into_inner()).get(cluster).cloned()
     }

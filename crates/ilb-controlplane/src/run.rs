@@ -10,6 +10,7 @@
 
 use crate::api::{self, ApiState};
 use crate::discovery::Discovery;
+use crate::election::{self, Election, EtcdOptions, Leadership};
 use crate::events::{ControlHandles, Event, Solved};
 use crate::publish::Publisher;
 use crate::scrape::{self, HttpClient};
@@ -29,6 +30,8 @@ use tokio::time::Instant;
 /// A running control plane.
 pub struct ControlPlane {
     local_addr: SocketAddr,
+    /// With etcd: whether this replica leads.
+    leadership: Option<Arc<Leadership>>,
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<()>,
     state: Arc<ApiState>,
@@ -61,6 +64,17 @@ impl ControlPlane {
         listen: SocketAddr,
         tls: api::ApiTls,
     ) -> std::io::Result<ControlPlane> {
+        Self::start_elected(config, listen, tls, None).await
+    }
+
+    /// As [`ControlPlane::start_with_tls`]; with `etcd`, the replicas sharing its prefix elect
+    /// one planner and all publish its plans (`election.rs`).
+    pub async fn start_elected(
+        config: FleetConfig,
+        listen: SocketAddr,
+        tls: api::ApiTls,
+        etcd: Option<EtcdOptions>,
+    ) -> std::io::Result<ControlPlane> {
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let local_addr = listener.local_addr()?;
         let (events, rx) = mpsc::channel(1024);
@@ -85,6 +99,14 @@ impl ControlPlane {
             watch::channel(Duration::from_millis(config.control_plane.solve_interval_ms));
         tasks.spawn(ticker(solve_every_rx, events.clone(), shutdown_rx.clone()));
         let (solved_tx, solved_rx) = mpsc::channel::<Event>(1);
+        let election = etcd.map(|options| {
+            let leadership = Arc::new(Leadership::default());
+            let (rounds, rounds_rx) = watch::channel(None);
+            let (state, events, shutdown) = (Arc::clone(&state), events.clone(), shutdown_rx.clone());
+            tasks.spawn(election::run(options, Arc::clone(&leadership), rounds_rx, state, events, shutdown));
+            Election { leadership, rounds }
+        });
+        let leadership = election.as_ref().map(|e| Arc::clone(&e.leadership));
         let control = Control {
             fleet: Fleet::new(FleetConfig { engines: Vec::new(), ..config.clone() }),
             members: Members::new(config.clone(), crate::clock::unix_ms()),
@@ -103,9 +125,10 @@ impl ControlPlane {
             listen: local_addr,
             solver_panics: 0,
             snapshots_refused: 0,
+            election,
         };
         tasks.spawn(control.run(rx, solved_rx));
-        Ok(ControlPlane { local_addr, shutdown, tasks, state })
+        Ok(ControlPlane { local_addr, leadership, shutdown, tasks, state })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -121,6 +144,11 @@ impl ControlPlane {
     /// The latest plan and its explanation.
     pub fn view(&self) -> Arc<View> {
         self.state.view()
+    }
+
+    /// With etcd, the term this replica leads in (`None` while following); `None` without.
+    pub fn leader_term(&self) -> Option<u64> {
+        self.leadership.as_ref().and_then(|l| l.term())
     }
 
     /// A handle that applies new configurations.
@@ -216,6 +244,8 @@ struct Control {
     /// Planned snapshots not published because they failed validation
     /// (`ilb_controlplane_snapshots_refused_total`).
     snapshots_refused: u64,
+    /// With etcd: whether this replica leads, and the channel of its rounds to etcd.
+    election: Option<Election>,
 }
 
 impl Control {
@@ -313,6 +343,7 @@ impl Control {
                     self.apply("discovery");
                 }
             }
+            Event::Elected => self.solve(),
         }
     }
 
@@ -407,9 +438,20 @@ impl Control {
         }
         let now = self.now();
         let unix_ms = crate::clock::unix_ms();
-        let version = self.state.publisher.next_version(unix_ms);
-        self.snapshots_refused +=
-            self.state.publisher.publish(&round.snapshots(&self.fleet, version, unix_ms)) as u64;
+        // With etcd only the leader publishes, under its term's versions (`election.rs`); a
+        // follower's round still updates its view.
+        let version = match &self.election {
+            None => Some(self.state.publisher.next_version(unix_ms)),
+            Some(election) => election.leadership.next_version(crate::clock::now()),
+        };
+        if let Some(version) = version {
+            let snapshots = round.snapshots(&self.fleet, version, unix_ms);
+            self.snapshots_refused += self.state.publisher.publish(&snapshots) as u64;
+            if let Some(election) = &self.election {
+                election.share(version, snapshots);
+            }
+        }
+        let version = version.unwrap_or(0);
         let mut view = view::build(&self.fleet, now, &round, version, unix_ms);
         view.membership = self.members.view(now);
         view.solver_panics = self.solver_panics;

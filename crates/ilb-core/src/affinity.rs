@@ -18,6 +18,15 @@
 //! the request path): 16 bits of the key as a tag, the engine's 32-bit [`affinity_tag`], and
 //! the time in seconds (16 bits, wrapping). A slot taken by another key simply forgets the
 //! older one, and a wrong match is harmless: it is only a preference, checked like any pick.
+//!
+//! Several data planes of one cluster share what they decide (`ilb_dataplane`'s `replicas`
+//! module): a table built [`AffinityTable::with_journal`] also notes, in a fixed ring of
+//! atomic words, the key of every entry that changed (a new key, a key that moved, or one
+//! refreshed after a quarter of its lifetime). A background task reads the ring
+//! ([`AffinityTable::changes_since`]) and looks each key's current engine up in the table, so
+//! the ring holds keys only (one word, never torn) and the last writer wins. Entries learned
+//! from another replica go in through [`AffinityTable::learn`], which notes nothing, so that
+//! deltas do not echo between replicas.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -42,6 +51,22 @@ pub struct AffinityTable {
     entries: Box<[AtomicU64]>,
     mask: u64,
     ttl_s: u16,
+    journal: Journal,
+}
+
+/// The keys of the latest changed entries, newest overwriting oldest (empty: no journal).
+#[derive(Debug)]
+struct Journal {
+    keys: Box<[AtomicU64]>,
+    /// Changes noted since the table was made; `head % keys.len()` is the next word written.
+    head: AtomicU64,
+}
+
+/// One entry as another replica should learn it: the key and the engine tag it names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Change {
+    pub key_hash: u64,
+    pub engine_tag: u32,
 }
 
 impl AffinityTable {
@@ -53,7 +78,18 @@ impl AffinityTable {
             entries: (0..len).map(|_| AtomicU64::new(0)).collect(),
             mask: (len as u64).wrapping_sub(1),
             ttl_s: ttl_s.min(u32::from(u16::MAX)) as u16,
+            journal: Journal { keys: Box::new([]), head: AtomicU64::new(0) },
         }
+    }
+
+    /// As [`AffinityTable::new`], also noting the keys of the last `journal_len` changes
+    /// (rounded up to a power of two) for [`AffinityTable::changes_since`].
+    pub fn with_journal(entries: usize, ttl_s: u32, journal_len: usize) -> AffinityTable {
+        let mut table = AffinityTable::new(entries, ttl_s);
+        let len =
+            if journal_len == 0 || table.entries.is_empty() { 0 } else { journal_len.next_power_of_two() };
+        table.journal.keys = (0..len).map(|_| AtomicU64::new(0)).collect();
+        table
     }
 
     fn slot(&self, key_hash: u64) -> Option<&AtomicU64> {
@@ -77,14 +113,57 @@ impl AffinityTable {
         fresh.then_some((entry >> 16) as u32)
     }
 
-    /// Remembers that `engine_tag` served `key_hash` at `now_s`. Hot path: one atomic store.
+    fn entry(key_hash: u64, engine_tag: u32, now_s: u32) -> u64 {
+        (Self::key_tag(key_hash) << 48) | (u64::from(engine_tag) << 16) | u64::from(now_s as u16)
+    }
+
+    /// Remembers that `engine_tag` served `key_hash` at `now_s`. Hot path: one atomic store,
+    /// or with a journal one swap, and for a changed entry one add and one store more.
     #[inline]
     pub fn put(&self, key_hash: u64, engine_tag: u32, now_s: u32) {
-        if let Some(slot) = self.slot(key_hash) {
-            let entry =
-                (Self::key_tag(key_hash) << 48) | (u64::from(engine_tag) << 16) | u64::from(now_s as u16);
+        let Some(slot) = self.slot(key_hash) else { return };
+        let entry = Self::entry(key_hash, engine_tag, now_s);
+        if self.journal.keys.is_empty() {
             slot.store(entry, Relaxed);
+            return;
         }
+        let old = slot.swap(entry, Relaxed);
+        // The same key on the same engine, refreshed recently: the other replicas know it.
+        let same = old >> 16 == entry >> 16;
+        let age = (now_s as u16).wrapping_sub(old as u16);
+        if !same || age > self.ttl_s / 4 {
+            let at = self.journal.head.fetch_add(1, Relaxed);
+            let word = at as usize & (self.journal.keys.len() - 1);
+            self.journal.keys[word].store(key_hash, Relaxed);
+        }
+    }
+
+    /// Takes in an entry another replica decided (last writer wins), without noting it in
+    /// the journal. Not on the request path.
+    pub fn learn(&self, change: Change, now_s: u32) {
+        if change.engine_tag == 0 {
+            return;
+        }
+        if let Some(slot) = self.slot(change.key_hash) {
+            slot.store(Self::entry(change.key_hash, change.engine_tag, now_s), Relaxed);
+        }
+    }
+
+    /// The entries changed since `cursor` (a count of changes; start at 0), as they stand now,
+    /// appended to `out`; moves `cursor` on. When more than the journal holds changed, the
+    /// oldest are lost (bounded memory: another replica then misses them once). A key noted
+    /// twice is sent twice; a key whose entry another key took since is skipped.
+    pub fn changes_since(&self, cursor: &mut u64, now_s: u32, out: &mut Vec<Change>) {
+        let len = self.journal.keys.len() as u64;
+        let head = self.journal.head.load(Relaxed);
+        let from = (*cursor).max(head.saturating_sub(len));
+        for at in from..head {
+            let key_hash = self.journal.keys[(at % len.max(1)) as usize].load(Relaxed);
+            if let Some(engine_tag) = self.get(key_hash, now_s) {
+                out.push(Change { key_hash, engine_tag });
+            }
+        }
+        *cursor = head;
     }
 }
 
@@ -124,6 +203,45 @@ mod tests {
         assert!(table.entries.is_empty());
         table.put(1, 2, 3);
         assert_eq!(table.get(1, 3), None);
+    }
+
+    #[test]
+    fn the_journal_notes_new_and_moved_keys_not_repeats() {
+        let table = AffinityTable::with_journal(1 << 10, 600, 4);
+        let mut cursor = 0;
+        let mut out = Vec::new();
+        table.put(11, 1, 100);
+        table.put(11, 1, 101); // a repeat within a quarter of the ttl: not noted
+        table.put(22, 2, 101);
+        table.put(11, 3, 102); // moved
+        table.changes_since(&mut cursor, 102, &mut out);
+        let expected = [Change { key_hash: 11, engine_tag: 3 }, Change { key_hash: 22, engine_tag: 2 }];
+        assert_eq!(out, [expected[0], expected[1], expected[0]], "as they stand now, in order");
+        out.clear();
+        table.changes_since(&mut cursor, 102, &mut out);
+        assert!(out.is_empty(), "the cursor moved on");
+        table.put(11, 3, 102 + 151);
+        table.changes_since(&mut cursor, 102 + 151, &mut out);
+        assert_eq!(out, [Change { key_hash: 11, engine_tag: 3 }], "refreshed after a quarter of the ttl");
+    }
+
+    #[test]
+    fn the_journal_keeps_only_its_newest_changes_and_learning_notes_nothing() {
+        let table = AffinityTable::with_journal(1 << 10, 600, 4);
+        for key in 1..=10u64 {
+            table.put(key, key as u32, 5);
+        }
+        let (mut cursor, mut out) = (0, Vec::new());
+        table.changes_since(&mut cursor, 5, &mut out);
+        let keys: Vec<u64> = out.iter().map(|c| c.key_hash).collect();
+        assert_eq!(keys, [7, 8, 9, 10]);
+        out.clear();
+        table.learn(Change { key_hash: 99, engine_tag: 4 }, 6);
+        table.learn(Change { key_hash: 98, engine_tag: 0 }, 6);
+        assert_eq!(table.get(99, 6), Some(4));
+        assert_eq!(table.get(98, 6), None, "tag 0 is an empty slot, never learned");
+        table.changes_since(&mut cursor, 6, &mut out);
+        assert!(out.is_empty(), "learned entries do not echo");
     }
 
     #[test]

@@ -9,6 +9,8 @@
 //! - [`admission`]: which requests are shed or may wait for a slot, by priority (pure, so that
 //!   the fleet simulator runs the data plane's rules).
 //! - [`constraint`]: which engines a traffic class may use.
+//! - [`deltas`]: what one data-plane replica tells the others of its cluster (affinity and
+//!   stored-response changes, requests in flight).
 //! - [`bounds`]: the range of every number that enters from outside (configs, registrations,
 //!   reports), and [`redact`]: the rule that keeps secrets out of error messages.
 //!
@@ -20,6 +22,7 @@ pub mod affinity;
 pub mod bounds;
 pub mod classify;
 pub mod constraint;
+pub mod deltas;
 pub mod holds;
 pub mod ids;
 pub mod metrics;

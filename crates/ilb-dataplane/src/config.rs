@@ -74,6 +74,15 @@ pub struct DataPlaneConfig {
     pub listener_tls: Option<ilb_tls::ServerTls>,
     /// Refuse snapshots that name a plain `http://` engine.
     pub https_only: bool,
+    /// The other data planes of this cluster (`replicas`): base URLs of their admin listener
+    /// (else client listener). An `http://` host name stands for every address it resolves to.
+    /// Empty: this data plane decides alone.
+    pub peers: Vec<String>,
+    /// How often deltas go to the peers.
+    pub peer_interval: Duration,
+    /// Longest a delivery to one peer may take; a peer still busy with the previous one is
+    /// skipped.
+    pub peer_timeout: Duration,
 }
 
 #[derive(Clone, Debug)]
@@ -154,6 +163,9 @@ impl DataPlaneConfig {
             control_plane_tls: None,
             listener_tls: None,
             https_only: false,
+            peers: Vec::new(),
+            peer_interval: Duration::from_millis(200),
+            peer_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -279,6 +291,18 @@ pub struct DataPlaneSection {
     pub timeouts: TimeoutsSection,
     /// Refuse snapshots (and quick-mode engines) with plain `http://` engine URLs; default false.
     pub https_only: Option<bool>,
+    /// The other data planes of this front-end cluster, e.g. `["http://ilb-dp:9090"]` (flag
+    /// `--peer`, repeatable): base URLs of their admin listener (their client listener when
+    /// they have none). Each data plane sends them, every `peer_interval_ms`, the conversations
+    /// it placed or moved, the engines that stored its Responses API responses and its
+    /// requests in flight per engine, so that a follow-up reaching any replica finds its
+    /// engine and all replicas place by the load all of them cause. An `http://` host name
+    /// counts as every address it resolves to (a headless Service names all replicas); this
+    /// data plane's own messages are recognised and ignored. Default: none.
+    #[serde(default)]
+    pub peers: Vec<String>,
+    /// How often deltas go to the peers, ms; default 200 (at least 20; flag `--peer-interval-ms`).
+    pub peer_interval_ms: Option<u64>,
 }
 
 /// One URL or a list of them.
@@ -394,11 +418,31 @@ impl DataPlaneSection {
             config.create_traceparent = t;
         }
         config.https_only = self.https_only.unwrap_or(false);
+        self.peers(&mut config)?;
         self.retry_budget(&mut config.retry_budget)?;
         self.timeouts.apply(&mut config.timeouts)?;
         let source = self.source(config.https_only)?;
         let reports = self.reports();
         Ok(Validated { config, source, snapshot_file: self.snapshot_file, reports })
+    }
+
+    fn peers(&self, config: &mut DataPlaneConfig) -> Result<(), ConfigError> {
+        for url in &self.peers {
+            let host = url.parse::<http::Uri>().ok().filter(|u| {
+                matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some_and(|h| !h.is_empty())
+            });
+            if host.is_none() {
+                return err(format!("data_plane.peers: '{url}' is not an http:// or https:// base URL"));
+            }
+        }
+        config.peers = self.peers.iter().map(|u| u.trim_end_matches('/').to_owned()).collect();
+        if let Some(ms) = self.peer_interval_ms {
+            if ms < 20 {
+                return err("data_plane.peer_interval_ms: must be at least 20");
+            }
+            config.peer_interval = Duration::from_millis(ms);
+        }
+        Ok(())
     }
 
     fn retry_budget(&self, budget: &mut RetryBudgetConfig) -> Result<(), ConfigError> {

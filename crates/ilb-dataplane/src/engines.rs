@@ -48,6 +48,9 @@ pub struct EngineState {
     pub pool: Pool,
     /// Requests sent and not yet finished (streamed responses count until their last byte).
     pub in_flight: AtomicU32,
+    /// Requests the other data planes of the cluster have in flight on this engine, as they
+    /// last said (`replicas`); 0 without peers.
+    pub peer_in_flight: AtomicU32,
     consecutive_failures: AtomicU32,
     ejected: AtomicBool,
     /// Ejections in a row without a success in between; sets the back-off.
@@ -83,6 +86,7 @@ impl EngineState {
             id,
             pool: Pool::default(),
             in_flight: AtomicU32::new(0),
+            peer_in_flight: AtomicU32::new(0),
             consecutive_failures: AtomicU32::new(0),
             ejected: AtomicBool::new(false),
             ejections: AtomicU32::new(0),

@@ -23,6 +23,7 @@ mod models;
 mod pick;
 pub mod proxy;
 mod refusals;
+mod replicas;
 pub mod report;
 pub mod router;
 mod server;

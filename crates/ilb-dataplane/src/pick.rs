@@ -42,7 +42,10 @@ pub(crate) fn choose(
     pick: Pick<'_>,
 ) -> Result<usize, NoCandidate> {
     let Pick { tried, pinned, affinity, now_s, place_new_by_load } = pick;
-    let class_load = installed.classes[class.seq].in_flight.load(Relaxed) as f64;
+    // With peers, the counts include the other replicas' requests as they last said, so that
+    // replicas behind one Service place by the load all of them put on an engine.
+    let class_state = &installed.classes[class.seq];
+    let class_load = (class_state.in_flight.load(Relaxed) + class_state.peer_in_flight.load(Relaxed)) as f64;
     let healthy = |candidate: usize| {
         let c = &class.candidates[candidate];
         !tried.contains(&candidate)
@@ -58,7 +61,10 @@ pub(crate) fn choose(
     // The bound compares like with like: this class's requests on the candidate against the
     // class's share there (the engine's own count also holds other classes').
     let class_engine = &installed.class_engine_in_flight[class.seq];
-    let load = |candidate: usize| class_engine[candidate].load(Relaxed) as f64;
+    let load = |candidate: usize| {
+        let peers = installed.engines[class.candidates[candidate].engine_idx].peer_in_flight.load(Relaxed);
+        (class_engine[candidate].load(Relaxed) + peers) as f64
+    };
     let bounded = |candidate: usize| {
         within_load_bound(load(candidate), class.candidates[candidate].load_share, class_load)
             && healthy(candidate)

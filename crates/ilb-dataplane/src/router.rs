@@ -48,6 +48,9 @@ pub(crate) fn spawn_background(
     if let Some(reports) = reports {
         tasks.spawn(crate::report::run(Arc::clone(shared), reports, shutdown_rx.clone()));
     }
+    if !shared.config.peers.is_empty() {
+        tasks.spawn(crate::replicas::run(Arc::clone(shared), shutdown_rx.clone()));
+    }
     let shutdown_rx = shutdown_rx.clone();
     match source {
         SnapshotSource::Manual => {}

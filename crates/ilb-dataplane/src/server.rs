@@ -317,6 +317,12 @@ async fn dispatch(shared: Arc<Shared>, req: Request<Incoming>, role: Role) -> Re
     if let Err(e) = classify::check_path(path) {
         return ProxyError::InvalidPath(e.to_string()).into_response();
     }
+    // Without an admin listener the operator's endpoints stay on the client listener; the
+    // peers' deltas are one of them, never forwarded as an engine endpoint.
+    let operator = !client || shared.config.admin_listen.is_none();
+    if operator && path == crate::replicas::PATH {
+        return crate::replicas::receive(&shared, req).await;
+    }
     if client {
         if let Some(endpoint) = Endpoint::from_path(path) {
             if method != Method::POST {
@@ -332,8 +338,6 @@ async fn dispatch(shared: Arc<Shared>, req: Request<Incoming>, role: Role) -> Re
             return crate::stored::forward(shared, &id, req).await;
         }
     }
-    // Without an admin listener the operator's endpoints stay on the client listener.
-    let operator = !client || shared.config.admin_listen.is_none();
     let local = match path {
         "/health" => Local::Health,
         "/v1/models" if client => Local::Models,

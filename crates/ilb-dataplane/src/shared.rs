@@ -12,6 +12,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use ilb_core::snapshot::Snapshot;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use tokio::time::Instant;
@@ -53,6 +54,8 @@ pub struct Shared {
     /// plane asked them (quick mode): `/v1/models` serves their fields (vLLM's
     /// `max_model_len`, llama.cpp's `meta`, ...). Empty with a snapshot source.
     pub model_objects: arc_swap::ArcSwap<ModelObjects>,
+    /// What the other data planes of the cluster said (`replicas`); never touched by requests.
+    pub peers: Peers,
 }
 
 /// Engines' own model objects (JSON objects) by model id.
@@ -69,13 +72,17 @@ impl Shared {
         let control_plane_tls = config.control_plane_tls.clone().unwrap_or_else(untrusting);
         let client = http_client(&config, &engine_tls);
         let control_plane_client = http_client(&config, &control_plane_tls);
-        let affinity = ilb_core::affinity::AffinityTable::new(
+        // With peers, the tables note their changes for them (`replicas`).
+        let journal = if config.peers.is_empty() { 0 } else { JOURNAL_LEN };
+        let affinity = ilb_core::affinity::AffinityTable::with_journal(
             config.affinity_entries,
             config.affinity_ttl.as_secs().min(u64::from(u32::MAX)) as u32,
+            journal,
         );
-        let responses = ilb_core::affinity::AffinityTable::new(
+        let responses = ilb_core::affinity::AffinityTable::with_journal(
             config.affinity_entries,
             config.response_ttl.as_secs().min(u64::from(u32::MAX)) as u32,
+            journal,
         );
         Shared {
             responses,
@@ -95,6 +102,7 @@ impl Shared {
             pool_clock: Default::default(),
             affinity,
             model_objects: Default::default(),
+            peers: Default::default(),
         }
     }
 
@@ -174,6 +182,32 @@ impl Shared {
             tracing::warn!(engine = %engine.id, "engine ejected after consecutive failures");
         }
     }
+}
+
+/// Changes each table's journal keeps between two sends: far more than a replica decides in
+/// one `peer_interval` (16,384 new conversations in 200 ms).
+pub const JOURNAL_LEN: usize = 1 << 14;
+
+/// What the other data planes of the cluster said, and the exchange's counters (for
+/// `/metrics`): the state of `replicas`, held here so that every module can reach it.
+#[derive(Default)]
+pub struct Peers {
+    /// Each peer's last in-flight figures by instance name. Taken by the receiving handler
+    /// and the folding task, never by a request.
+    pub(crate) loads: Mutex<HashMap<String, PeerLoad>>,
+    pub messages_received: AtomicU64,
+    pub messages_refused: AtomicU64,
+    pub messages_sent: AtomicU64,
+    pub send_failures: AtomicU64,
+    /// Deliveries skipped because the peer was still busy with the previous one.
+    pub sends_skipped: AtomicU64,
+    pub entries_learned: AtomicU64,
+}
+
+pub(crate) struct PeerLoad {
+    /// [`Shared::now_ms`] when it arrived.
+    pub at_ms: u64,
+    pub in_flight: Vec<(u32, u32)>,
 }
 
 /// A snapshot the data plane refused, and when.

@@ -88,6 +88,9 @@ struct Registry {
 pub struct ClassState {
     /// Requests of this class in flight (until their response body ends).
     pub in_flight: AtomicU32,
+    /// Requests the other data planes of the cluster have in flight on this class's
+    /// candidates, as they last said (`replicas`); 0 without peers.
+    pub peer_in_flight: AtomicU32,
     /// Requests that arrived (admitted or shed), cumulative.
     pub arrivals: AtomicU64,
     /// Requests shed by plan (the class is over capacity), cumulative.

@@ -77,6 +77,7 @@ pub fn render(shared: &Shared) -> String {
     w.sample("ilb_dataplane_retry_window_retries", &[], window_retries as f64);
     w.family("ilb_dataplane_waiting", "gauge", "Requests waiting for a free engine slot.");
     w.sample("ilb_dataplane_waiting", &[], shared.waiters.total() as f64);
+    replicas(&mut w, &shared.peers);
 
     let Some(installed) = installed else { return w.finish() };
     w.family(
@@ -133,6 +134,12 @@ pub fn render(shared: &Shared) -> String {
         "ilb_dataplane_engine_in_flight",
         "Requests in flight to each engine (until the last response byte).",
         |e| e.in_flight.load(Relaxed) as f64,
+    );
+    gauge(
+        &mut w,
+        "ilb_dataplane_engine_peer_in_flight",
+        "Requests the other data planes of the cluster said they have in flight to each engine.",
+        |e| e.peer_in_flight.load(Relaxed) as f64,
     );
     gauge(&mut w, "ilb_dataplane_engine_ejected", "1 while the local guard keeps the engine out.", |e| {
         f64::from(u8::from(e.is_ejected()))
@@ -211,4 +218,40 @@ pub fn render(shared: &Shared) -> String {
         }
     }
     w.finish()
+}
+
+/// The exchange with the other data planes of the cluster (`replicas`).
+fn replicas(w: &mut TextWriter, peers: &crate::shared::Peers) {
+    let counters = [
+        (
+            "ilb_dataplane_replica_messages_received_total",
+            "Delta messages taken from peers.",
+            &peers.messages_received,
+        ),
+        (
+            "ilb_dataplane_replica_messages_refused_total",
+            "Delta messages refused (malformed, oversized, too many peers).",
+            &peers.messages_refused,
+        ),
+        ("ilb_dataplane_replica_messages_sent_total", "Delta messages a peer took.", &peers.messages_sent),
+        (
+            "ilb_dataplane_replica_send_failures_total",
+            "Delta messages not delivered (error, timeout, refusal).",
+            &peers.send_failures,
+        ),
+        (
+            "ilb_dataplane_replica_sends_skipped_total",
+            "Deliveries skipped while the peer was still busy with the previous one.",
+            &peers.sends_skipped,
+        ),
+        (
+            "ilb_dataplane_replica_entries_learned_total",
+            "Affinity and stored-response entries learned from peers.",
+            &peers.entries_learned,
+        ),
+    ];
+    for (name, help, counter) in counters {
+        w.family(name, "counter", help);
+        w.sample(name, &[], counter.load(Relaxed) as f64);
+    }
 }

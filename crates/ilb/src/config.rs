@@ -26,6 +26,59 @@ pub struct ConfigFile {
     /// `[control_plane.engine_tls]`: trust for https engines' `/metrics` (`ca`, `ca_only`) and a
     /// client certificate if they ask for one (`cert`, `key`).
     pub control_plane_engine_tls: crate::tls::ClientTlsSection,
+    /// `[control_plane.etcd]`: the replicas' leader election (`--etcd`).
+    pub control_plane_etcd: EtcdSection,
+}
+
+/// `[control_plane.etcd]`: with endpoints, the control-plane replicas sharing `prefix` elect one
+/// planner on an etcd lease; only it plans what is published, and every replica publishes its
+/// plans under versions ordered by its term (`ilb_controlplane`'s `election.rs`). Without, every
+/// replica plans on its own and versions are wall-clock milliseconds.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdSection {
+    /// etcd endpoints, e.g. `["http://10.0.0.5:2379"]` (flag `--etcd`, repeatable; plain http only).
+    #[serde(default)]
+    pub endpoints: Vec<String>,
+    /// Key prefix of the election and the published rounds; default `/ilb/control-plane`.
+    pub prefix: Option<String>,
+    /// Lease time to live, s: how long a dead leader keeps the role; default 2 (at least 1).
+    pub lease_ttl_s: Option<u64>,
+    /// This replica's name in the election; default its listen address and process id.
+    pub name: Option<String>,
+}
+
+impl EtcdSection {
+    /// `None` without endpoints.
+    pub fn validate(
+        self,
+        listen: std::net::SocketAddr,
+    ) -> anyhow::Result<Option<ilb_controlplane::EtcdOptions>> {
+        if self.endpoints.is_empty() {
+            return Ok(None);
+        }
+        for url in &self.endpoints {
+            // The etcd client is built without TLS (its `tls` feature would add a second
+            // rustls set-up); an https endpoint is refused rather than failing at connect.
+            if !url.starts_with("http://") {
+                anyhow::bail!("control_plane.etcd.endpoints: '{url}' is not an http:// URL (TLS to etcd is not supported yet)");
+            }
+        }
+        let ttl = self.lease_ttl_s.unwrap_or(2);
+        if !(1..=3600).contains(&ttl) {
+            anyhow::bail!("control_plane.etcd.lease_ttl_s: must be between 1 and 3600");
+        }
+        let prefix = self.prefix.unwrap_or_else(|| "/ilb/control-plane".into());
+        if prefix.is_empty() {
+            anyhow::bail!("control_plane.etcd.prefix: must not be empty");
+        }
+        Ok(Some(ilb_controlplane::EtcdOptions {
+            endpoints: self.endpoints,
+            prefix: prefix.trim_end_matches('/').to_owned(),
+            lease_ttl: std::time::Duration::from_secs(ttl),
+            name: self.name.unwrap_or_else(|| format!("{listen}-{}", std::process::id())),
+        }))
+    }
 }
 
 /// The TLS tables of `[data_plane]`: they name certificate files, which only the binary reads.
@@ -94,12 +147,16 @@ fn sections(text: &str) -> anyhow::Result<ConfigFile> {
     };
     let mut control_plane_tls = crate::tls::ListenerTlsSection::default();
     let mut control_plane_engine_tls = crate::tls::ClientTlsSection::default();
+    let mut control_plane_etcd = EtcdSection::default();
     if let Some(toml::Value::Table(cp)) = table.get_mut("control_plane") {
         if let Some(v) = cp.remove("tls") {
             control_plane_tls = v.try_into().context("in [control_plane.tls]")?;
         }
         if let Some(v) = cp.remove("engine_tls") {
             control_plane_engine_tls = v.try_into().context("in [control_plane.engine_tls]")?;
+        }
+        if let Some(v) = cp.remove("etcd") {
+            control_plane_etcd = v.try_into().context("in [control_plane.etcd]")?;
         }
     }
     let fleet = if table.is_empty() {
@@ -109,7 +166,14 @@ fn sections(text: &str) -> anyhow::Result<ConfigFile> {
         fleet.validate()?;
         Some(fleet)
     };
-    Ok(ConfigFile { data_plane, data_plane_tls, fleet, control_plane_tls, control_plane_engine_tls })
+    Ok(ConfigFile {
+        data_plane,
+        data_plane_tls,
+        fleet,
+        control_plane_tls,
+        control_plane_engine_tls,
+        control_plane_etcd,
+    })
 }
 
 #[cfg(test)]
@@ -155,5 +219,29 @@ model = "m"
         // Credentials in an engine's URL.
         let reason = error(&FLEET.replace("http://127.0.0.1", "http://admin:hunter22@127.0.0.1"));
         assert!(reason.contains("engines.e.url") && !reason.contains("hunter22"), "{reason}");
+    }
+
+    #[test]
+    fn the_etcd_table_is_taken_out_and_checked() {
+        let listen = "127.0.0.1:7000".parse().unwrap();
+        let with = |table: &str| parse(&format!("{FLEET}\n[control_plane.etcd]\n{table}\n"));
+        let file = with("endpoints = [\"http://127.0.0.1:2379\"]\nlease_ttl_s = 3").expect("valid");
+        let options = file.control_plane_etcd.validate(listen).unwrap().expect("etcd configured");
+        assert_eq!(options.prefix, "/ilb/control-plane");
+        assert_eq!(options.lease_ttl, std::time::Duration::from_secs(3));
+        assert!(
+            parse(FLEET).unwrap().control_plane_etcd.validate(listen).unwrap().is_none(),
+            "off by default"
+        );
+        for (table, reason) in [
+            ("endpoints = [\"etcd:2379\"]", "control_plane.etcd.endpoints"),
+            ("endpoints = [\"http://e:2379\"]\nlease_ttl_s = 0", "control_plane.etcd.lease_ttl_s"),
+        ] {
+            let error = with(table).unwrap().control_plane_etcd.validate(listen).expect_err(table);
+            assert!(error.to_string().contains(reason), "{error}");
+        }
+        assert!(
+            error(&format!("{FLEET}\n[control_plane.etcd]\nendpoint = []\n")).contains("control_plane.etcd")
+        );
     }
 }

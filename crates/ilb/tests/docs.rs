@@ -55,11 +55,23 @@ const FLEET_CHANGES: &str = "
   `ilb engine-sim --register URL [--token T] [--region R] [--register-profile P] [--ttl-s S]`
   registers its engines, renews every `ttl_s / 3`, and deregisters and drains on Ctrl-C.
 - **Discovery.** `[[engine_groups]]` are resolved by DNS; see the table above.
+- **Data-plane replicas.** Several data planes of one cluster name each other with `peers`
+  (`--peer URL`): they share conversation placements, stored-response engines and load every
+  `peer_interval_ms` ([deploy.md](deploy.md)).
 - **Control-plane replicas.** Run several `ilb control-plane` from the same file. Give each
   data plane all of them (`--control-plane URL` repeated, or `control_plane = [..]`): it pulls
   snapshots from one, moves to the next when it stops answering, and reports to all. Give
-  `ilb engine-sim --register` each of them too. Versions are Unix-millisecond publication
-  times; a data plane never installs one lower than it holds, whichever replica offers it.
+  `ilb engine-sim --register` each of them too. A data plane never installs a version lower
+  than it holds, whichever replica offers it. With etcd (`--etcd URL`, or
+  `[control_plane.etcd]` with `endpoints`, `prefix` (default `/ilb/control-plane`),
+  `lease_ttl_s` (default 2) and `name`), the replicas elect one planner on an etcd lease: only
+  it publishes, every replica serves its plans (written to etcd, watched by the others), and
+  versions are 2^52 + term·2^24 + n, the term being the leader's election-key revision, so a
+  deposed leader's plan is never installed after its successor's; when the leader dies, another
+  takes over once its lease lapses (about `lease_ttl_s`). Without etcd every replica plans on
+  its own and versions are Unix-millisecond publication times, which order replicas' plans
+  correctly only while their clocks agree to better than a solve period. Engine holds stay per
+  replica in both cases.
 - **Drain.** An engine that leaves by any route is absent from the next snapshot: data planes
   send it no new request, let its running responses finish, close its idle connections at once
   and each busy one when its response ends.

@@ -51,6 +51,10 @@ pub struct ControlPlaneArgs {
     /// How often the config file's modification time is checked, ms; 0 reloads on SIGHUP only.
     #[arg(long, default_value_t = 1000)]
     watch_ms: u64,
+    /// An etcd endpoint (repeatable; `[control_plane.etcd] endpoints`): the replicas sharing
+    /// the prefix elect one planner on an etcd lease and all publish its plans.
+    #[arg(long = "etcd", value_name = "URL")]
+    etcd: Vec<String>,
 }
 
 /// Reads and validates a control-plane config file.
@@ -92,6 +96,10 @@ pub fn run(args: ControlPlaneArgs) -> anyhow::Result<()> {
         engine_tls.cert = args.engine_cert.clone();
         engine_tls.key = args.engine_key.clone();
     }
+    let mut etcd = file.control_plane_etcd;
+    if !args.etcd.is_empty() {
+        etcd.endpoints = args.etcd.clone();
+    }
     let listener = listener_tls.build("control_plane.tls", true)?;
     let tls = ilb_controlplane::ApiTls {
         listener: listener.as_ref().map(|l| l.tls.clone()),
@@ -101,9 +109,10 @@ pub fn run(args: ControlPlaneArgs) -> anyhow::Result<()> {
         Some(l) => l,
         None => fleet.control_plane.listen.parse().context("control_plane.listen")?,
     };
+    let etcd = etcd.validate(listen)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
-        let cp = ControlPlane::start_with_tls(fleet, listen, tls)
+        let cp = ControlPlane::start_elected(fleet, listen, tls, etcd)
             .await
             .with_context(|| format!("cannot listen on {listen}"))?;
         // Listen for SIGHUP before saying we are up, so an early signal cannot kill the process.

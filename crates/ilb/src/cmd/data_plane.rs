@@ -38,6 +38,14 @@ pub struct DataPlaneArgs {
     /// The front-end cluster this data plane serves.
     #[arg(long)]
     cluster: Option<String>,
+    /// Another data plane of this cluster (its admin URL, else its client URL; repeatable; an
+    /// http:// host name counts as every address it resolves to): they share conversation
+    /// placements, stored-response engines and load.
+    #[arg(long = "peer", value_name = "URL")]
+    peers: Vec<String>,
+    /// How often deltas go to the peers, ms (default 200).
+    #[arg(long, value_name = "MS")]
+    peer_interval_ms: Option<u64>,
     /// TOML config file; its `[data_plane]` table sets everything the flags set, and more.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -101,6 +109,9 @@ impl DataPlaneArgs {
             Some("--route-header")
         } else if self.tls_cert.is_some() {
             Some("--tls-cert")
+        } else if !self.peers.is_empty() {
+            // Peers post their deltas to the HTTP listener, which `ilb epp` does not have.
+            Some("--peer")
         } else {
             None
         }
@@ -143,6 +154,12 @@ pub fn prepare(args: &DataPlaneArgs) -> anyhow::Result<Prepared> {
     }
     if let Some(cluster) = &args.cluster {
         section.cluster = Some(cluster.clone());
+    }
+    if !args.peers.is_empty() {
+        section.peers = args.peers.clone();
+    }
+    if args.peer_interval_ms.is_some() {
+        section.peer_interval_ms = args.peer_interval_ms;
     }
     if args.tls_cert.is_some() {
         tls.tls.cert = args.tls_cert.clone();

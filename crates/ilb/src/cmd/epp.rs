@@ -21,6 +21,10 @@ pub fn run(args: EppArgs) -> anyhow::Result<()> {
     }
     let Prepared { config, source, snapshot_file, reports, listener: _, runtime } =
         data_plane::prepare(&args.routing)?;
+    if !config.peers.is_empty() {
+        // Peers post their deltas to a data plane's HTTP listener, which ilb epp does not have.
+        bail!("data_plane.peers is a data-plane option; ilb epp does not take it");
+    }
     runtime.block_on(async move {
         let listen = config.listen;
         let router = Router::start(config, source, reports);
