@@ -13,9 +13,11 @@ mod changes;
 mod history;
 pub mod members;
 mod outliers;
+mod saturation;
 
 pub use changes::FleetDiff;
 pub use outliers::OutlierWindow;
+pub use saturation::Saturation;
 
 use crate::config::FleetConfig;
 use crate::profile::{
@@ -111,6 +113,8 @@ pub struct EngineRuntime {
     /// Generated tokens and finished requests, decayed over `OUTPUT_LENGTH_TAU`: the output
     /// length the objective's decode term uses ([`Fleet::output_tokens`]).
     output: DecayedSums<Now>,
+    /// Capacity learned from the windows the engine spent queueing ([`saturation`]).
+    pub saturation: Saturation,
     /// Whether the last scrape failure was a refused or failed connect.
     pub last_failure_connect: bool,
     /// Operating points for the latency-profile fits. Nothing is added while the engine is
@@ -156,6 +160,7 @@ impl EngineRuntime {
             preemption_rate: Ewma::new(tau),
             decode_ms_per_token: Ewma::new(tau),
             output: DecayedSums::new(OUTPUT_LENGTH_TAU),
+            saturation: Saturation::default(),
             last_failure_connect: false,
             observations: LoadHistory::default(),
             penalty: 0.0,
@@ -275,6 +280,7 @@ impl Fleet {
         result: Result<Vec<(ModelName, EngineSample)>, String>,
     ) {
         let model = self.config.engines[idx].model.clone();
+        let nominal_rps = self.nominal_capacity(idx);
         let e = &mut self.engines[idx];
         let samples = match result {
             Ok(samples) => samples,
@@ -316,6 +322,8 @@ impl Fleet {
             if let Some(w) = window(&previous, &sample, now.saturating_sub(then)) {
                 e.outlier_window.add_scrape(&w);
                 e.outlier_window.disturbed |= resumed;
+                let waiting = (previous.waiting.unwrap_or(0.0), sample.waiting.unwrap_or(0.0));
+                e.saturation.on_window(now, waiting, w.request_rate, nominal_rps);
                 if let Some(rate) = w.request_rate {
                     e.request_rate.update(now, rate);
                 }
@@ -594,9 +602,15 @@ impl Fleet {
         e.replicas as f64 * per_replica
     }
 
-    /// Nominal capacity × health × (1 − penalty), req/s.
+    /// Nominal capacity × the share its saturation windows left ([`saturation`]), req/s:
+    /// the pole of the engine's queueing curves.
+    pub fn learned_capacity(&self, idx: usize) -> f64 {
+        self.nominal_capacity(idx) * self.engines[idx].saturation.share()
+    }
+
+    /// Learned capacity × health × (1 − penalty), req/s.
     pub fn effective_capacity(&self, idx: usize, now: Now) -> f64 {
-        self.nominal_capacity(idx) * self.health(idx, now) * (1.0 - self.engines[idx].penalty)
+        self.learned_capacity(idx) * self.health(idx, now) * (1.0 - self.engines[idx].penalty)
     }
 
     /// The latency curve the optimizer minimises for engine `idx` (see [`Fleet::latency_profiles`]).
@@ -637,7 +651,7 @@ impl Fleet {
             .iter()
             .zip(self.fitted_signals(engines))
             .map(|(&idx, (ttft, tbot))| {
-                let capacity = self.nominal_capacity(idx);
+                let capacity = self.learned_capacity(idx);
                 // e2e = TTFT + (output tokens − 1) × time between tokens.
                 let decode_tokens = (self.output_tokens(&self.config.engines[idx].model) - 1.0).max(0.0);
                 let stay = Objective::TtftPlusDecode { expected_output_tokens: decode_tokens };

@@ -6,7 +6,7 @@
 //! the rate one request at a time would sustain until a step shows the engine past its knee
 //! (fewer completions than arrivals, time to first token far above idle, or the in-flight
 //! bound reached), then bisecting between the last good and the first bad rate while the time
-//! budget lasts. Each step records the completed rate, the mean time to first token and the
+//! budget lasts. Each step records the rate it sent, the mean time to first token and the
 //! mean time between output tokens, and the engine drains before the next step starts.
 //!
 //! The printed block has the queueing profile (`[profiles.NAME]`: capacity, where TTFT's
@@ -64,7 +64,8 @@ pub struct ProfileArgs {
 #[derive(Clone, Copy, Debug)]
 struct Step {
     offered_rps: f64,
-    completed_rps: f64,
+    /// Arrivals sent per second.
+    load_rps: f64,
     ttft_ms: f64,
     tbot_ms: f64,
     overloaded: bool,
@@ -165,8 +166,8 @@ impl Probe {
             eprint!("step {}/{budget}: {rate:.2} req/s … ", k + 1);
             let step = self.step(rate, k as u64, idle).await?;
             eprintln!(
-                "completed {:.2} req/s, TTFT {:.0} ms, TBOT {:.1} ms{}",
-                step.completed_rps,
+                "sent {:.2} req/s, TTFT {:.0} ms, TBOT {:.1} ms{}",
+                step.load_rps,
                 step.ttft_ms,
                 step.tbot_ms,
                 if step.overloaded { " (past the knee)" } else { "" }
@@ -235,7 +236,9 @@ impl Probe {
         let overloaded = saturated
             || completed < KNEE_COMPLETED_SHARE * sent as f64
             || ttft_ms > (KNEE_TTFT_FACTOR * idle.ttft_ms).max(idle.ttft_ms + 1000.0);
-        Ok(Step { offered_rps: rate, completed_rps: completed / elapsed_s, ttft_ms, tbot_ms, overloaded })
+        // Below the knee every arrival completes, so the load is the rate the step sent
+        // (completions include the stragglers drained after it).
+        Ok(Step { offered_rps: rate, load_rps: sent as f64 / elapsed_s, ttft_ms, tbot_ms, overloaded })
     }
 
     fn share(&self) -> Probe {
@@ -306,14 +309,14 @@ fn median(values: &mut [f64]) -> f64 {
 fn render(probe: &Probe, steps: &[Step]) -> anyhow::Result<String> {
     let replicas = f64::from(probe.args.replicas);
     let mut good: Vec<Step> = steps.iter().copied().filter(|s| !s.overloaded && s.ttft_ms.is_finite()).collect();
-    good.sort_by(|a, b| a.completed_rps.total_cmp(&b.completed_rps));
+    good.sort_by(|a, b| a.load_rps.total_cmp(&b.load_rps));
     let first_bad = steps.iter().filter(|s| s.overloaded).map(|s| s.offered_rps).fold(f64::INFINITY, f64::min);
     let points = |latency: fn(&Step) -> f64| -> Vec<Observation> {
         let mut out: Vec<Observation> = Vec::new();
-        for s in good.iter().filter(|s| latency(s).is_finite() && s.completed_rps > 0.0) {
+        for s in good.iter().filter(|s| latency(s).is_finite() && s.load_rps > 0.0) {
             // Measured curves need strictly increasing loads.
-            if out.last().is_none_or(|o| s.completed_rps / replicas > o.load_rps) {
-                out.push(Observation { load_rps: s.completed_rps / replicas, latency_ms: latency(s), weight: 1.0 });
+            if out.last().is_none_or(|o| s.load_rps / replicas > o.load_rps) {
+                out.push(Observation { load_rps: s.load_rps / replicas, latency_ms: latency(s), weight: 1.0 });
             }
         }
         out
