@@ -14,7 +14,6 @@ pub fn build(scenario: &Scenario, calibrations: &[Calibration]) -> Result<FleetC
     let file = &scenario.file;
     let control = &file.control;
     let ms = |s: f64| (s * 1e3).round().max(1.0) as u64;
-    let output = calibrations.first().map_or(file.workload.output_tokens.mean, |c| c.mean_output_tokens);
     let mut network = file.network.clone();
     network.use_measured = false;
     let config = FleetConfig {
@@ -35,8 +34,8 @@ pub fn build(scenario: &Scenario, calibrations: &[Calibration]) -> Result<FleetC
             } else {
                 ObjectiveSetting::TtftPlusDecode
             },
-            // e2e = TTFT + (output − 1) × time between tokens.
-            expected_output_tokens: (output - 1.0).max(0.0),
+            // No `expected_output_tokens`: the planner learns the output length from the
+            // engines' counters, as the product does; the default is only its starting point.
             shed_penalty_ms: control.shed_penalty_ms.clone(),
             shed_price_floor: control.shed_price_floor,
             measured_curves: if control.measured_curves {

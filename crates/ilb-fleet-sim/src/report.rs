@@ -307,3 +307,87 @@ mod tests {
         assert!(seeds(&[]).is_empty());
     }
 }
+
+/// Runs of different fleets (`ilb simulate --random`), as Markdown: per baseline, on how many
+/// fleets `ilb`'s mean and p99 end-to-end latency were at or below the baseline's, `ilb`'s
+/// relative difference in mean and p99 over the fleets (mean, min–max) and the fleet where it
+/// did worst; how often `ilb`'s own prediction (mean over its plans after the warm-up) was
+/// within 5 % of the mean it delivered; then one row per fleet.
+pub fn random_batch(runs: &[Comparison]) -> String {
+    let mut out = String::new();
+    let baselines: Vec<&String> = runs
+        .iter()
+        .flat_map(|c| c.order.iter())
+        .filter(|p| p.as_str() != "ilb")
+        .fold(Vec::new(), |mut seen, p| {
+            if !seen.contains(&p) {
+                seen.push(p);
+            }
+            seen
+        });
+    let _ = writeln!(out, "### ilb against each baseline over {} random fleets\n", runs.len());
+    let _ = writeln!(
+        out,
+        "| baseline | ilb mean ≤ | ilb p99 ≤ | ilb mean vs baseline | ilb p99 vs baseline | worst fleet (mean) |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|");
+    for baseline in baselines {
+        let pairs: Vec<(&str, &PolicyResult, &PolicyResult)> = runs
+            .iter()
+            .filter_map(|c| Some((c.scenario.as_str(), c.policies.get("ilb")?, c.policies.get(baseline)?)))
+            .collect();
+        if pairs.is_empty() {
+            continue;
+        }
+        let relative = |a: f64, b: f64| (a - b) / b.max(1e-9);
+        let mean_diff: Vec<f64> = pairs.iter().map(|p| relative(p.1.e2e_ms.mean, p.2.e2e_ms.mean)).collect();
+        let p99_diff: Vec<f64> = pairs.iter().map(|p| relative(p.1.e2e_ms.p99, p.2.e2e_ms.p99)).collect();
+        let (worst, worst_diff) = pairs
+            .iter()
+            .zip(&mean_diff)
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map_or(("", 0.0), |(p, d)| (p.0, *d));
+        let _ = writeln!(
+            out,
+            "| {baseline} | {} of {n} | {} of {n} | {} | {} | {worst} ({:+.1} %) |",
+            mean_diff.iter().filter(|d| **d <= 0.0).count(),
+            p99_diff.iter().filter(|d| **d <= 0.0).count(),
+            Spread::of(mean_diff.iter().copied()).map_or(String::new(), |s| s.show(100.0, 1, " %")),
+            Spread::of(p99_diff.iter().copied()).map_or(String::new(), |s| s.show(100.0, 1, " %")),
+            100.0 * worst_diff,
+            n = pairs.len(),
+        );
+    }
+    let predictions: Vec<f64> = runs
+        .iter()
+        .filter_map(|c| {
+            let ilb = c.policies.get("ilb")?;
+            Some((ilb.predicted_e2e_ms? - ilb.e2e_ms.mean) / ilb.e2e_ms.mean.max(1e-9))
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "\nilb's predicted mean within 5 % of the delivered one on {} of {} fleets; error {}.\n",
+        predictions.iter().filter(|e| e.abs() <= 0.05).count(),
+        predictions.len(),
+        Spread::of(predictions.iter().copied()).map_or(String::new(), |s| s.show(100.0, 1, " %")),
+    );
+    let _ = writeln!(out, "| fleet | ilb mean / p99 ms | feedback mean / p99 ms | ilb predicted ms | ilb shed |");
+    let _ = writeln!(out, "|---|---|---|---|---|");
+    for c in runs {
+        let cell = |name: &str| {
+            c.policies.get(name).map_or("–".to_owned(), |r| format!("{:.0} / {:.0}", r.e2e_ms.mean, r.e2e_ms.p99))
+        };
+        let ilb = c.policies.get("ilb");
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} |",
+            c.scenario,
+            cell("ilb"),
+            cell("feedback"),
+            ilb.and_then(|r| r.predicted_e2e_ms).map_or("–".to_owned(), |p| format!("{p:.0}")),
+            ilb.map_or("–".to_owned(), |r| format!("{:.1} %", 100.0 * r.shed_rate)),
+        );
+    }
+    out
+}

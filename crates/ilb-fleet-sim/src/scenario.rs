@@ -2,9 +2,11 @@
 //! validated, index-resolved [`Scenario`] the simulator runs. Every doc comment on a field is
 //! user documentation (see `docs/simulate.md`); every validation error names the field.
 
+mod random;
 mod raw;
 mod validate;
 
+pub use random::{random_fleet, RANDOM_POLICIES};
 pub use raw::*;
 pub use validate::{allows as validate_allows, Scenario, ScenarioError, SimEngineSpec, Stream};
 

@@ -84,10 +84,12 @@ pub struct ControlPlaneSettings {
     pub demand_band_sigmas: f64,
     /// Which latency the optimizer minimises.
     pub objective: ObjectiveSetting,
-    /// Expected output tokens per request, for `objective = "ttft_plus_decode"` and, under
-    /// either objective, for how long the plan expects a request to stay on each engine (the
-    /// snapshots' `in_flight_ms`, against which the data planes judge in-flight counts).
-    /// Default 128.
+    /// Output tokens per request to expect before the engines have reported any: the
+    /// starting point of the output length the control plane learns per model from the
+    /// engines' generated-token and finished-request counters (it counts as 20 requests'
+    /// worth). The decode term of `objective = "ttft_plus_decode"` and, under either
+    /// objective, how long the plan expects a request to stay on each engine (the snapshots'
+    /// `in_flight_ms`) use the learned length. Default 128.
     pub expected_output_tokens: f64,
     /// Cost of shedding one request, ms, per priority (`low`, `normal`, `high`, `critical`).
     /// A class's demand is planned per priority (data planes report the split), each part
@@ -163,7 +165,7 @@ impl Default for ControlPlaneSettings {
             stability_ms: 100.0,
             stability_tolerance: 0.001,
             demand_band_sigmas: 3.0,
-            objective: ObjectiveSetting::Ttft,
+            objective: ObjectiveSetting::TtftPlusDecode,
             expected_output_tokens: 128.0,
             shed_penalty_ms: [
                 ("low", 2_000.0),

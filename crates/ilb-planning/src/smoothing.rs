@@ -99,6 +99,45 @@ impl<T: TimePoint> Ewma<T> {
     }
 }
 
+/// Two sums whose past counts less and less (weight `exp(−age/τ)`), for a ratio of totals over
+/// a sliding window, such as generated tokens per finished request: unlike an average of
+/// per-window ratios, windows with more requests count for more.
+#[derive(Clone, Debug)]
+pub struct DecayedSums<T> {
+    tau_s: f64,
+    sums: (f64, f64),
+    last_update: Option<T>,
+}
+
+impl<T: TimePoint> DecayedSums<T> {
+    pub fn new(tau: Duration) -> Self {
+        Self { tau_s: tau.as_secs_f64(), sums: (0.0, 0.0), last_update: None }
+    }
+
+    /// Decays the sums to `now` and adds (`a`, `b`). Non-finite or negative amounts and
+    /// updates older than the last one are ignored.
+    pub fn add(&mut self, now: T, a: f64, b: f64) {
+        if !(a.is_finite() && b.is_finite() && a >= 0.0 && b >= 0.0) {
+            return;
+        }
+        if let Some(last) = self.last_update {
+            let dt = now.seconds_since(last);
+            if dt < 0.0 {
+                return;
+            }
+            let keep = if self.tau_s > 0.0 { (-dt / self.tau_s).exp() } else { 0.0 };
+            self.sums = (self.sums.0 * keep, self.sums.1 * keep);
+        }
+        self.sums = (self.sums.0 + a, self.sums.1 + b);
+        self.last_update = Some(now);
+    }
+
+    /// The decayed sums as of the last update.
+    pub fn sums(&self) -> (f64, f64) {
+        self.sums
+    }
+}
+
 /// Smoothed rate (units per second) of a cumulative counter, such as tokens generated.
 #[derive(Clone, Debug)]
 pub struct RateEstimator<T> {

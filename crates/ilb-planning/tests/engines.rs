@@ -23,7 +23,7 @@ fn fleet(engines: usize) -> Fleet {
         })
         .collect();
     let text = format!(
-        "[control_plane]\nlisten = \"127.0.0.1:0\"\n[[clusters]]\nid = \"a\"\nregion = \"r\"\n\
+        "[control_plane]\nlisten = \"127.0.0.1:0\"\nobjective = \"ttft\"\n[[clusters]]\nid = \"a\"\nregion = \"r\"\n\
          [profiles.p]\ncapacity_rps = 10.0\nttft_t0_ms = 50.0\nttft_b_ms = 15.0\n{engines}"
     );
     let config: FleetConfig = toml::from_str(&text).unwrap();

@@ -44,7 +44,8 @@ fn without_curves_the_profile_is_the_queueing_one() {
     let fleet = Fleet::new(config("", "ttft_plus_decode").unwrap());
     assert_eq!(
         fleet.latency_profile(0),
-        LatencyProfile::Queueing { t0_ms: 50.0 + 100.0 * 15.0, b_ms: 10.0 + 100.0 * 2.0 }
+        // e2e = TTFT + (100 − 1) tokens × TBOT.
+        LatencyProfile::Queueing { t0_ms: 50.0 + 99.0 * 15.0, b_ms: 10.0 + 99.0 * 2.0 }
     );
 }
 
@@ -64,9 +65,9 @@ fn a_measured_curve_replaces_its_signal_scaled_by_replicas() {
     let profile = fleet.latency_profile(0);
     assert!(matches!(profile, LatencyProfile::Piecewise(_)), "{profile:?}");
     // TTFT stays queueing (t0 50, b 10, capacity 20); TBOT is linear from 15 ms at 4 req/s to
-    // 21 ms at 16 req/s, so at 10 req/s: 50 + 10·10/10 + 100·18 = 1860 ms.
+    // 21 ms at 16 req/s, so at 10 req/s: 50 + 10·10/10 + (100 − 1)·18 = 1842 ms.
     let at_10 = profile.latency_ms(10.0, 20.0);
-    assert!((at_10 - 1860.0).abs() < 1.0, "{at_10}");
-    // Flat below the first knot: 50 + 100·15 at zero load.
-    assert!((profile.latency_ms(0.0, 20.0) - 1550.0).abs() < 1.0, "{}", profile.latency_ms(0.0, 20.0));
+    assert!((at_10 - 1842.0).abs() < 1.0, "{at_10}");
+    // Flat below the first knot: 50 + 99·15 at zero load.
+    assert!((profile.latency_ms(0.0, 20.0) - 1535.0).abs() < 1.0, "{}", profile.latency_ms(0.0, 20.0));
 }

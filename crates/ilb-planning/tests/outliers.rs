@@ -20,9 +20,11 @@ const B_MS: f64 = 10.0;
 /// Load each engine gets when it is not penalised, req/s.
 const BASE_RPS: f64 = 40.0;
 
+/// The planned curves here are TTFT alone: the tests slow engines' first tokens, and a decode
+/// term would only dilute what they check.
 fn config(n: usize, replicas: &[u32], outliers: &str) -> FleetConfig {
     let mut text = format!(
-        "[control_plane]\n[control_plane.outliers]\n{outliers}\n[[clusters]]\nid = \"a\"\nregion = \"r\"\n\
+        "[control_plane]\nobjective = \"ttft\"\n[control_plane.outliers]\n{outliers}\n[[clusters]]\nid = \"a\"\nregion = \"r\"\n\
          [profiles.gpu]\ncapacity_rps = 100.0\nttft_t0_ms = {T0_MS}\nttft_b_ms = {B_MS}\n"
     );
     for i in 0..n {

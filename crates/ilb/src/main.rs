@@ -37,6 +37,8 @@ enum Command {
     Simulate(cmd::simulate::SimulateArgs),
     /// Solve one routing problem offline and print the solution as JSON.
     Optimize(cmd::optimize::OptimizeArgs),
+    /// Measure an engine's latency against load and print its profile as fleet TOML.
+    Profile(cmd::profile::ProfileArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -53,6 +55,7 @@ fn main() -> std::process::ExitCode {
         Command::EngineSim(args) => cmd::engine_sim::run(args),
         Command::Explain(args) => cmd::explain::run(args),
         Command::Optimize(args) => cmd::optimize::run(args),
+        Command::Profile(args) => cmd::profile::run(args),
         Command::Simulate(args) => cmd::simulate::run(args),
     };
     match result {

@@ -231,9 +231,36 @@ async fn one_request(
         .and_then(|v| v.trim().strip_prefix("engine="))
         .unwrap_or("?")
         .to_owned();
-    let mut body = response.into_body();
-    let mut ttft_ms = None;
-    let mut text = String::new();
+    let timings = read_stream(response.into_body(), started).await?;
+    let e2e_ms = crate::clock::since(started).as_secs_f64() * 1000.0;
+    Ok((engine, timings.ttft_ms.unwrap_or(e2e_ms), e2e_ms, timings.text))
+}
+
+/// What a streamed chat completion's client saw.
+pub struct StreamTimings {
+    /// From the request to the first chunk with content, ms.
+    pub ttft_ms: Option<f64>,
+    /// From the request to the last chunk with content, ms.
+    pub last_content_ms: f64,
+    /// Chunks with content.
+    pub content_chunks: u32,
+    /// The usage chunk's `completion_tokens`, when the engine sent one.
+    pub completion_tokens: Option<u64>,
+    pub text: String,
+}
+
+/// Reads an OpenAI-style SSE stream to its end, timing its content chunks from `started`.
+pub async fn read_stream(
+    mut body: hyper::body::Incoming,
+    started: tokio::time::Instant,
+) -> Result<StreamTimings, String> {
+    let mut timings = StreamTimings {
+        ttft_ms: None,
+        last_content_ms: 0.0,
+        content_chunks: 0,
+        completion_tokens: None,
+        text: String::new(),
+    };
     let mut buffer = Vec::new();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| e.to_string())?;
@@ -250,14 +277,19 @@ async fn one_request(
             if value.get("error").is_some() {
                 return Err(format!("stream error: {payload}"));
             }
+            if let Some(tokens) = value["usage"]["completion_tokens"].as_u64() {
+                timings.completion_tokens = Some(tokens);
+            }
             if let Some(delta) = value["choices"][0]["delta"]["content"].as_str() {
-                if !delta.is_empty() && ttft_ms.is_none() {
-                    ttft_ms = Some(crate::clock::since(started).as_secs_f64() * 1000.0);
+                if !delta.is_empty() {
+                    let at_ms = crate::clock::since(started).as_secs_f64() * 1000.0;
+                    timings.ttft_ms.get_or_insert(at_ms);
+                    timings.last_content_ms = at_ms;
+                    timings.content_chunks += 1;
                 }
-                text.push_str(delta);
+                timings.text.push_str(delta);
             }
         }
     }
-    let e2e_ms = crate::clock::since(started).as_secs_f64() * 1000.0;
-    Ok((engine, ttft_ms.unwrap_or(e2e_ms), e2e_ms, text))
+    Ok(timings)
 }

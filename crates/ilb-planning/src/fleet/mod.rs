@@ -13,16 +13,18 @@ mod changes;
 mod history;
 pub mod members;
 mod outliers;
+mod saturation;
 
 pub use changes::FleetDiff;
 pub use outliers::OutlierWindow;
+pub use saturation::Saturation;
 
 use crate::config::FleetConfig;
 use crate::profile::{
     combine, fit_level, fit_queueing, fit_shape, LatencyProfile, Objective, Observation, QueueingPrior,
 };
 use crate::signals::{window, EngineFlavor, EngineSample, WindowStats};
-use crate::smoothing::Ewma;
+use crate::smoothing::{DecayedSums, Ewma};
 use history::LoadHistory;
 use ilb_core::holds::HoldReason;
 use ilb_core::priority::Priority;
@@ -47,6 +49,14 @@ const PRIOR_WEIGHT: f64 = 200.0;
 /// requests): more than the ten minutes of history hold of even a large engine's traffic, so
 /// an engine's own level counts for at most about a third.
 const TWIN_PRIOR_WEIGHT: f64 = 20_000.0;
+
+/// How much the configured `expected_output_tokens` counts against what the engines report,
+/// in finished requests.
+const OUTPUT_PRIOR_REQUESTS: f64 = 20.0;
+
+/// Time constant of the output-length estimate: long enough to average over many requests,
+/// short enough to follow a change of workload within a few minutes.
+const OUTPUT_LENGTH_TAU: Duration = Duration::from_secs(120);
 
 /// A latency signal with its own offline profile.
 #[derive(Clone, Copy)]
@@ -100,6 +110,11 @@ pub struct EngineRuntime {
     pub preemption_rate: Ewma<Now>,
     /// llama.cpp's own decode time per token, ms.
     pub decode_ms_per_token: Ewma<Now>,
+    /// Generated tokens and finished requests, decayed over `OUTPUT_LENGTH_TAU`: the output
+    /// length the objective's decode term uses ([`Fleet::output_tokens`]).
+    output: DecayedSums<Now>,
+    /// Capacity learned from the windows the engine spent queueing ([`saturation`]).
+    pub saturation: Saturation,
     /// Whether the last scrape failure was a refused or failed connect.
     pub last_failure_connect: bool,
     /// Operating points for the latency-profile fits. Nothing is added while the engine is
@@ -144,6 +159,8 @@ impl EngineRuntime {
             queue_ms: Ewma::new(tau),
             preemption_rate: Ewma::new(tau),
             decode_ms_per_token: Ewma::new(tau),
+            output: DecayedSums::new(OUTPUT_LENGTH_TAU),
+            saturation: Saturation::default(),
             last_failure_connect: false,
             observations: LoadHistory::default(),
             penalty: 0.0,
@@ -263,6 +280,7 @@ impl Fleet {
         result: Result<Vec<(ModelName, EngineSample)>, String>,
     ) {
         let model = self.config.engines[idx].model.clone();
+        let nominal_rps = self.nominal_capacity(idx);
         let e = &mut self.engines[idx];
         let samples = match result {
             Ok(samples) => samples,
@@ -304,6 +322,8 @@ impl Fleet {
             if let Some(w) = window(&previous, &sample, now.saturating_sub(then)) {
                 e.outlier_window.add_scrape(&w);
                 e.outlier_window.disturbed |= resumed;
+                let waiting = (previous.waiting.unwrap_or(0.0), sample.waiting.unwrap_or(0.0));
+                e.saturation.on_window(now, waiting, w.request_rate, nominal_rps);
                 if let Some(rate) = w.request_rate {
                     e.request_rate.update(now, rate);
                 }
@@ -337,6 +357,12 @@ impl Fleet {
                 }
                 if let Some(ms) = w.decode_ms_per_token {
                     e.decode_ms_per_token.update(now, ms);
+                }
+                // Engines that count no requests (llama.cpp) finish them at the reported rate.
+                if let (Some(tokens), Some(finished)) =
+                    (w.generation_token_rate, w.request_rate.or(e.request_rate.value()))
+                {
+                    e.output.add(now, tokens * w.elapsed_s, finished * w.elapsed_s);
                 }
                 e.last_window = Some(w);
             }
@@ -576,9 +602,15 @@ impl Fleet {
         e.replicas as f64 * per_replica
     }
 
-    /// Nominal capacity × health × (1 − penalty), req/s.
+    /// Nominal capacity × the share its saturation windows left ([`saturation`]), req/s:
+    /// the pole of the engine's queueing curves.
+    pub fn learned_capacity(&self, idx: usize) -> f64 {
+        self.nominal_capacity(idx) * self.engines[idx].saturation.share()
+    }
+
+    /// Learned capacity × health × (1 − penalty), req/s.
     pub fn effective_capacity(&self, idx: usize, now: Now) -> f64 {
-        self.nominal_capacity(idx) * self.health(idx, now) * (1.0 - self.engines[idx].penalty)
+        self.learned_capacity(idx) * self.health(idx, now) * (1.0 - self.engines[idx].penalty)
     }
 
     /// The latency curve the optimizer minimises for engine `idx` (see [`Fleet::latency_profiles`]).
@@ -610,27 +642,40 @@ impl Fleet {
     }
 
     /// Per engine of `engines`: its [`Fleet::latency_profiles`] curve and how long a request
-    /// stays on it as a function of its load, ms (TTFT plus `expected_output_tokens` × TBOT
-    /// whatever the objective; the same curve when the objective counts decode).
+    /// stays on it as a function of its load, ms: TTFT plus (output tokens − 1) × TBOT, with
+    /// the model's learned output length ([`Fleet::output_tokens`]), whatever the objective;
+    /// the same curve when the objective counts decode.
     pub fn latency_and_in_flight_profiles(&self, engines: &[usize]) -> Vec<(LatencyProfile, LatencyProfile)> {
-        let objective = self.config.objective();
-        let in_flight = Objective::TtftPlusDecode {
-            expected_output_tokens: self.config.control_plane.expected_output_tokens,
-        };
+        let counts_decode = matches!(self.config.objective(), Objective::TtftPlusDecode { .. });
         engines
             .iter()
             .zip(self.fitted_signals(engines))
             .map(|(&idx, (ttft, tbot))| {
-                let capacity = self.nominal_capacity(idx);
-                let latency = combine(&ttft, &tbot, objective, capacity);
-                let stay = if objective == in_flight {
-                    latency.clone()
-                } else {
-                    combine(&ttft, &tbot, in_flight, capacity)
-                };
-                (latency, stay)
+                let capacity = self.learned_capacity(idx);
+                // e2e = TTFT + (output tokens − 1) × time between tokens.
+                let decode_tokens = (self.output_tokens(&self.config.engines[idx].model) - 1.0).max(0.0);
+                let stay = Objective::TtftPlusDecode { expected_output_tokens: decode_tokens };
+                let stay_curve = combine(&ttft, &tbot, stay, capacity);
+                let latency = if counts_decode { stay_curve.clone() } else { ttft };
+                (latency, stay_curve)
             })
             .collect()
+    }
+
+    /// Mean output tokens per request of `model`: what its engines generated per finished
+    /// request over the last few minutes (`OUTPUT_LENGTH_TAU`), against the configured
+    /// `expected_output_tokens` as a prior worth `OUTPUT_PRIOR_REQUESTS` requests.
+    pub fn output_tokens(&self, model: &str) -> f64 {
+        let prior = self.config.control_plane.expected_output_tokens;
+        let (tokens, requests) = self
+            .config
+            .engines
+            .iter()
+            .zip(&self.engines)
+            .filter(|(config, _)| config.model == model)
+            .map(|(_, e)| e.output.sums())
+            .fold((0.0, 0.0), |(t, r), (et, er)| (t + et, r + er));
+        (prior * OUTPUT_PRIOR_REQUESTS + tokens) / (OUTPUT_PRIOR_REQUESTS + requests)
     }
 
     /// The fitted TTFT and TBOT curves of `engines` (see [`Fleet::latency_profiles`]).

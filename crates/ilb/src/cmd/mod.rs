@@ -10,4 +10,5 @@ pub mod engine_sim;
 pub mod epp;
 pub mod explain;
 pub mod optimize;
+pub mod profile;
 pub mod simulate;

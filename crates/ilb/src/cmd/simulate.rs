@@ -13,8 +13,15 @@ use std::sync::Mutex;
 #[derive(clap::Args)]
 pub struct SimulateArgs {
     /// Scenario files (TOML; see docs/simulate.md), e.g. `scenarios/*.toml`.
-    #[arg(required = true)]
+    #[arg(required_unless_present = "random", conflicts_with = "random")]
     scenarios: Vec<PathBuf>,
+    /// Instead of scenario files: generate this many random fleets from `--seed` (default 1)
+    /// and print ilb's wins and losses against every baseline over them.
+    #[arg(long, conflicts_with = "seeds")]
+    random: Option<u64>,
+    /// With `--random`: write each generated fleet's scenario TOML into this directory.
+    #[arg(long, requires = "random")]
+    dump: Option<PathBuf>,
     /// Run every scenario with each of these seeds (comma-separated) and print mean (min–max)
     /// tables over them (default: each scenario's own `seed`, one run).
     #[arg(long, value_delimiter = ',')]
@@ -40,6 +47,9 @@ pub struct SimulateArgs {
 }
 
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
+    if let Some(n) = args.random {
+        return run_random(&args, n);
+    }
     if args.scenarios.len() > 1 || args.seeds.is_some() {
         return run_many(args);
     }
@@ -86,39 +96,21 @@ fn run_many(args: SimulateArgs) -> anyhow::Result<()> {
             jobs.push((i, seed));
         }
     }
-    let results: Mutex<Vec<Option<anyhow::Result<ilb_fleet_sim::Comparison>>>> =
-        Mutex::new(jobs.iter().map(|_| None).collect());
-    let next = AtomicUsize::new(0);
-    std::thread::scope(|scope| {
-        for _ in 0..args.jobs.clamp(1, jobs.len().max(1)) {
-            scope.spawn(|| loop {
-                let k = next.fetch_add(1, Ordering::Relaxed);
-                let Some(&(i, seed)) = jobs.get(k) else { break };
-                let options = ilb_fleet_sim::Options {
-                    duration_s: args.duration,
-                    seed: Some(seed),
-                    policies: args.policies.clone(),
-                    calibration_s: None,
-                };
-                let watch = ilb_fleet_sim::clock::Stopwatch::start();
-                let result = ilb_fleet_sim::simulate(&scenarios[i], &options)
-                    .with_context(|| format!("{} seed {seed}", args.scenarios[i].display()));
-                eprintln!(
-                    "{} seed {seed}: {:.1} s wall clock{}",
-                    scenarios[i].file.name,
-                    watch.elapsed_s(),
-                    if result.is_ok() { "" } else { " (failed)" }
-                );
-                if let Ok(mut slots) = results.lock() {
-                    slots[k] = Some(result);
-                }
-            });
-        }
-    });
-    let results = results.into_inner().map_err(|_| anyhow::anyhow!("a simulation thread panicked"))?;
+    let runs: Vec<(&ilb_fleet_sim::Scenario, ilb_fleet_sim::Options, String)> = jobs
+        .iter()
+        .map(|&(i, seed)| {
+            let options = ilb_fleet_sim::Options {
+                duration_s: args.duration,
+                seed: Some(seed),
+                policies: args.policies.clone(),
+                calibration_s: None,
+            };
+            (&scenarios[i], options, format!("{} seed {seed}", args.scenarios[i].display()))
+        })
+        .collect();
+    let results = simulate_all(&runs, args.jobs)?;
     let mut by_scenario: Vec<Vec<ilb_fleet_sim::Comparison>> = scenarios.iter().map(|_| Vec::new()).collect();
     for ((i, _), result) in jobs.iter().zip(results) {
-        let result = result.ok_or_else(|| anyhow::anyhow!("a simulation thread panicked"))?;
         by_scenario[*i].push(result?);
     }
     for runs in &by_scenario {
@@ -131,6 +123,68 @@ fn run_many(args: SimulateArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.json {
         let all: Vec<&ilb_fleet_sim::Comparison> = by_scenario.iter().flatten().collect();
         let json = serde_json::to_string_pretty(&all)?;
+        std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Runs every (scenario, options, label) of `runs`, `jobs` at a time, each run's wall-clock
+/// time on stderr; the results in the order of `runs`.
+fn simulate_all(
+    runs: &[(&ilb_fleet_sim::Scenario, ilb_fleet_sim::Options, String)],
+    jobs: usize,
+) -> anyhow::Result<Vec<anyhow::Result<ilb_fleet_sim::Comparison>>> {
+    let results: Mutex<Vec<Option<anyhow::Result<ilb_fleet_sim::Comparison>>>> =
+        Mutex::new(runs.iter().map(|_| None).collect());
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.clamp(1, runs.len().max(1)) {
+            scope.spawn(|| loop {
+                let k = next.fetch_add(1, Ordering::Relaxed);
+                let Some((scenario, options, label)) = runs.get(k) else { break };
+                let watch = ilb_fleet_sim::clock::Stopwatch::start();
+                let result = ilb_fleet_sim::simulate(scenario, options).with_context(|| label.clone());
+                eprintln!(
+                    "{label}: {:.1} s wall clock{}",
+                    watch.elapsed_s(),
+                    if result.is_ok() { "" } else { " (failed)" }
+                );
+                if let Ok(mut slots) = results.lock() {
+                    slots[k] = Some(result);
+                }
+            });
+        }
+    });
+    let results = results.into_inner().map_err(|_| anyhow::anyhow!("a simulation thread panicked"))?;
+    results.into_iter().map(|r| r.ok_or_else(|| anyhow::anyhow!("a simulation thread panicked"))).collect()
+}
+
+/// `--random N`: N generated fleets, every policy on each; the win/loss table on stdout.
+fn run_random(args: &SimulateArgs, n: u64) -> anyhow::Result<()> {
+    anyhow::ensure!(args.plots.is_none(), "--plots needs a single scenario and seed");
+    let seed = args.seed.unwrap_or(1);
+    let mut scenarios = Vec::new();
+    for index in 0..n {
+        let file = ilb_fleet_sim::scenario::random_fleet(seed, index);
+        if let Some(dir) = &args.dump {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            let path = dir.join(format!("{}.toml", file.name));
+            let text = format!("# {}\n{}", file.description, toml::to_string(&file)?);
+            std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        }
+        scenarios.push(ilb_fleet_sim::Scenario::new(file).with_context(|| format!("random fleet {index}"))?);
+    }
+    let options = ilb_fleet_sim::Options {
+        duration_s: args.duration,
+        seed: None,
+        policies: args.policies.clone(),
+        calibration_s: None,
+    };
+    let runs: Vec<_> = scenarios.iter().map(|s| (s, options.clone(), s.file.name.clone())).collect();
+    let results = simulate_all(&runs, args.jobs)?.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+    print!("{}", ilb_fleet_sim::report::random_batch(&results));
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&results)?;
         std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())

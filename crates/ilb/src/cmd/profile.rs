@@ -1,0 +1,377 @@
+//! `ilb profile --engine URL`: measures one engine's latency against its load, the offline
+//! profiling the control plane's profiles start from, and prints the result as fleet TOML.
+//!
+//! Open-loop Poisson arrivals of streamed chat completions (each prompt different, so the
+//! prefix cache does not flatter the engine) in steps of rising rate: first doubling from half
+//! the rate one request at a time would sustain until a step shows the engine past its knee
+//! (fewer completions than arrivals, time to first token far above idle, or the in-flight
+//! bound reached), then bisecting between the last good and the first bad rate while the time
+//! budget lasts. Each step records the rate it sent, the mean time to first token and the
+//! mean time between output tokens, and the engine drains before the next step starts.
+//!
+//! The printed block has the queueing profile (`[profiles.NAME]`: capacity, where TTFT's
+//! fitted queueing curve has its pole, and t0 / b of TTFT and TBOT) and the measured points
+//! as `[control_plane.measured_curves.NAME]`, both per replica. The control plane refines
+//! either online from what it sees.
+
+use crate::traffic::read_stream;
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use ilb_planning::profile::{fit_queueing, LatencyProfile, Observation, QueueingPrior};
+use rand::{Rng, SeedableRng};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct ProfileArgs {
+    /// Base URL of the engine's OpenAI-compatible API, e.g. `http://10.0.0.7:8000`.
+    #[arg(long)]
+    engine: String,
+    /// Model to request (default: the first one `GET /v1/models` lists).
+    #[arg(long)]
+    model: Option<String>,
+    /// Profile name in the printed TOML.
+    #[arg(long, default_value = "engine")]
+    name: String,
+    /// Time budget of the load steps, seconds (the idle probe and draining come on top).
+    #[arg(long, default_value_t = 120.0)]
+    seconds: f64,
+    /// Length of one load step, seconds.
+    #[arg(long, default_value_t = 10.0)]
+    step_seconds: f64,
+    /// Words of each prompt (about as many tokens); use the fleet's typical prompt.
+    #[arg(long, default_value_t = 200)]
+    prompt_words: u32,
+    /// `max_tokens` of each request; use the fleet's typical answer length.
+    #[arg(long, default_value_t = 64)]
+    max_tokens: u32,
+    /// Replicas behind the URL: the printed curves are per replica.
+    #[arg(long, default_value_t = 1)]
+    replicas: u32,
+    /// Requests in flight at most; a step that reaches it is past the engine's knee.
+    #[arg(long, default_value_t = 512)]
+    max_in_flight: usize,
+    /// Seed of the arrivals and prompts.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+/// One load step's outcome.
+#[derive(Clone, Copy, Debug)]
+struct Step {
+    offered_rps: f64,
+    /// Arrivals sent per second.
+    load_rps: f64,
+    ttft_ms: f64,
+    tbot_ms: f64,
+    overloaded: bool,
+}
+
+/// What an idle engine does: one request at a time.
+#[derive(Clone, Copy, Debug)]
+struct Idle {
+    ttft_ms: f64,
+    e2e_ms: f64,
+}
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// A step is past the knee when TTFT's mean exceeds idle's by this factor (and by a second).
+const KNEE_TTFT_FACTOR: f64 = 8.0;
+/// … or when fewer than this share of its arrivals completed within the step and the drain.
+const KNEE_COMPLETED_SHARE: f64 = 0.9;
+/// Longest wait for one request (a hung engine fails the profile instead of stalling it).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
+    if !(args.seconds > 0.0 && args.step_seconds > 0.0 && args.seconds >= args.step_seconds) {
+        bail!("--seconds and --step-seconds must be positive, --seconds at least one step");
+    }
+    if args.replicas == 0 || args.max_tokens < 2 || args.max_in_flight == 0 {
+        bail!("--replicas and --max-in-flight must be at least 1, --max-tokens at least 2");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(profile(args))
+}
+
+async fn profile(args: ProfileArgs) -> anyhow::Result<()> {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build(connector);
+    let base = args.engine.trim_end_matches('/').to_owned();
+    let model = match &args.model {
+        Some(m) => m.clone(),
+        None => first_model(&client, &base).await?,
+    };
+    let probe = Probe { client, url: format!("{base}/v1/chat/completions"), model, args: Arc::new(args) };
+    let idle = probe.idle().await?;
+    eprintln!("idle: TTFT {:.0} ms, whole answer {:.0} ms", idle.ttft_ms, idle.e2e_ms);
+    let steps = probe.sweep(idle).await?;
+    print!("{}", render(&probe, &steps)?);
+    Ok(())
+}
+
+async fn first_model(client: &HttpClient, base: &str) -> anyhow::Result<String> {
+    let request = Request::get(format!("{base}/v1/models")).body(Full::new(Bytes::new()))?;
+    let response = tokio::time::timeout(REQUEST_TIMEOUT, client.request(request))
+        .await
+        .context("GET /v1/models timed out")?
+        .context("GET /v1/models")?;
+    let status = response.status();
+    let body = response.into_body().collect().await.context("reading /v1/models")?.to_bytes();
+    if !status.is_success() {
+        bail!("GET /v1/models answered {status}; give --model");
+    }
+    let value: serde_json::Value = serde_json::from_slice(&body).context("GET /v1/models is not JSON")?;
+    value["data"][0]["id"]
+        .as_str()
+        .map(str::to_owned)
+        .context("GET /v1/models lists no model; give --model")
+}
+
+struct Probe {
+    client: HttpClient,
+    url: String,
+    model: String,
+    args: Arc<ProfileArgs>,
+}
+
+/// One request's measurements: TTFT and time between tokens, ms.
+type Timing = (f64, Option<f64>);
+
+impl Probe {
+    /// Five requests one at a time; the medians.
+    async fn idle(&self) -> anyhow::Result<Idle> {
+        let (mut ttft, mut e2e) = (Vec::new(), Vec::new());
+        for i in 0..5 {
+            let started = crate::clock::now();
+            let (first, _) = self.request(u64::MAX - i).await.map_err(anyhow::Error::msg)?;
+            ttft.push(first);
+            e2e.push(crate::clock::since(started).as_secs_f64() * 1000.0);
+        }
+        Ok(Idle { ttft_ms: median(&mut ttft), e2e_ms: median(&mut e2e) })
+    }
+
+    /// The load steps: doubling to the knee, then bisecting below it, within the budget.
+    async fn sweep(&self, idle: Idle) -> anyhow::Result<Vec<Step>> {
+        let budget = (self.args.seconds / self.args.step_seconds).floor().max(1.0) as usize;
+        let mut rate = 0.5 * 1000.0 / idle.e2e_ms.max(1.0);
+        let mut steps: Vec<Step> = Vec::new();
+        let (mut good, mut bad): (Option<f64>, Option<f64>) = (None, None);
+        for k in 0..budget {
+            eprint!("step {}/{budget}: {rate:.2} req/s … ", k + 1);
+            let step = self.step(rate, k as u64, idle).await?;
+            eprintln!(
+                "sent {:.2} req/s, TTFT {:.0} ms, TBOT {:.1} ms{}",
+                step.load_rps,
+                step.ttft_ms,
+                step.tbot_ms,
+                if step.overloaded { " (past the knee)" } else { "" }
+            );
+            steps.push(step);
+            if step.overloaded {
+                bad = Some(bad.map_or(rate, |b: f64| b.min(rate)));
+            } else {
+                good = Some(good.map_or(rate, |g: f64| g.max(rate)));
+            }
+            rate = match (good, bad) {
+                (Some(g), Some(b)) => 0.5 * (g + b),
+                (_, Some(b)) => 0.5 * b,
+                (Some(g), None) => 2.0 * g,
+                (None, None) => rate,
+            };
+        }
+        if steps.iter().all(|s| s.overloaded) {
+            bail!("every step was past the engine's knee; is the engine healthy?");
+        }
+        Ok(steps)
+    }
+
+    /// Poisson arrivals at `rate` for one step; then waits for what is in flight.
+    async fn step(&self, rate: f64, index: u64, idle: Idle) -> anyhow::Result<Step> {
+        let length = Duration::from_secs_f64(self.args.step_seconds);
+        let mut rng = rand_pcg::Pcg64::seed_from_u64(self.args.seed ^ index.wrapping_mul(0x9E37_79B9));
+        let results: Arc<Mutex<Vec<Result<Timing, String>>>> = Arc::default();
+        let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut tasks = tokio::task::JoinSet::new();
+        let started = crate::clock::now();
+        let (mut next, mut sent, mut saturated) = (started, 0u64, false);
+        loop {
+            next += Duration::from_secs_f64(-(1.0 - rng.gen::<f64>()).ln() / rate);
+            if next.duration_since(started) >= length {
+                break;
+            }
+            tokio::time::sleep_until(next).await;
+            if in_flight.load(std::sync::atomic::Ordering::Relaxed) >= self.args.max_in_flight {
+                saturated = true;
+                continue;
+            }
+            sent += 1;
+            let (probe, results, in_flight) = (self.share(), Arc::clone(&results), Arc::clone(&in_flight));
+            let seed = rng.gen::<u64>();
+            in_flight.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tasks.spawn(async move {
+                let result = probe.request(seed).await;
+                in_flight.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                results.lock().unwrap_or_else(|p| p.into_inner()).push(result);
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+        let elapsed_s = length.as_secs_f64();
+        let results = std::mem::take(&mut *results.lock().unwrap_or_else(|p| p.into_inner()));
+        let errors: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+        if let Some(first) = errors.first() {
+            if errors.len() * 10 > results.len() {
+                bail!("{} of {} requests failed at {rate:.2} req/s, e.g. {first}", errors.len(), results.len());
+            }
+        }
+        let timings: Vec<Timing> = results.into_iter().filter_map(Result::ok).collect();
+        let ttft_ms = mean(timings.iter().map(|t| t.0));
+        let tbot_ms = mean(timings.iter().filter_map(|t| t.1));
+        let completed = timings.len() as f64;
+        let overloaded = saturated
+            || completed < KNEE_COMPLETED_SHARE * sent as f64
+            || ttft_ms > (KNEE_TTFT_FACTOR * idle.ttft_ms).max(idle.ttft_ms + 1000.0);
+        // Below the knee every arrival completes, so the load is the rate the step sent
+        // (completions include the stragglers drained after it).
+        Ok(Step { offered_rps: rate, load_rps: sent as f64 / elapsed_s, ttft_ms, tbot_ms, overloaded })
+    }
+
+    fn share(&self) -> Probe {
+        Probe {
+            client: self.client.clone(),
+            url: self.url.clone(),
+            model: self.model.clone(),
+            args: Arc::clone(&self.args),
+        }
+    }
+
+    /// One streamed request with a prompt of its own: (TTFT, mean time between tokens), ms.
+    async fn request(&self, seed: u64) -> Result<Timing, String> {
+        let mut rng = rand_pcg::Pcg64::seed_from_u64(seed);
+        const WORDS: [&str; 16] = [
+            "river", "stone", "market", "engine", "garden", "signal", "harbor", "ledger", "window",
+            "copper", "forest", "thread", "planet", "candle", "bridge", "motion",
+        ];
+        let mut prompt = format!("Request {seed}. Summarise:");
+        for _ in 0..self.args.prompt_words {
+            prompt.push(' ');
+            prompt.push_str(WORDS[rng.gen_range(0..WORDS.len())]);
+        }
+        let body = serde_json::json!({
+            "model": self.model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": self.args.max_tokens,
+            "ignore_eos": true,
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        });
+        let request = Request::post(&self.url)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.to_string())))
+            .map_err(|e| e.to_string())?;
+        let started = crate::clock::now();
+        let exchange = async {
+            let response = self.client.request(request).await.map_err(|e| e.to_string())?;
+            if !response.status().is_success() {
+                return Err(format!("status {}", response.status()));
+            }
+            read_stream(response.into_body(), started).await
+        };
+        let timings =
+            tokio::time::timeout(REQUEST_TIMEOUT, exchange).await.map_err(|_| "timed out".to_owned())??;
+        let ttft = timings.ttft_ms.ok_or("the stream had no content")?;
+        let tokens = timings.completion_tokens.map_or(u64::from(timings.content_chunks), |t| t.max(1));
+        let tbot = (tokens > 1).then(|| (timings.last_content_ms - ttft) / (tokens - 1) as f64);
+        Ok((ttft, tbot))
+    }
+}
+
+fn mean(values: impl Iterator<Item = f64>) -> f64 {
+    let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
+    if n == 0 {
+        f64::NAN
+    } else {
+        sum / n as f64
+    }
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// The profile block: capacity and queueing fits, and the measured curves, per replica.
+fn render(probe: &Probe, steps: &[Step]) -> anyhow::Result<String> {
+    let replicas = f64::from(probe.args.replicas);
+    let mut good: Vec<Step> = steps.iter().copied().filter(|s| !s.overloaded && s.ttft_ms.is_finite()).collect();
+    good.sort_by(|a, b| a.load_rps.total_cmp(&b.load_rps));
+    let first_bad = steps.iter().filter(|s| s.overloaded).map(|s| s.offered_rps).fold(f64::INFINITY, f64::min);
+    let points = |latency: fn(&Step) -> f64| -> Vec<Observation> {
+        let mut out: Vec<Observation> = Vec::new();
+        for s in good.iter().filter(|s| latency(s).is_finite() && s.load_rps > 0.0) {
+            // Measured curves need strictly increasing loads.
+            if out.last().is_none_or(|o| s.load_rps / replicas > o.load_rps) {
+                out.push(Observation { load_rps: s.load_rps / replicas, latency_ms: latency(s), weight: 1.0 });
+            }
+        }
+        out
+    };
+    let (ttft, tbot) = (points(|s| s.ttft_ms), points(|s| s.tbot_ms));
+    let top = ttft.last().map_or(0.0, |o| o.load_rps);
+    let capacity = pole(&ttft, top, (first_bad / replicas).min(4.0 * top));
+    let queueing = |observations: &[Observation]| match fit_queueing(
+        QueueingPrior { t0_ms: 0.0, b_ms: 0.0, weight: 0.0 },
+        capacity,
+        observations,
+    ) {
+        LatencyProfile::Queueing { t0_ms, b_ms } => (t0_ms, b_ms),
+        LatencyProfile::Piecewise(_) => (0.0, 0.0),
+    };
+    let ((ttft_t0, ttft_b), (tbot_t0, tbot_b)) = (queueing(&ttft), queueing(&tbot));
+    let curve = |observations: &[Observation]| -> String {
+        let knots: Vec<String> =
+            observations.iter().map(|o| format!("[{:.3}, {:.2}]", o.load_rps, o.latency_ms)).collect();
+        format!("[{}]", knots.join(", "))
+    };
+    let name = &probe.args.name;
+    let mut out = format!(
+        "# ilb profile of {} (model {}): {} load steps, {} of them below the knee; prompts of {} words, \
+         {} output tokens; per replica of {}.\n",
+        probe.args.engine,
+        probe.model,
+        steps.len(),
+        good.len(),
+        probe.args.prompt_words,
+        probe.args.max_tokens,
+        probe.args.replicas
+    );
+    out += &format!(
+        "[profiles.{name}]\ncapacity_rps = {capacity:.3}\nttft_t0_ms = {ttft_t0:.2}\nttft_b_ms = {ttft_b:.2}\n\
+         tbot_t0_ms = {tbot_t0:.3}\ntbot_b_ms = {tbot_b:.3}\n\n"
+    );
+    out += &format!("[control_plane.measured_curves.{name}]\nttft_curve = {}\n", curve(&ttft));
+    if tbot.len() >= 2 {
+        out += &format!("tbot_curve = {}\n", curve(&tbot));
+    }
+    Ok(out)
+}
+
+/// The capacity where a queueing curve t0 + b·y/(c − y) fits the TTFT points best: a search
+/// over c between just above the highest good load and `upper` (the first overloaded rate).
+fn pole(points: &[Observation], top: f64, upper: f64) -> f64 {
+    if points.len() < 2 || !(top > 0.0) {
+        return top.max(1e-3) * 1.25;
+    }
+    let upper = if upper.is_finite() && upper > top { upper } else { 2.0 * top };
+    let error = |c: f64| -> f64 {
+        let fit = fit_queueing(QueueingPrior { t0_ms: 0.0, b_ms: 0.0, weight: 0.0 }, c, points);
+        points.iter().map(|o| (fit.latency_ms(o.load_rps, c) - o.latency_ms).powi(2)).sum()
+    };
+    let candidates = (1..=40).map(|i| top * 1.01 + (upper - top * 1.01) * f64::from(i) / 40.0);
+    candidates.min_by(|a, b| error(*a).total_cmp(&error(*b))).unwrap_or(upper)
+}

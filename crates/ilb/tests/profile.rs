@@ -1,0 +1,68 @@
+//! `ilb profile` against a live simulated engine (`ilb engine-sim`, l4 profile): the printed
+//! block is TOML a fleet config accepts as it is — a profile and its measured curves, loads
+//! increasing, latencies rising with load — and progress goes to stderr.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+struct Engine(Child);
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn engine() -> (Engine, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ilb"))
+        .args(["engine-sim", "--listen", "127.0.0.1:0", "--profile", "l4", "--model", "m", "--log", "warn"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("ilb engine-sim starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("engine line");
+    let url = line.trim().rsplit(' ').next().expect("url").to_owned();
+    (Engine(child), url)
+}
+
+#[test]
+fn profile_prints_a_profile_block_the_fleet_config_accepts() {
+    let (_engine, url) = engine();
+    let output = Command::new(env!("CARGO_BIN_EXE_ilb"))
+        .args(["profile", "--engine", &url, "--name", "l4", "--seconds", "8", "--step-seconds", "1"])
+        .args(["--prompt-words", "100", "--max-tokens", "16"])
+        .output()
+        .expect("ilb profile runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "ilb profile failed:\n{stderr}");
+    assert!(stderr.contains("step 1/8"), "no progress on stderr:\n{stderr}");
+    let fleet = format!(
+        "[[clusters]]\nid = \"a\"\nregion = \"a\"\n[[engines]]\nid = \"e\"\nurl = \"{url}\"\nmodel = \"m\"\n\
+         region = \"a\"\nprofile = \"l4\"\n{stdout}"
+    );
+    let config: ilb_planning::config::FleetConfig =
+        toml::from_str(&fleet).unwrap_or_else(|e| panic!("not fleet TOML: {e}\n{stdout}"));
+    config.validate().unwrap_or_else(|e| panic!("invalid: {e}\n{stdout}"));
+    let profile = &config.profiles["l4"];
+    let curves = &config.control_plane.measured_curves["l4"];
+    let ttft = curves.ttft_curve.as_ref().expect("a TTFT curve");
+    assert!(ttft.len() >= 2, "{stdout}");
+    let top = ttft.last().expect("points")[0];
+    assert!(profile.capacity_rps > top, "capacity {} not above the highest good load {top}", profile.capacity_rps);
+    assert!(ttft.windows(2).all(|w| w[1][0] > w[0][0]), "loads not increasing: {ttft:?}");
+    assert!(profile.ttft_t0_ms > 0.0 && profile.tbot_t0_ms > 0.0, "{stdout}");
+}
+
+#[test]
+fn profile_of_an_unreachable_engine_fails_with_a_clear_error() {
+    let output = Command::new(env!("CARGO_BIN_EXE_ilb"))
+        .args(["profile", "--engine", "http://127.0.0.1:9", "--model", "m", "--seconds", "2", "--step-seconds", "1"])
+        .output()
+        .expect("ilb profile runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("error:"), "{stderr}");
+}
