@@ -372,11 +372,14 @@ pub fn random_batch(runs: &[Comparison]) -> String {
         predictions.len(),
         Spread::of(predictions.iter().copied()).map_or(String::new(), |s| s.show(100.0, 1, " %")),
     );
-    let _ = writeln!(out, "| fleet | ilb mean / p99 ms | feedback mean / p99 ms | ilb predicted ms | ilb shed |");
+    let _ =
+        writeln!(out, "| fleet | ilb mean / p99 ms | feedback mean / p99 ms | ilb predicted ms | ilb shed |");
     let _ = writeln!(out, "|---|---|---|---|---|");
     for c in runs {
         let cell = |name: &str| {
-            c.policies.get(name).map_or("–".to_owned(), |r| format!("{:.0} / {:.0}", r.e2e_ms.mean, r.e2e_ms.p99))
+            c.policies
+                .get(name)
+                .map_or("–".to_owned(), |r| format!("{:.0} / {:.0}", r.e2e_ms.mean, r.e2e_ms.p99))
         };
         let ilb = c.policies.get("ilb");
         let _ = writeln!(

@@ -51,7 +51,11 @@ fn profile_prints_a_profile_block_the_fleet_config_accepts() {
     let ttft = curves.ttft_curve.as_ref().expect("a TTFT curve");
     assert!(ttft.len() >= 2, "{stdout}");
     let top = ttft.last().expect("points")[0];
-    assert!(profile.capacity_rps > top, "capacity {} not above the highest good load {top}", profile.capacity_rps);
+    assert!(
+        profile.capacity_rps > top,
+        "capacity {} not above the highest good load {top}",
+        profile.capacity_rps
+    );
     assert!(ttft.windows(2).all(|w| w[1][0] > w[0][0]), "loads not increasing: {ttft:?}");
     assert!(profile.ttft_t0_ms > 0.0 && profile.tbot_t0_ms > 0.0, "{stdout}");
 }
@@ -59,7 +63,17 @@ fn profile_prints_a_profile_block_the_fleet_config_accepts() {
 #[test]
 fn profile_of_an_unreachable_engine_fails_with_a_clear_error() {
     let output = Command::new(env!("CARGO_BIN_EXE_ilb"))
-        .args(["profile", "--engine", "http://127.0.0.1:9", "--model", "m", "--seconds", "2", "--step-seconds", "1"])
+        .args([
+            "profile",
+            "--engine",
+            "http://127.0.0.1:9",
+            "--model",
+            "m",
+            "--seconds",
+            "2",
+            "--step-seconds",
+            "1",
+        ])
         .output()
         .expect("ilb profile runs");
     assert!(!output.status.success());

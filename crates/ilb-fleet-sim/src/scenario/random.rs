@@ -15,8 +15,8 @@
 //! rerun and studied on its own.
 
 use super::raw::{
-    ClusterSpec, ControlSpec, DemandSpec, EngineGroupSpec, EventKind, EventSpec, LengthDist,
-    LengthSpec, RegionSpec, ScenarioFile, WorkloadSpec,
+    ClusterSpec, ControlSpec, DemandSpec, EngineGroupSpec, EventKind, EventSpec, LengthDist, LengthSpec,
+    RegionSpec, ScenarioFile, WorkloadSpec,
 };
 use ilb_engine_sim::HardwareProfile;
 use ilb_planning::config::{ClassRule, NetworkSettings};
@@ -128,7 +128,8 @@ fn pick_regions(rng: &mut Pcg64Mcg) -> Vec<usize> {
 
 /// Short answers (12–40 tokens) or long ones (100–300); prompts of 100–600 tokens.
 fn random_workload(rng: &mut Pcg64Mcg) -> WorkloadSpec {
-    let output_mean: f64 = if rng.gen_bool(0.5) { rng.gen_range(12.0..40.0) } else { rng.gen_range(100.0..300.0) };
+    let output_mean: f64 =
+        if rng.gen_bool(0.5) { rng.gen_range(12.0..40.0) } else { rng.gen_range(100.0..300.0) };
     let first_prompt: f64 = rng.gen_range(100.0..600.0);
     let length = |mean: f64, min: u32, max: u32| LengthSpec { mean, min, max, dist: LengthDist::Exponential };
     WorkloadSpec {
@@ -285,7 +286,11 @@ fn random_event(rng: &mut Pcg64Mcg, engines: &[EngineGroupSpec], clusters: &[Clu
     let group = engines[rng.gen_range(0..engines.len())].group.clone();
     match rng.gen_range(0..20) {
         0..=2 => vec![
-            EventSpec { group: Some(group.clone()), window_s: Some(60.0), ..event(90.0, EventKind::EngineFailure) },
+            EventSpec {
+                group: Some(group.clone()),
+                window_s: Some(60.0),
+                ..event(90.0, EventKind::EngineFailure)
+            },
             EventSpec { group: Some(group), ..event(150.0, EventKind::EngineRecovery) },
         ],
         3..=5 => {

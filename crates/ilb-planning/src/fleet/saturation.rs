@@ -59,13 +59,7 @@ impl Saturation {
 
     /// A scrape window ended at `now`: the waiting gauge at its start and end, the requests
     /// it completed per second (if the engine counts them) and the engine's nominal capacity.
-    pub fn on_window(
-        &mut self,
-        now: Now,
-        waiting: (f64, f64),
-        completed_rps: Option<f64>,
-        nominal_rps: f64,
-    ) {
+    pub fn on_window(&mut self, now: Now, waiting: (f64, f64), completed_rps: Option<f64>, nominal_rps: f64) {
         let elapsed = self.last_window.map_or(Duration::ZERO, |last| now.saturating_sub(last));
         self.last_window = Some(now);
         let queued = waiting.0 >= QUEUE_MIN && waiting.1 >= QUEUE_MIN;

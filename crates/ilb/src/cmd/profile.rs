@@ -127,10 +127,7 @@ async fn first_model(client: &HttpClient, base: &str) -> anyhow::Result<String> 
         bail!("GET /v1/models answered {status}; give --model");
     }
     let value: serde_json::Value = serde_json::from_slice(&body).context("GET /v1/models is not JSON")?;
-    value["data"][0]["id"]
-        .as_str()
-        .map(str::to_owned)
-        .context("GET /v1/models lists no model; give --model")
+    value["data"][0]["id"].as_str().map(str::to_owned).context("GET /v1/models lists no model; give --model")
 }
 
 struct Probe {
@@ -226,7 +223,11 @@ impl Probe {
         let errors: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
         if let Some(first) = errors.first() {
             if errors.len() * 10 > results.len() {
-                bail!("{} of {} requests failed at {rate:.2} req/s, e.g. {first}", errors.len(), results.len());
+                bail!(
+                    "{} of {} requests failed at {rate:.2} req/s, e.g. {first}",
+                    errors.len(),
+                    results.len()
+                );
             }
         }
         let timings: Vec<Timing> = results.into_iter().filter_map(Result::ok).collect();
@@ -254,8 +255,8 @@ impl Probe {
     async fn request(&self, seed: u64) -> Result<Timing, String> {
         let mut rng = rand_pcg::Pcg64::seed_from_u64(seed);
         const WORDS: [&str; 16] = [
-            "river", "stone", "market", "engine", "garden", "signal", "harbor", "ledger", "window",
-            "copper", "forest", "thread", "planet", "candle", "bridge", "motion",
+            "river", "stone", "market", "engine", "garden", "signal", "harbor", "ledger", "window", "copper",
+            "forest", "thread", "planet", "candle", "bridge", "motion",
         ];
         let mut prompt = format!("Request {seed}. Summarise:");
         for _ in 0..self.args.prompt_words {
@@ -308,15 +309,21 @@ fn median(values: &mut [f64]) -> f64 {
 /// The profile block: capacity and queueing fits, and the measured curves, per replica.
 fn render(probe: &Probe, steps: &[Step]) -> anyhow::Result<String> {
     let replicas = f64::from(probe.args.replicas);
-    let mut good: Vec<Step> = steps.iter().copied().filter(|s| !s.overloaded && s.ttft_ms.is_finite()).collect();
+    let mut good: Vec<Step> =
+        steps.iter().copied().filter(|s| !s.overloaded && s.ttft_ms.is_finite()).collect();
     good.sort_by(|a, b| a.load_rps.total_cmp(&b.load_rps));
-    let first_bad = steps.iter().filter(|s| s.overloaded).map(|s| s.offered_rps).fold(f64::INFINITY, f64::min);
+    let first_bad =
+        steps.iter().filter(|s| s.overloaded).map(|s| s.offered_rps).fold(f64::INFINITY, f64::min);
     let points = |latency: fn(&Step) -> f64| -> Vec<Observation> {
         let mut out: Vec<Observation> = Vec::new();
         for s in good.iter().filter(|s| latency(s).is_finite() && s.load_rps > 0.0) {
             // Measured curves need strictly increasing loads.
             if out.last().is_none_or(|o| s.load_rps / replicas > o.load_rps) {
-                out.push(Observation { load_rps: s.load_rps / replicas, latency_ms: latency(s), weight: 1.0 });
+                out.push(Observation {
+                    load_rps: s.load_rps / replicas,
+                    latency_ms: latency(s),
+                    weight: 1.0,
+                });
             }
         }
         out
