@@ -258,56 +258,6 @@ pub fn json(c: &Comparison) -> Result<String, serde_json::Error> {
     serde_json::to_string_pretty(c)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::metrics::LatencySummary;
-    use std::collections::BTreeMap;
-
-    fn run(seed: u64, ilb_ms: f64, feedback_ms: f64) -> Comparison {
-        let result = |mean: f64, plans: bool, replan: Option<f64>| PolicyResult {
-            e2e_ms: LatencySummary { mean, p50: mean, p99: 4.0 * mean },
-            plans,
-            transients: vec![TransientStats {
-                kind: "surge".into(),
-                at_s: 50.0,
-                window_s: 50.0,
-                replan_s: replan,
-                e2e_ms: LatencySummary { mean: 2.0 * mean, p50: 0.0, p99: 0.0 },
-                ..TransientStats::default()
-            }],
-            ..PolicyResult::default()
-        };
-        let mut policies = BTreeMap::new();
-        policies.insert("nearest".to_owned(), result(900.0, false, None));
-        policies.insert("feedback".to_owned(), result(feedback_ms, true, None));
-        policies.insert("ilb".to_owned(), result(ilb_ms, true, Some(seed as f64)));
-        Comparison {
-            scenario: "s".into(),
-            seed,
-            duration_s: 100.0,
-            warmup_s: 10.0,
-            calibration: Vec::new(),
-            policies,
-            order: vec!["nearest".into(), "feedback".into(), "ilb".into()],
-        }
-    }
-
-    #[test]
-    fn seeds_show_mean_and_range_per_policy_and_transient() {
-        let text = seeds(&[run(1, 100.0, 120.0), run(2, 140.0, 130.0), run(3, 120.0, 140.0)]);
-        assert!(text.contains("seeds 1, 2, 3"), "{text}");
-        assert!(text.contains("| ilb | 120 (100–140) | 480 (400–560) |"), "{text}");
-        assert!(text.contains("| feedback | 130 (120–140) |"), "{text}");
-        // Re-plan: ilb's times, feedback never, the baseline has no plans.
-        assert!(text.contains("| ilb | 2.0 (1.0–3.0) | never | 240 (200–280) |"), "{text}");
-        assert!(text.contains("| feedback | never | never |"), "{text}");
-        assert!(text.contains("| nearest | n/a | n/a |"), "{text}");
-        assert!(text.contains("ilb lower on 2 of 3 seeds (mean)"), "{text}");
-        assert!(seeds(&[]).is_empty());
-    }
-}
-
 /// Runs of different fleets (`ilb simulate --random`), as Markdown: per baseline, on how many
 /// fleets `ilb`'s mean and p99 end-to-end latency were at or below the baseline's, `ilb`'s
 /// relative difference in mean and p99 over the fleets (mean, min–max) and the fleet where it
@@ -393,4 +343,54 @@ pub fn random_batch(runs: &[Comparison]) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::LatencySummary;
+    use std::collections::BTreeMap;
+
+    fn run(seed: u64, ilb_ms: f64, feedback_ms: f64) -> Comparison {
+        let result = |mean: f64, plans: bool, replan: Option<f64>| PolicyResult {
+            e2e_ms: LatencySummary { mean, p50: mean, p99: 4.0 * mean },
+            plans,
+            transients: vec![TransientStats {
+                kind: "surge".into(),
+                at_s: 50.0,
+                window_s: 50.0,
+                replan_s: replan,
+                e2e_ms: LatencySummary { mean: 2.0 * mean, p50: 0.0, p99: 0.0 },
+                ..TransientStats::default()
+            }],
+            ..PolicyResult::default()
+        };
+        let mut policies = BTreeMap::new();
+        policies.insert("nearest".to_owned(), result(900.0, false, None));
+        policies.insert("feedback".to_owned(), result(feedback_ms, true, None));
+        policies.insert("ilb".to_owned(), result(ilb_ms, true, Some(seed as f64)));
+        Comparison {
+            scenario: "s".into(),
+            seed,
+            duration_s: 100.0,
+            warmup_s: 10.0,
+            calibration: Vec::new(),
+            policies,
+            order: vec!["nearest".into(), "feedback".into(), "ilb".into()],
+        }
+    }
+
+    #[test]
+    fn seeds_show_mean_and_range_per_policy_and_transient() {
+        let text = seeds(&[run(1, 100.0, 120.0), run(2, 140.0, 130.0), run(3, 120.0, 140.0)]);
+        assert!(text.contains("seeds 1, 2, 3"), "{text}");
+        assert!(text.contains("| ilb | 120 (100–140) | 480 (400–560) |"), "{text}");
+        assert!(text.contains("| feedback | 130 (120–140) |"), "{text}");
+        // Re-plan: ilb's times, feedback never, the baseline has no plans.
+        assert!(text.contains("| ilb | 2.0 (1.0–3.0) | never | 240 (200–280) |"), "{text}");
+        assert!(text.contains("| feedback | never | never |"), "{text}");
+        assert!(text.contains("| nearest | n/a | n/a |"), "{text}");
+        assert!(text.contains("ilb lower on 2 of 3 seeds (mean)"), "{text}");
+        assert!(seeds(&[]).is_empty());
+    }
 }

@@ -341,7 +341,9 @@ pub struct ClassRule {
 }
 
 /// A hardware profile: per-replica capacity and the offline latency curve
-/// L(y) = t0 + b·y/(c − y) of TTFT (and TBOT for the decode objective).
+/// L(y) = t0 + b·y/(c − y) of TTFT (and TBOT for the decode objective). `ilb profile
+/// --engine URL` measures one against a live engine (docs/engines.md); the control plane
+/// refines the curves online and lowers an engine's capacity while its queue keeps growing.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Profile {

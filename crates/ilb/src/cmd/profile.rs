@@ -84,6 +84,8 @@ type HttpClient = Client<HttpConnector, Full<Bytes>>;
 const KNEE_TTFT_FACTOR: f64 = 8.0;
 /// … or when fewer than this share of its arrivals completed within the step and the drain.
 const KNEE_COMPLETED_SHARE: f64 = 0.9;
+/// The first step's rate brings at least this many arrivals.
+const MIN_ARRIVALS_PER_STEP: f64 = 4.0;
 /// Longest wait for one request (a hung engine fails the profile instead of stalling it).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -156,19 +158,25 @@ impl Probe {
     /// The load steps: doubling to the knee, then bisecting below it, within the budget.
     async fn sweep(&self, idle: Idle) -> anyhow::Result<Vec<Step>> {
         let budget = (self.args.seconds / self.args.step_seconds).floor().max(1.0) as usize;
-        let mut rate = 0.5 * 1000.0 / idle.e2e_ms.max(1.0);
+        // Half the rate one request at a time sustains, but at least a few arrivals per step.
+        let mut rate =
+            (0.5 * 1000.0 / idle.e2e_ms.max(1.0)).max(MIN_ARRIVALS_PER_STEP / self.args.step_seconds);
         let mut steps: Vec<Step> = Vec::new();
         let (mut good, mut bad): (Option<f64>, Option<f64>) = (None, None);
         for k in 0..budget {
             eprint!("step {}/{budget}: {rate:.2} req/s … ", k + 1);
             let step = self.step(rate, k as u64, idle).await?;
-            eprintln!(
-                "sent {:.2} req/s, TTFT {:.0} ms, TBOT {:.1} ms{}",
-                step.load_rps,
-                step.ttft_ms,
-                step.tbot_ms,
-                if step.overloaded { " (past the knee)" } else { "" }
-            );
+            if step.ttft_ms.is_nan() {
+                eprintln!("no request completed");
+            } else {
+                eprintln!(
+                    "sent {:.2} req/s, TTFT {:.0} ms, TBOT {:.1} ms{}",
+                    step.load_rps,
+                    step.ttft_ms,
+                    step.tbot_ms,
+                    if step.overloaded { " (past the knee)" } else { "" }
+                );
+            }
             steps.push(step);
             if step.overloaded {
                 bad = Some(bad.map_or(rate, |b: f64| b.min(rate)));
@@ -371,7 +379,7 @@ fn render(probe: &Probe, steps: &[Step]) -> anyhow::Result<String> {
 /// The capacity where a queueing curve t0 + b·y/(c − y) fits the TTFT points best: a search
 /// over c between just above the highest good load and `upper` (the first overloaded rate).
 fn pole(points: &[Observation], top: f64, upper: f64) -> f64 {
-    if points.len() < 2 || !(top > 0.0) {
+    if points.len() < 2 || top.is_nan() || top <= 0.0 {
         return top.max(1e-3) * 1.25;
     }
     let upper = if upper.is_finite() && upper > top { upper } else { 2.0 * top };
