@@ -58,7 +58,7 @@ use crate::fleet::{Fleet, Now};
 use crate::plan::{self, ModelPlan, Unplanned};
 use crate::smoothing::SETTLING_TAUS;
 use ilb_core::snapshot::Snapshot;
-use ilb_optimizer::{Solution, Solver, SolverOptions};
+use ilb_optimizer::{Curve, Solution, Solver, SolverOptions};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
@@ -270,19 +270,41 @@ impl Round {
         plan::snapshots(&fleet.config, &self.plans, &self.solutions(), version, created_unix_ms)
     }
 
-    /// The mean end-to-end latency the solved plans expect for the traffic they admit, ms:
-    /// the objective without the shedding term over the admitted rate. `None` when nothing is
-    /// admitted.
+    /// The mean latency the solved plans expect for the traffic they admit, ms: each class's
+    /// expected demand (without the headroom the plan keeps above it), less what it sheds,
+    /// sent by the published weights, at the engines' loads that gives. The solver's objective
+    /// prices the demand with its headroom, which on the fleet simulator's random fleets put
+    /// the prediction 3 % above the delivered mean on average (up to 9 %). `None` when
+    /// nothing is admitted.
     pub fn predicted_latency_ms(&self) -> Option<f64> {
         let (mut cost, mut admitted) = (0.0, 0.0);
         for (plan, solution) in self.plans.iter().zip(self.solutions()) {
             let Some(solution) = solution else { continue };
-            let classes = &plan.problem.classes;
-            let shed_cost: f64 =
-                solution.shed_rps.iter().zip(classes).map(|(s, c)| s * c.shed_penalty_ms).sum();
-            let demand: f64 = classes.iter().map(|c| c.demand_rps).sum();
-            cost += solution.objective - shed_cost;
-            admitted += demand - solution.shed_rps.iter().sum::<f64>();
+            let problem = &plan.problem;
+            let sent: Vec<f64> = problem
+                .classes
+                .iter()
+                .zip(&solution.shed_rps)
+                .map(|(c, shed)| (c.demand_rps - c.headroom_rps.clamp(0.0, c.demand_rps) - shed).max(0.0))
+                .collect();
+            let mut load = vec![0.0; problem.engines.len()];
+            for r in &solution.routes {
+                load[r.engine] += r.weight * sent[r.class];
+            }
+            let latency: Vec<f64> = problem
+                .engines
+                .iter()
+                .zip(&load)
+                .map(|(e, &y)| Curve::new(&e.latency, e.capacity_rps, problem.rho).latency(y))
+                .collect();
+            for r in &solution.routes {
+                let flow = r.weight * sent[r.class];
+                if flow > 0.0 {
+                    let network = problem.network_ms.get(r.class, r.engine).unwrap_or(0.0);
+                    cost += flow * (network + latency[r.engine]);
+                    admitted += flow;
+                }
+            }
         }
         (admitted > 0.0).then(|| cost / admitted)
     }

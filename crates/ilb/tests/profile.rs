@@ -80,3 +80,23 @@ fn profile_of_an_unreachable_engine_fails_with_a_clear_error() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("error:"), "{stderr}");
 }
+
+#[test]
+fn profile_at_given_rates_measures_exactly_those_steps() {
+    let (_engine, url) = engine();
+    let run = |rates: &str| {
+        Command::new(env!("CARGO_BIN_EXE_ilb"))
+            .args(["profile", "--engine", &url, "--step-seconds", "2", "--seconds", "2", "--rates", rates])
+            .args(["--prompt-words", "50", "--max-tokens", "8"])
+            .output()
+            .expect("ilb profile runs")
+    };
+    let output = run("1,3");
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "ilb profile failed:\n{stderr}");
+    assert!(stderr.contains("step 2/2: 3.00 req/s") && !stderr.contains("step 3/"), "{stderr}");
+    assert!(stdout.contains("2 load steps"), "{stdout}");
+    let output = run("1,-2");
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--rates takes positive rates"));
+}

@@ -58,6 +58,10 @@ pub struct ProfileArgs {
     /// Seed of the arrivals and prompts.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Instead of searching for the knee, one step at each of these rates (req/s, comma
+    /// separated): to check a profile's curves at loads it was not measured at.
+    #[arg(long, value_delimiter = ',')]
+    rates: Option<Vec<f64>>,
 }
 
 /// One load step's outcome.
@@ -96,6 +100,11 @@ pub fn run(args: ProfileArgs) -> anyhow::Result<()> {
     if args.replicas == 0 || args.max_tokens < 2 || args.max_in_flight == 0 {
         bail!("--replicas and --max-in-flight must be at least 1, --max-tokens at least 2");
     }
+    if let Some(rates) = &args.rates {
+        if rates.is_empty() || rates.iter().any(|r| !r.is_finite() || *r <= 0.0) {
+            bail!("--rates takes positive rates, e.g. --rates 0.5,1.5");
+        }
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(profile(args))
 }
@@ -132,6 +141,21 @@ async fn first_model(client: &HttpClient, base: &str) -> anyhow::Result<String> 
     value["data"][0]["id"].as_str().map(str::to_owned).context("GET /v1/models lists no model; give --model")
 }
 
+/// One step's line of progress on stderr.
+fn report(step: &Step) {
+    if step.ttft_ms.is_nan() {
+        eprintln!("no request completed");
+    } else {
+        eprintln!(
+            "sent {:.2} req/s, TTFT {:.0} ms, TBOT {:.1} ms{}",
+            step.load_rps,
+            step.ttft_ms,
+            step.tbot_ms,
+            if step.overloaded { " (past the knee)" } else { "" }
+        );
+    }
+}
+
 struct Probe {
     client: HttpClient,
     url: String,
@@ -155,8 +179,19 @@ impl Probe {
         Ok(Idle { ttft_ms: median(&mut ttft), e2e_ms: median(&mut e2e) })
     }
 
-    /// The load steps: doubling to the knee, then bisecting below it, within the budget.
+    /// The load steps: doubling to the knee, then bisecting below it, within the budget; or
+    /// the rates given with `--rates`.
     async fn sweep(&self, idle: Idle) -> anyhow::Result<Vec<Step>> {
+        if let Some(rates) = &self.args.rates {
+            let mut steps = Vec::new();
+            for (k, &rate) in rates.iter().enumerate() {
+                eprint!("step {}/{}: {rate:.2} req/s … ", k + 1, rates.len());
+                let step = self.step(rate, k as u64, idle).await?;
+                report(&step);
+                steps.push(step);
+            }
+            return Ok(steps);
+        }
         let budget = (self.args.seconds / self.args.step_seconds).floor().max(1.0) as usize;
         // Half the rate one request at a time sustains, but at least a few arrivals per step.
         let mut rate =
@@ -166,17 +201,7 @@ impl Probe {
         for k in 0..budget {
             eprint!("step {}/{budget}: {rate:.2} req/s … ", k + 1);
             let step = self.step(rate, k as u64, idle).await?;
-            if step.ttft_ms.is_nan() {
-                eprintln!("no request completed");
-            } else {
-                eprintln!(
-                    "sent {:.2} req/s, TTFT {:.0} ms, TBOT {:.1} ms{}",
-                    step.load_rps,
-                    step.ttft_ms,
-                    step.tbot_ms,
-                    if step.overloaded { " (past the knee)" } else { "" }
-                );
-            }
+            report(&step);
             steps.push(step);
             if step.overloaded {
                 bad = Some(bad.map_or(rate, |b: f64| b.min(rate)));
