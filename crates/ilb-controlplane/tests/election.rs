@@ -96,42 +96,6 @@ impl Drop for Etcd {
     }
 }
 
-fn fleet(e0: &str, e1: &str) -> ilb_controlplane::FleetConfig {
-    parse(&format!(
-        r#"
-[control_plane]
-scrape_interval_ms = 250
-solve_interval_ms = {SOLVE_MS}
-token = "{TOKEN}"
-[network]
-use_measured = false
-latency = [ {{ from = "a", to = "a", ms = 5.0 }}, {{ from = "a", to = "b", ms = 40.0 }}, {{ from = "b", to = "b", ms = 5.0 }} ]
-[[clusters]]
-id = "a"
-region = "a"
-[[clusters]]
-id = "b"
-region = "b"
-[profiles.gpu]
-capacity_rps = 100.0
-ttft_t0_ms = 30.0
-ttft_b_ms = 10.0
-[[engines]]
-id = "e0"
-url = "{e0}"
-model = "m"
-region = "a"
-profile = "gpu"
-[[engines]]
-id = "e1"
-url = "{e1}"
-model = "m"
-region = "b"
-profile = "gpu"
-"#
-    ))
-}
-
 async fn snapshot_body(url: &str) -> bytes::Bytes {
     let request = http::Request::get(url).body(Default::default()).unwrap();
     match client().request(request).await {
@@ -165,7 +129,7 @@ async fn the_elected_replica_plans_for_all_and_a_killed_leader_is_replaced_witho
     let Some(binary) = etcd_binary() else { return };
     let etcd = Etcd::start(&binary).await;
     let engines = engines(2).await;
-    let config = fleet(&engines[0].url(), &engines[1].url());
+    let config = two_region_fleet("", &engines[0].url(), &engines[1].url());
     let options = |name: &str| EtcdOptions {
         endpoints: vec![etcd.url.clone()],
         prefix: "/ilb-test".into(),

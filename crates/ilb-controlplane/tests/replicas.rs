@@ -33,43 +33,6 @@ use tokio::time::Instant;
 /// Every install one data plane made: (when, version).
 type InstallLog = Arc<Mutex<Vec<(Instant, u64)>>>;
 
-fn config(e0: &str, e1: &str) -> ilb_controlplane::FleetConfig {
-    parse(&format!(
-        r#"
-[control_plane]
-scrape_interval_ms = 250
-solve_interval_ms = {SOLVE_MS}
-smoothing_ms = 1000
-token = "{TOKEN}"
-[network]
-use_measured = false
-latency = [ {{ from = "a", to = "a", ms = 5.0 }}, {{ from = "a", to = "b", ms = 40.0 }}, {{ from = "b", to = "b", ms = 5.0 }} ]
-[[clusters]]
-id = "a"
-region = "a"
-[[clusters]]
-id = "b"
-region = "b"
-[profiles.gpu]
-capacity_rps = 100.0
-ttft_t0_ms = 30.0
-ttft_b_ms = 10.0
-[[engines]]
-id = "e0"
-url = "{e0}"
-model = "m"
-region = "a"
-profile = "gpu"
-[[engines]]
-id = "e1"
-url = "{e1}"
-model = "m"
-region = "b"
-profile = "gpu"
-"#
-    ))
-}
-
 /// The weight data plane `dp` gives `engine` in its default class.
 fn weight(dp: &DataPlane, engine: &str) -> f64 {
     let Some(installed) = dp.installed() else { return 0.0 };
@@ -113,7 +76,7 @@ async fn post_report(cp: &str, demand_rps: f64, sequence: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_active_replica_under_load_fails_no_request_and_versions_never_go_down() {
     let engines = engines(3).await;
-    let fleet = config(&engines[0].url(), &engines[1].url());
+    let fleet = two_region_fleet("smoothing_ms = 1000", &engines[0].url(), &engines[1].url());
     let cp0 = ControlPlane::start(fleet.clone(), "127.0.0.1:0".parse().unwrap()).await.unwrap();
     let cp1 = ControlPlane::start(fleet.clone(), "127.0.0.1:0".parse().unwrap()).await.unwrap();
     let cp0_addr: SocketAddr = cp0.local_addr();

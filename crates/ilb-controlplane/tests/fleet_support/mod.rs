@@ -412,3 +412,42 @@ pub async fn worker(w: usize, url: String, recs: Arc<Mutex<Vec<Rec>>>, mut stop:
 pub fn ids(engines: &[&EngineHandle]) -> Vec<String> {
     engines.iter().map(|e| e.id().to_string()).collect()
 }
+
+/// Two clusters in regions `a` and `b` 40 ms apart, one engine in each (`e0` in a, `e1` in b);
+/// `control_plane` adds lines to the `[control_plane]` table.
+pub fn two_region_fleet(control_plane: &str, e0: &str, e1: &str) -> ilb_controlplane::FleetConfig {
+    parse(&format!(
+        r#"
+[control_plane]
+scrape_interval_ms = 250
+solve_interval_ms = {SOLVE_MS}
+token = "{TOKEN}"
+{control_plane}
+[network]
+use_measured = false
+latency = [ {{ from = "a", to = "a", ms = 5.0 }}, {{ from = "a", to = "b", ms = 40.0 }}, {{ from = "b", to = "b", ms = 5.0 }} ]
+[[clusters]]
+id = "a"
+region = "a"
+[[clusters]]
+id = "b"
+region = "b"
+[profiles.gpu]
+capacity_rps = 100.0
+ttft_t0_ms = 30.0
+ttft_b_ms = 10.0
+[[engines]]
+id = "e0"
+url = "{e0}"
+model = "m"
+region = "a"
+profile = "gpu"
+[[engines]]
+id = "e1"
+url = "{e1}"
+model = "m"
+region = "b"
+profile = "gpu"
+"#
+    ))
+}
