@@ -21,3 +21,10 @@ pub fn wall() -> std::time::Instant {
 pub fn wall_since(earlier: std::time::Instant) -> std::time::Duration {
     wall().saturating_duration_since(earlier)
 }
+
+/// Nanoseconds since the Unix epoch (0 if the system clock is before it): a value that
+/// differs from run to run (`ilb profile`'s prompt nonce), not a time to compute with.
+#[allow(clippy::disallowed_methods, clippy::disallowed_types)]
+pub fn unix_nanos() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}

@@ -95,7 +95,13 @@ fn profile_at_given_rates_measures_exactly_those_steps() {
     let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     assert!(output.status.success(), "ilb profile failed:\n{stderr}");
     assert!(stderr.contains("step 2/2: 3.00 req/s") && !stderr.contains("step 3/"), "{stderr}");
-    assert!(stdout.contains("2 load steps"), "{stdout}");
+    let rows: Vec<&str> = stdout.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(rows.len(), 2, "{stdout}");
+    for row in rows {
+        let fields: Vec<&str> = row.split(' ').collect();
+        assert_eq!(fields.len(), 4, "{row}");
+        assert!(fields[0].parse::<f64>().is_ok() && fields[1].parse::<f64>().is_ok(), "{row}");
+    }
     let output = run("1,-2");
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("--rates takes positive rates"));

@@ -118,11 +118,21 @@ async fn profile(args: ProfileArgs) -> anyhow::Result<()> {
         Some(m) => m.clone(),
         None => first_model(&client, &base).await?,
     };
-    let probe = Probe { client, url: format!("{base}/v1/chat/completions"), model, args: Arc::new(args) };
+    let probe = Probe {
+        nonce: crate::clock::unix_nanos(),
+        client,
+        url: format!("{base}/v1/chat/completions"),
+        model,
+        args: Arc::new(args),
+    };
     let idle = probe.idle().await?;
     eprintln!("idle: TTFT {:.0} ms, whole answer {:.0} ms", idle.ttft_ms, idle.e2e_ms);
     let steps = probe.sweep(idle).await?;
-    print!("{}", render(&probe, &steps)?);
+    if probe.args.rates.is_some() {
+        print!("{}", measurements(&probe, &steps));
+    } else {
+        print!("{}", render(&probe, &steps)?);
+    }
     Ok(())
 }
 
@@ -157,6 +167,8 @@ fn report(step: &Step) {
 }
 
 struct Probe {
+    /// Random per run, at the start of every prompt.
+    nonce: u64,
     client: HttpClient,
     url: String,
     model: String,
@@ -214,9 +226,6 @@ impl Probe {
                 (Some(g), None) => 2.0 * g,
                 (None, None) => rate,
             };
-        }
-        if steps.iter().all(|s| s.overloaded) {
-            bail!("every step was past the engine's knee; is the engine healthy?");
         }
         Ok(steps)
     }
@@ -277,6 +286,7 @@ impl Probe {
 
     fn share(&self) -> Probe {
         Probe {
+            nonce: self.nonce,
             client: self.client.clone(),
             url: self.url.clone(),
             model: self.model.clone(),
@@ -291,7 +301,8 @@ impl Probe {
             "river", "stone", "market", "engine", "garden", "signal", "harbor", "ledger", "window", "copper",
             "forest", "thread", "planet", "candle", "bridge", "motion",
         ];
-        let mut prompt = format!("Request {seed}. Summarise:");
+        // The run's nonce first: an engine's prefix cache keeps prompts from an earlier run.
+        let mut prompt = format!("Request {:x}-{seed}. Summarise:", self.nonce);
         for _ in 0..self.args.prompt_words {
             prompt.push(' ');
             prompt.push_str(WORDS[rng.gen_range(0..WORDS.len())]);
@@ -304,13 +315,22 @@ impl Probe {
             "stream": true,
             "stream_options": {"include_usage": true},
         });
-        let request = Request::post(&self.url)
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body.to_string())))
-            .map_err(|e| e.to_string())?;
+        let body = Bytes::from(body.to_string());
+        let request = || {
+            Request::post(&self.url)
+                .header("content-type", "application/json")
+                .body(Full::new(body.clone()))
+                .map_err(|e| e.to_string())
+        };
         let started = crate::clock::now();
         let exchange = async {
-            let response = self.client.request(request).await.map_err(|e| e.to_string())?;
+            // A pooled connection the engine closed as it was reused (llama.cpp's server closes
+            // idle ones after 5 s) fails before any answer: one retry on a new connection.
+            let response = match self.client.request(request()?).await {
+                Ok(response) => response,
+                Err(e) if e.is_connect() => return Err(error_chain(&e)),
+                Err(_) => self.client.request(request()?).await.map_err(|e| error_chain(&e))?,
+            };
             if !response.status().is_success() {
                 return Err(format!("status {}", response.status()));
             }
@@ -323,6 +343,17 @@ impl Probe {
         let tbot = (tokens > 1).then(|| (timings.last_content_ms - ttft) / (tokens - 1) as f64);
         Ok((ttft, tbot))
     }
+}
+
+/// An error with its causes, `a: b: c`.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text += &format!(": {cause}");
+        source = cause.source();
+    }
+    text
 }
 
 fn mean(values: impl Iterator<Item = f64>) -> f64 {
@@ -340,11 +371,33 @@ fn median(values: &mut [f64]) -> f64 {
 }
 
 /// The profile block: capacity and queueing fits, and the measured curves, per replica.
+/// `--rates`: what each step measured, per replica, one line each.
+fn measurements(probe: &Probe, steps: &[Step]) -> String {
+    let replicas = f64::from(probe.args.replicas);
+    let mut out = format!(
+        "# ilb profile --rates of {} (model {}): prompts of {} words, {} output tokens; per replica of {}.\n\
+         # load_rps ttft_ms tbot_ms past_knee\n",
+        probe.args.engine, probe.model, probe.args.prompt_words, probe.args.max_tokens, probe.args.replicas
+    );
+    for s in steps {
+        out += &format!("{:.3} {:.1} {:.2} {}\n", s.load_rps / replicas, s.ttft_ms, s.tbot_ms, s.overloaded);
+    }
+    out
+}
+
 fn render(probe: &Probe, steps: &[Step]) -> anyhow::Result<String> {
     let replicas = f64::from(probe.args.replicas);
     let mut good: Vec<Step> =
         steps.iter().copied().filter(|s| !s.overloaded && s.ttft_ms.is_finite()).collect();
     good.sort_by(|a, b| a.load_rps.total_cmp(&b.load_rps));
+    if good.len() < 2 {
+        bail!(
+            "only {} of {} steps measured the engine below its knee (two are needed): give more --seconds \
+             or a longer --step-seconds, and check that the engine is not busy with other work",
+            good.len(),
+            steps.len()
+        );
+    }
     let first_bad =
         steps.iter().filter(|s| s.overloaded).map(|s| s.offered_rps).fold(f64::INFINITY, f64::min);
     let points = |latency: fn(&Step) -> f64| -> Vec<Observation> {
