@@ -312,7 +312,7 @@ impl Body for EngineBody {
 
     /// Hands out what the buffer holds first (a small response usually arrived whole with its
     /// head, and then goes out in one frame without another read); reads only when it is
-    /// empty. Every body byte already read goes out in the one frame ([`coalesce`]): chunks
+    /// empty. Every body byte already read goes out in the one frame (`coalesce`): chunks
     /// that arrived together (a stream's last token, finish and `[DONE]` events) pass the
     /// client side once, and none waits for a chunk still to come. Hot path.
     fn poll_frame(

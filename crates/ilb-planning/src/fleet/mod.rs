@@ -113,7 +113,7 @@ pub struct EngineRuntime {
     /// Generated tokens and finished requests, decayed over `OUTPUT_LENGTH_TAU`: the output
     /// length the objective's decode term uses ([`Fleet::output_tokens`]).
     output: DecayedSums<Now>,
-    /// Capacity learned from the windows the engine spent queueing ([`saturation`]).
+    /// Capacity learned from the windows in which the engine's queue grew ([`Saturation`]).
     pub saturation: Saturation,
     /// Whether the last scrape failure was a refused or failed connect.
     pub last_failure_connect: bool,
@@ -602,7 +602,7 @@ impl Fleet {
         e.replicas as f64 * per_replica
     }
 
-    /// Nominal capacity × the share its saturation windows left ([`saturation`]), req/s:
+    /// Nominal capacity × the share its saturation windows left ([`Saturation`]), req/s:
     /// the pole of the engine's queueing curves.
     pub fn learned_capacity(&self, idx: usize) -> f64 {
         self.nominal_capacity(idx) * self.engines[idx].saturation.share()
