@@ -256,7 +256,10 @@ async fn grey_engine_loses_its_traffic_and_regains_it() {
     let grey = &view.models[0].engines[GREY];
     eprintln!("grey engine: penalty {:.3}, reason {:?}", grey.penalty, grey.penalty_reason);
     let (lose_time, low_share) = lost.expect("the grey engine kept more than 10 % of its share for 20 s");
-    assert!(grey.penalty > 0.0 && grey.penalty_reason.as_deref().unwrap_or("").contains("ttft"));
+    // Penalised as slow: by its first token or, once little traffic is left on it, by its
+    // decoding (the latest verdict's reason names what that window judged).
+    let reason = grey.penalty_reason.as_deref().unwrap_or("");
+    assert!(grey.penalty > 0.0 && (reason.contains("ttft") || reason.contains("tbot")), "{reason:?}");
 
     engines[GREY].set_faults(Faults::default()).unwrap();
     let regained = until(&cp, &engines, window, Duration::from_secs(40), |s| s >= 0.5 * baseline).await;
