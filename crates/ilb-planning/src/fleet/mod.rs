@@ -17,7 +17,6 @@ mod saturation;
 
 pub use changes::FleetDiff;
 pub use outliers::OutlierWindow;
-pub use saturation::Saturation;
 
 use crate::config::FleetConfig;
 use crate::profile::{
@@ -30,6 +29,7 @@ use ilb_core::holds::HoldReason;
 use ilb_core::priority::Priority;
 use ilb_core::report::Report;
 use ilb_core::ModelName;
+use saturation::Saturation;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
@@ -114,7 +114,7 @@ pub struct EngineRuntime {
     /// length the objective's decode term uses ([`Fleet::output_tokens`]).
     output: DecayedSums<Now>,
     /// Capacity learned from the windows in which the engine's queue grew ([`Saturation`]).
-    pub saturation: Saturation,
+    saturation: Saturation,
     /// Whether the last scrape failure was a refused or failed connect.
     pub last_failure_connect: bool,
     /// Operating points for the latency-profile fits. Nothing is added while the engine is
@@ -602,7 +602,7 @@ impl Fleet {
         e.replicas as f64 * per_replica
     }
 
-    /// Nominal capacity × the share its saturation windows left ([`Saturation`]), req/s:
+    /// Nominal capacity × the share its growing-queue windows left (`saturation.rs`), req/s:
     /// the pole of the engine's queueing curves.
     pub fn learned_capacity(&self, idx: usize) -> f64 {
         self.nominal_capacity(idx) * self.engines[idx].saturation.share()

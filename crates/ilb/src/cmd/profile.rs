@@ -370,7 +370,6 @@ fn median(values: &mut [f64]) -> f64 {
     values[values.len() / 2]
 }
 
-/// The profile block: capacity and queueing fits, and the measured curves, per replica.
 /// `--rates`: what each step measured, per replica, one line each.
 fn measurements(probe: &Probe, steps: &[Step]) -> String {
     let replicas = f64::from(probe.args.replicas);
@@ -385,6 +384,7 @@ fn measurements(probe: &Probe, steps: &[Step]) -> String {
     out
 }
 
+/// The profile block: capacity and queueing fits, and the measured curves, per replica.
 fn render(probe: &Probe, steps: &[Step]) -> anyhow::Result<String> {
     let replicas = f64::from(probe.args.replicas);
     let mut good: Vec<Step> =
