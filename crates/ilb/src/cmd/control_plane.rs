@@ -123,10 +123,11 @@ pub fn run(args: ControlPlaneArgs) -> anyhow::Result<()> {
                 None
             }
         };
+        let stop = crate::cmd::stop_signal();
         println!("control-plane: {}", cp.url());
         let cert_watcher = listener.map(|l| tokio::spawn(l.watch(std::time::Duration::from_secs(1))));
         let watcher = tokio::spawn(watch(path, cp.reloader(), Duration::from_millis(args.watch_ms), hangup));
-        tokio::signal::ctrl_c().await?;
+        stop.await;
         watcher.abort();
         if let Some(cert_watcher) = cert_watcher {
             cert_watcher.abort();

@@ -213,23 +213,26 @@ async fn serve(
     let data_plane = DataPlane::start_with_reports(config, source, reports)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
+    let stop = crate::cmd::stop_signal();
     println!("data-plane: {}", data_plane.url());
     if let Some(admin) = data_plane.admin_url() {
         println!("data-plane admin (metrics, debug/route, health): {admin}");
     }
     let _watcher = listener.map(|l| AbortOnDrop(tokio::spawn(l.watch(Duration::from_secs(1)))));
-    follow_snapshot_file(file.as_deref(), |bytes| data_plane.install_json(bytes)).await;
+    follow_snapshot_file(file.as_deref(), |bytes| data_plane.install_json(bytes), stop).await;
     data_plane.shutdown().await;
     Ok(())
 }
 
-/// Until ctrl-c: installs the snapshot `file` (if any) with `install`, again whenever its
+/// Until `stop` ([`crate::cmd::stop_signal`]): installs the snapshot `file` (if any) with `install`, again whenever its
 /// mtime changes (polled once a second); a snapshot refused keeps the last good one.
 pub async fn follow_snapshot_file(
     file: Option<&Path>,
     install: impl Fn(&[u8]) -> Result<(), ilb_dataplane::state::InstallError>,
+    stop: impl std::future::Future<Output = ()>,
 ) {
     let mut last_modified = None;
+    tokio::pin!(stop);
     loop {
         if let Some(path) = file {
             let modified = modified(path);
@@ -244,7 +247,7 @@ pub async fn follow_snapshot_file(
             }
         }
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
+            _ = &mut stop => break,
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
     }

@@ -235,6 +235,8 @@ pub(crate) async fn serve_stack(
     let deadline = args.seconds.map(|s| crate::clock::now() + Duration::from_secs(s));
     let mut ticker = tokio::time::interval(Duration::from_secs(args.report_every.max(1)));
     ticker.tick().await;
+    let stop_signal = crate::cmd::stop_signal();
+    tokio::pin!(stop_signal);
     loop {
         let until_deadline = async {
             match deadline {
@@ -243,7 +245,7 @@ pub(crate) async fn serve_stack(
             }
         };
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
+            _ = &mut stop_signal => break,
             _ = until_deadline => break,
             _ = ticker.tick() => print_summary(&cp, &engines, &stats.take(), args.report_every.max(1)),
         }

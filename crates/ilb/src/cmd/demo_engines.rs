@@ -94,6 +94,8 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let deadline = args.seconds.map(|s| crate::clock::now() + Duration::from_secs(s));
     let mut ticker = tokio::time::interval(Duration::from_secs(every));
     ticker.tick().await;
+    let stop_signal = crate::cmd::stop_signal();
+    tokio::pin!(stop_signal);
     loop {
         let until_deadline = async {
             match deadline {
@@ -102,7 +104,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
             }
         };
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
+            _ = &mut stop_signal => break,
             _ = until_deadline => break,
             _ = ticker.tick() => print_summary(&cp, &dp),
         }

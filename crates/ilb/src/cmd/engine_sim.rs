@@ -107,6 +107,7 @@ pub fn run(args: EngineSimArgs) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let engines = ilb_engine_sim::spawn_many(config, args.listen, args.count).await?;
         let watcher = listener.map(|l| tokio::spawn(l.watch(std::time::Duration::from_secs(1))));
+        let stop = crate::cmd::stop_signal();
         let mut stdout = std::io::stdout().lock();
         for engine in &engines {
             writeln!(stdout, "engine {}: {}", engine.id(), engine.url())?;
@@ -125,7 +126,7 @@ pub fn run(args: EngineSimArgs) -> anyhow::Result<()> {
                 registrars.push(registrar);
             }
         }
-        tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
+        stop.await;
         leave(registrars, &engines).await;
         tracing::info!("shutting down engines");
         if let Some(watcher) = watcher {

@@ -31,9 +31,14 @@ pub fn run(args: EppArgs) -> anyhow::Result<()> {
         let epp = ilb_epp::Epp::start(listen, router)
             .await
             .with_context(|| format!("cannot listen on {listen}"))?;
+        let stop = crate::cmd::stop_signal();
         println!("epp (ext_proc gRPC): {}", epp.local_addr());
-        data_plane::follow_snapshot_file(snapshot_file.as_deref(), |bytes| epp.router().install_json(bytes))
-            .await;
+        data_plane::follow_snapshot_file(
+            snapshot_file.as_deref(),
+            |bytes| epp.router().install_json(bytes),
+            stop,
+        )
+        .await;
         epp.shutdown().await;
         Ok(())
     })
