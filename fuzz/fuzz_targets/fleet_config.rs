@@ -7,11 +7,11 @@
 
 #![no_main]
 
+use ilb_core::snapshot::Snapshot;
+use ilb_core::table::RoutingTable;
 use ilb_planning::fleet::Fleet;
 use ilb_planning::planner::Planner;
 use ilb_planning::FleetConfig;
-use ilb_core::snapshot::Snapshot;
-use ilb_core::table::RoutingTable;
 use libfuzzer_sys::fuzz_target;
 use std::time::Duration;
 

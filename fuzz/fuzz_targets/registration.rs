@@ -67,7 +67,8 @@ fuzz_target!(|data: &[u8]| {
                     let userinfo = &authority[..at];
                     let without = format!("{}{}", &url[..scheme + 3], &rest[at + 1..]);
                     if userinfo.len() >= 4 {
-                        let (said, elsewhere) = (why.matches(userinfo).count(), without.matches(userinfo).count());
+                        let (said, elsewhere) =
+                            (why.matches(userinfo).count(), without.matches(userinfo).count());
                         assert!(said <= elsewhere, "{why:?} echoes {userinfo:?}");
                     }
                 }

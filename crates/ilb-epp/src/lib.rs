@@ -12,6 +12,12 @@
 //! `liveness` at once; `readiness`, the ext_proc service name and the server (`""`) once a
 //! snapshot is installed.
 //!
+//! **Restarts without a gap.** The listener is bound with `SO_REUSEPORT` (as Envoy binds its
+//! own): a new `ilb epp` on the same address starts accepting beside the old one, which then
+//! [`Epp::shutdown`]s: its health turns `NOT_SERVING`, it stops accepting and sends HTTP/2
+//! GOAWAY, so the gateway opens its next streams to the new process while the open ones finish.
+//! (Linux allows this only between processes of one user.)
+//!
 //! **Invariant:** response bodies pass through unchanged, chunk by chunk as the gateway sent
 //! them; request bodies are read whole (the pick needs the model and the prompt) and sent back
 //! unchanged.
@@ -19,7 +25,7 @@
 mod stream;
 pub mod wire;
 
-pub use stream::StreamError;
+pub use stream::{Stream, StreamError};
 
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
     ExternalProcessor, ExternalProcessorServer,
@@ -46,12 +52,14 @@ pub struct Epp {
     shutdown: watch::Sender<bool>,
     server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
     readiness: tokio::task::JoinHandle<()>,
+    health: tonic_health::server::HealthReporter,
 }
 
 impl Epp {
-    /// Binds `listen` and serves the ext_proc and health services, picking with `router`.
+    /// Binds `listen` (with `SO_REUSEPORT`: a successor may bind it too) and serves the
+    /// ext_proc and health services, picking with `router`.
     pub async fn start(listen: SocketAddr, router: Router) -> std::io::Result<Epp> {
-        let listener = tokio::net::TcpListener::bind(listen).await?;
+        let listener = bind_shared(listen)?;
         let local_addr = listener.local_addr()?;
         let router = Arc::new(router);
         let (health, health_service) = tonic_health::server::health_reporter();
@@ -60,7 +68,8 @@ impl Epp {
             health.set_service_status(service, tonic_health::ServingStatus::NotServing).await;
         }
         let (shutdown, mut shutdown_rx) = watch::channel(false);
-        let readiness = tokio::spawn(follow_readiness(Arc::clone(&router), health, shutdown_rx.clone()));
+        let readiness =
+            tokio::spawn(follow_readiness(Arc::clone(&router), health.clone(), shutdown_rx.clone()));
         let service = ExternalProcessorServer::new(ExtProc { router: Arc::clone(&router) })
             .max_decoding_message_size(router.config().max_body_bytes.saturating_add(64 << 10));
         let server = tonic::transport::Server::builder()
@@ -70,7 +79,7 @@ impl Epp {
                 let _ = shutdown_rx.wait_for(|stop| *stop).await;
             });
         let server = tokio::spawn(server);
-        Ok(Epp { local_addr, router, shutdown, server, readiness })
+        Ok(Epp { local_addr, router, shutdown, server, readiness, health })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -81,21 +90,38 @@ impl Epp {
         &self.router
     }
 
-    /// Stops accepting, gives open streams [`SHUTDOWN_GRACE`] to end (a gateway keeps its
-    /// gRPC connection open, so they may not), then stops them and the router's tasks.
+    /// Reports `NOT_SERVING`, stops accepting (open HTTP/2 connections get GOAWAY, so a
+    /// gateway moves its new streams to a successor on the same address), gives open streams
+    /// [`SHUTDOWN_GRACE`] to end (a streamed answer may take longer), then stops them and the
+    /// router's tasks.
     pub async fn shutdown(mut self) {
+        // The readiness task changes the status only when readiness changes: it leaves this.
+        for service in ["readiness", EXT_PROC_SERVICE, ""] {
+            self.health.set_service_status(service, tonic_health::ServingStatus::NotServing).await;
+        }
         let _ = self.shutdown.send(true);
+        let _ = (&mut self.readiness).await;
         match tokio::time::timeout(SHUTDOWN_GRACE, &mut self.server).await {
             Ok(Ok(Err(error))) => tracing::warn!(%error, "epp server ended with an error"),
             Ok(Err(error)) => tracing::warn!(%error, "epp server task failed"),
             Ok(Ok(Ok(()))) => {}
             Err(_) => self.server.abort(),
         }
-        let _ = self.readiness.await;
         if let Ok(router) = Arc::try_unwrap(self.router) {
             router.shutdown().await;
         }
     }
+}
+
+/// A listener on `addr` that another process of this user may also bind (`SO_REUSEPORT`).
+fn bind_shared(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket =
+        if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    #[cfg(unix)]
+    socket.set_reuseport(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
 }
 
 /// Sets readiness (and the ext_proc service's status) from whether a snapshot is installed.

@@ -39,9 +39,21 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// An EPP on `listen` over the engines at `urls` (e0, e1, …, equal weights).
+async fn epp_over(urls: &[String], listen: std::net::SocketAddr) -> ilb_epp::Epp {
+    let ids: Vec<String> = (0..urls.len()).map(|i| format!("e{i}")).collect();
+    let list: Vec<(&str, &str, f64)> =
+        ids.iter().zip(urls).map(|(id, url)| (id.as_str(), url.as_str(), 1.0)).collect();
+    let config = ilb_dataplane::DataPlaneConfig::new("127.0.0.1:0".parse().unwrap());
+    let router = ilb_dataplane::Router::start(config, ilb_dataplane::SnapshotSource::Manual, None);
+    router.install(&support::snapshot(&list)).unwrap();
+    ilb_epp::Epp::start(listen, router).await.unwrap()
+}
+
 /// Three engines, the EPP over them, and Envoy in front; dropped together.
 struct Gateway {
     engines: Vec<Option<EngineHandle>>,
+    urls: Vec<String>,
     epp: ilb_epp::Epp,
     envoy: tokio::process::Child,
     url: String,
@@ -60,12 +72,7 @@ async fn gateway(envoy: PathBuf, name: &str) -> Gateway {
         engines.push(ilb_engine_sim::spawn(config, "127.0.0.1:0".parse().unwrap()).await.unwrap());
     }
     let urls: Vec<String> = engines.iter().map(|e| e.url()).collect();
-    let list: Vec<(&str, &str, f64)> =
-        vec![("e0", urls[0].as_str(), 1.0), ("e1", urls[1].as_str(), 1.0), ("e2", urls[2].as_str(), 1.0)];
-    let config = ilb_dataplane::DataPlaneConfig::new("127.0.0.1:0".parse().unwrap());
-    let router = ilb_dataplane::Router::start(config, ilb_dataplane::SnapshotSource::Manual, None);
-    router.install(&support::snapshot(&list)).unwrap();
-    let epp = ilb_epp::Epp::start("127.0.0.1:0".parse().unwrap(), router).await.unwrap();
+    let epp = epp_over(&urls, "127.0.0.1:0".parse().unwrap()).await;
 
     let (listen, admin) = (free_port(), free_port());
     let shipped =
@@ -119,6 +126,7 @@ async fn gateway(envoy: PathBuf, name: &str) -> Gateway {
     let client: HttpClient = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
     let gateway = Gateway {
         engines: engines.into_iter().map(Some).collect(),
+        urls,
         epp,
         envoy: child,
         url: format!("http://127.0.0.1:{listen}"),
@@ -285,5 +293,132 @@ async fn an_engine_killed_under_load_fails_no_request() {
         "the EPP learnt from the served endpoint that the killed engine failed"
     );
     assert!(installed.engines.iter().all(|e| e.in_flight.load(Relaxed) == 0));
+    gateway.stop().await;
+}
+
+/// Requests through the gateway from `workers` tasks, each sending one after another until
+/// stopped: how many finished, and the ones that did not get a 200.
+struct Load {
+    done: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    tasks: tokio::task::JoinSet<Vec<(u16, String)>>,
+}
+
+impl Load {
+    fn start(gateway: &Gateway, workers: usize) -> Load {
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut tasks = tokio::task::JoinSet::new();
+        for worker in 0..workers {
+            let (url, client) = (gateway.url.clone(), gateway.client.clone());
+            let (done, stop) = (std::sync::Arc::clone(&done), std::sync::Arc::clone(&stop));
+            tasks.spawn(async move {
+                let mut failed = Vec::new();
+                let mut n = 0;
+                while !stop.load(Relaxed) {
+                    n += 1;
+                    let body = format!(
+                        r#"{{"model":"m","messages":[{{"role":"user","content":"w{worker} {n}"}}],"max_tokens":4,"stream":{}}}"#,
+                        n % 2 == 0
+                    );
+                    let request = http::Request::post(format!("{url}/v1/chat/completions"))
+                        .header("content-type", "application/json")
+                        .header("x-session-id", format!("w{worker}-{}", n % 5))
+                        .body(Full::new(Bytes::from(body)))
+                        .unwrap();
+                    let (status, body) = match client.request(request).await {
+                        Ok(response) => {
+                            let status = response.status().as_u16();
+                            let body = response.into_body().collect().await.map(|b| b.to_bytes());
+                            match body {
+                                Ok(body) => (status, String::from_utf8_lossy(&body).into_owned()),
+                                Err(e) => (0, format!("body cut: {e}")),
+                            }
+                        }
+                        Err(e) => (0, format!("no response: {e}")),
+                    };
+                    if status != 200 {
+                        failed.push((status, body));
+                    }
+                    done.fetch_add(1, Relaxed);
+                }
+                failed
+            });
+        }
+        Load { done, stop, tasks }
+    }
+
+    /// Waits (polling, at most 60 s) until `more` further requests have finished.
+    async fn wait_for(&self, more: usize, what: &str) {
+        let target = self.done.load(Relaxed) + more;
+        for _ in 0..1200 {
+            if self.done.load(Relaxed) >= target {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{what}: {} of {target} requests finished after 60 s", self.done.load(Relaxed));
+    }
+
+    async fn stop(mut self) -> (usize, Vec<(u16, String)>) {
+        self.stop.store(true, Relaxed);
+        let mut failed = Vec::new();
+        while let Some(result) = self.tasks.join_next().await {
+            failed.extend(result.unwrap());
+        }
+        (self.done.load(Relaxed), failed)
+    }
+}
+
+fn attempts(epp: &ilb_epp::Epp) -> u64 {
+    epp.router().installed().unwrap().engines.iter().map(|e| e.counters.attempts.load(Relaxed)).sum()
+}
+
+/// A rolling restart of the EPP: its successor binds the same address (SO_REUSEPORT) and the
+/// old one drains; Envoy moves to the successor without failing a request. Then with a gap
+/// (the EPP gone before its successor starts): Envoy fails closed with a 5xx at once, not a
+/// hang, and serves again as soon as an EPP listens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_epp_restarted_under_load_fails_no_request() {
+    let Some(envoy) = envoy_binary() else { return };
+    let mut gateway = gateway(envoy, "restart").await;
+    let listen = gateway.epp.local_addr();
+    let load = Load::start(&gateway, 4);
+    load.wait_for(40, "before the restart").await;
+
+    let successor = epp_over(&gateway.urls, listen).await;
+    let old = std::mem::replace(&mut gateway.epp, successor);
+    let old_attempts = attempts(&old);
+    old.shutdown().await;
+    load.wait_for(60, "after the restart").await;
+    let (done, failed) = load.stop().await;
+    assert!(
+        failed.is_empty(),
+        "{} of {done} failed across the restart: {:?}\nenvoy log:\n{}",
+        failed.len(),
+        &failed[..failed.len().min(3)],
+        gateway.log()
+    );
+    assert!(old_attempts >= 40, "the first EPP picked before the restart ({old_attempts})");
+    assert!(attempts(&gateway.epp) >= 40, "the successor picks after it ({})", attempts(&gateway.epp));
+
+    // A gap: no EPP at all. Envoy fails closed, promptly.
+    let gone =
+        std::mem::replace(&mut gateway.epp, epp_over(&gateway.urls, "127.0.0.1:0".parse().unwrap()).await);
+    gone.shutdown().await;
+    let (status, body) = gateway.chat(Some("gap"), "no epp", false).await;
+    assert!(status >= 500, "no EPP, no routing: {status} {body}");
+    // An EPP on the address again: served again (Envoy reconnects with back-off).
+    let back = epp_over(&gateway.urls, listen).await;
+    std::mem::replace(&mut gateway.epp, back).shutdown().await;
+    let mut last = (0, String::new());
+    for _ in 0..200 {
+        last = gateway.chat(Some("gap"), "epp back", false).await;
+        if last.0 == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(last.0, 200, "served again once an EPP listens: {}\nenvoy log:\n{}", last.1, gateway.log());
     gateway.stop().await;
 }
