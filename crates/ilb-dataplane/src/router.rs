@@ -18,13 +18,14 @@ use crate::engines::{EngineState, Outcome};
 use crate::error::ProxyError;
 use crate::in_flight::InFlight;
 use crate::pick::{choose, NoCandidate, Pick};
-use crate::proxy::{self, ClassTarget};
+use crate::proxy::{self, ClassTarget, Classified};
 use crate::shared::Shared;
 use crate::state::Installed;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use ilb_core::classify::{self, Endpoint};
 use ilb_core::table::{ClassTable, Constraints};
+use ilb_core::ModelName;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use tokio::sync::watch;
@@ -172,6 +173,18 @@ impl Router {
             }
             None => proxy::classify_request(endpoint, headers, &body, request_id)?,
         };
+        self.route_classified(&classified, request_id, request.subset).await
+    }
+
+    /// `route` once the request is classified: admits it, picks its primary (waiting while
+    /// every usable engine is full) and its fallbacks.
+    async fn route_classified(
+        &self,
+        classified: &Classified<'_>,
+        request_id: u64,
+        subset: Option<&[String]>,
+    ) -> Result<Routing, ProxyError> {
+        let shared = &self.shared;
         let installed = shared.routing.load().ok_or(ProxyError::NoSnapshot)?;
         let model = installed
             .table
@@ -182,48 +195,13 @@ impl Router {
         let class_state = &installed.classes[class.seq];
         proxy::admit(class_state, class, &model.name, classified.priority, request_id)?;
         // Candidates outside the gateway's subset count as tried: `pick` skips them.
-        let mut tried: Vec<usize> = match request.subset {
+        let mut tried: Vec<usize> = match subset {
             None => Vec::new(),
-            Some(subset) => (0..class.candidates.len())
-                .filter(|&c| {
-                    let endpoint = endpoint_of(&installed.engines[class.candidates[c].engine_idx]);
-                    !subset.iter().any(|allowed| same_endpoint(allowed, &endpoint))
-                })
-                .collect(),
+            Some(subset) => outside_subset(&installed, class, subset),
         };
         let excluded = tried.len();
         let target = ClassTarget { installed: &installed, class, constraints: &constraints };
-        let mut wait_started: Option<Instant> = None;
-        let primary = loop {
-            let now_s = (shared.pool_clock.ms() / 1000) as u32;
-            match proxy::pick(shared, target, &classified, &tried, now_s) {
-                Ok(candidate) => break candidate,
-                Err(NoCandidate::Saturated) => {
-                    let wait = admission::wait_for_slot(
-                        &shared.waiters,
-                        &shared.config,
-                        classified.priority,
-                        &mut wait_started,
-                    );
-                    if let Err(waited) = wait.await {
-                        class_state.overloaded.fetch_add(1, Relaxed);
-                        let waited_ms = waited.as_millis() as u64;
-                        return Err(ProxyError::Overloaded { model: model.name.to_string(), waited_ms });
-                    }
-                }
-                Err(NoCandidate::Unavailable) => {
-                    class_state.failed.fetch_add(1, Relaxed);
-                    return Err(ProxyError::NoHealthyEngine {
-                        model: model.name.to_string(),
-                        detail: match (constraints.is_empty(), request.subset.is_some()) {
-                            (true, false) => String::new(),
-                            (false, false) => " satisfying the request's constraints".into(),
-                            (_, true) => " among the gateway's endpoint subset".into(),
-                        },
-                    });
-                }
-            }
-        };
+        let primary = pick_primary(shared, target, &model.name, classified, &tried, subset.is_some()).await?;
         let now_s = (shared.pool_clock.ms() / 1000) as u32;
         let in_flight = InFlight::start(shared, &installed, class, primary);
         tried.push(primary);
@@ -261,6 +239,60 @@ impl Router {
             last_chunk: None,
             installed,
         })
+    }
+}
+
+/// The class's candidates whose engines are outside the gateway's endpoint subset.
+fn outside_subset(installed: &Installed, class: &ClassTable, subset: &[String]) -> Vec<usize> {
+    (0..class.candidates.len())
+        .filter(|&c| {
+            let endpoint = endpoint_of(&installed.engines[class.candidates[c].engine_idx]);
+            !subset.iter().any(|allowed| same_endpoint(allowed, &endpoint))
+        })
+        .collect()
+}
+
+/// Picks the primary among the candidates not `tried`, waiting (bounded, by priority) while
+/// every usable engine is full; `subset`: the gateway named an endpoint subset.
+async fn pick_primary(
+    shared: &Shared,
+    target: ClassTarget<'_>,
+    model: &ModelName,
+    classified: &Classified<'_>,
+    tried: &[usize],
+    subset: bool,
+) -> Result<usize, ProxyError> {
+    let class_state = &target.installed.classes[target.class.seq];
+    let mut wait_started: Option<Instant> = None;
+    loop {
+        let now_s = (shared.pool_clock.ms() / 1000) as u32;
+        match proxy::pick(shared, target, classified, tried, now_s) {
+            Ok(candidate) => return Ok(candidate),
+            Err(NoCandidate::Saturated) => {
+                let wait = admission::wait_for_slot(
+                    &shared.waiters,
+                    &shared.config,
+                    classified.priority,
+                    &mut wait_started,
+                );
+                if let Err(waited) = wait.await {
+                    class_state.overloaded.fetch_add(1, Relaxed);
+                    let waited_ms = waited.as_millis() as u64;
+                    return Err(ProxyError::Overloaded { model: model.to_string(), waited_ms });
+                }
+            }
+            Err(NoCandidate::Unavailable) => {
+                class_state.failed.fetch_add(1, Relaxed);
+                return Err(ProxyError::NoHealthyEngine {
+                    model: model.to_string(),
+                    detail: match (target.constraints.is_empty(), subset) {
+                        (true, false) => String::new(),
+                        (false, false) => " satisfying the request's constraints".into(),
+                        (_, true) => " among the gateway's endpoint subset".into(),
+                    },
+                });
+            }
+        }
     }
 }
 

@@ -104,6 +104,15 @@ struct Activity {
 }
 
 impl Activity {
+    fn new(opened: Instant) -> Activity {
+        Activity {
+            opened,
+            started: AtomicU64::new(0),
+            finished: AtomicU64::new(0),
+            idle_since: AtomicU64::new(0),
+        }
+    }
+
     /// When the connection started waiting for its next request head, if it is waiting.
     fn waiting_since(&self) -> Option<Instant> {
         let finished = self.finished.load(Relaxed);
@@ -160,12 +169,7 @@ where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let header_read = shared.config.timeouts.header_read;
-    let activity = Arc::new(Activity {
-        opened: clock::now(),
-        started: AtomicU64::new(0),
-        finished: AtomicU64::new(0),
-        idle_since: AtomicU64::new(0),
-    });
+    let activity = Arc::new(Activity::new(clock::now()));
     let service = {
         let activity = Arc::clone(&activity);
         hyper::service::service_fn(move |req| {
@@ -233,15 +237,7 @@ where
                     Some(since) if since + header_read <= now => {
                         let parts = conn.into_parts();
                         if !parts.read_buf.is_empty() {
-                            let mut io = parts.io.into_inner().into_inner();
-                            let answer = refusals::header_timeout();
-                            let write = async {
-                                use tokio::io::AsyncWriteExt;
-                                io.write_all(&answer).await?;
-                                io.shutdown().await
-                            };
-                            // Bounded: a client that does not read gets no more time.
-                            let _ = tokio::time::timeout(header_read, write).await;
+                            refuse_unfinished_head(parts.io.into_inner().into_inner(), header_read).await;
                         }
                         return;
                     }
@@ -258,6 +254,22 @@ where
             }
         }
     }
+}
+
+/// Tells a client that began a request head and did not finish it in `header_read` so (408),
+/// giving it at most `header_read` more to take the answer.
+async fn refuse_unfinished_head<S>(mut io: S, header_read: std::time::Duration)
+where
+    S: tokio::io::AsyncWrite + Unpin,
+{
+    let answer = refusals::header_timeout();
+    let write = async {
+        use tokio::io::AsyncWriteExt;
+        io.write_all(&answer).await?;
+        io.shutdown().await
+    };
+    // Bounded: a client that does not read gets no more time.
+    let _ = tokio::time::timeout(header_read, write).await;
 }
 
 /// What ended one wait of a connection's task.

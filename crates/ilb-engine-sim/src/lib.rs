@@ -10,6 +10,9 @@
 //! **Invariant:** `model`, `profile` and `tokenize` do no IO, read no clock and use no
 //! randomness, so a fleet simulator can run them in virtual time. Only `clock` reads the clock.
 
+// No product function over `too-many-lines-threshold` (clippy.toml) lines; tests may be longer.
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
+
 mod clock;
 pub mod model;
 pub mod profile;

@@ -12,6 +12,9 @@
 //! **Invariant:** no IO and no wall clock (except [`clock`], for the benchmark); the same seed
 //! gives the same results, byte for byte.
 
+// No product function over `too-many-lines-threshold` (clippy.toml) lines; tests may be longer.
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
+
 pub mod calibrate;
 pub mod clock;
 mod engines;

@@ -147,8 +147,6 @@ pub fn seeds(runs: &[Comparison]) -> String {
         "| policy | e2e mean ms | e2e p99 ms | ttft mean ms | cache hit | churn/period | reversals/h | churn steady | rev/h steady | largest move steady | shed | failed |"
     );
     let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    let per =
-        |name: &str| -> Vec<&PolicyResult> { runs.iter().filter_map(|c| c.policies.get(name)).collect() };
     let show = |rs: &[&PolicyResult], f: fn(&PolicyResult) -> f64, scale: f64, d: usize, unit: &str| {
         Spread::of(rs.iter().map(|r| f(r))).map_or_else(|| "—".to_owned(), |s| s.show(scale, d, unit))
     };
@@ -159,7 +157,7 @@ pub fn seeds(runs: &[Comparison]) -> String {
                 .map_or_else(|| "—".to_owned(), |s| s.show(scale, d, unit))
         };
     for name in &first.order {
-        let rs = per(name);
+        let rs = per_seed(runs, name);
         if rs.is_empty() {
             continue;
         }
@@ -179,6 +177,19 @@ pub fn seeds(runs: &[Comparison]) -> String {
             show(&rs, |r| r.failed as f64, 1.0, 0, ""),
         );
     }
+    event_tables(&mut out, runs, &first.order);
+    let _ = writeln!(out, "\n{}", versus(runs, "ilb", "feedback"));
+    out
+}
+
+/// Policy `name`'s result of each run that has one.
+fn per_seed<'r>(runs: &'r [Comparison], name: &str) -> Vec<&'r PolicyResult> {
+    runs.iter().filter_map(|c| c.policies.get(name)).collect()
+}
+
+/// One table per scenario event (policies in `order`): re-plan and settle times, and latency
+/// during the transient, as mean (min–max) over the seeds.
+fn event_tables(out: &mut String, runs: &[Comparison], order: &[String]) {
     let events = runs.iter().flat_map(|c| c.policies.values()).map(|r| r.transients.len()).max().unwrap_or(0);
     for e in 0..events {
         let Some(label) =
@@ -192,9 +203,11 @@ pub fn seeds(runs: &[Comparison]) -> String {
             "| policy | re-plan s | settle s | e2e mean during | e2e p99 during | ttft mean during | e2e mean before | shed during | failed |"
         );
         let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-        for name in &first.order {
-            let ts: Vec<(&PolicyResult, &TransientStats)> =
-                per(name).into_iter().filter_map(|r| r.transients.get(e).map(|t| (r, t))).collect();
+        for name in order {
+            let ts: Vec<(&PolicyResult, &TransientStats)> = per_seed(runs, name)
+                .into_iter()
+                .filter_map(|r| r.transients.get(e).map(|t| (r, t)))
+                .collect();
             if ts.is_empty() {
                 continue;
             }
@@ -228,8 +241,6 @@ pub fn seeds(runs: &[Comparison]) -> String {
             );
         }
     }
-    let _ = writeln!(out, "\n{}", versus(runs, "ilb", "feedback"));
-    out
 }
 
 /// One line: `a`'s mean e2e latency against `b`'s over the seeds, and on how many seeds `a`

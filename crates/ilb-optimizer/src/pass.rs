@@ -475,68 +475,82 @@ impl Pass {
                 self.slope[j] = 0.0;
                 continue;
             }
-            let (lo, hi) = (cand.start[j], cand.start[j + 1]);
-            let curve = &model.curves[j];
-            let k_j = model.capacity[j] / eps;
-            let inv_k = eps / model.capacity[j];
-            // r'_i = u_k − n_kj + x⁰_i/k_j for every entry, their top, and Σ (x⁰_i)².
-            let (class, net, prev) = (&cand.class[lo..hi], &cand.net[lo..hi], &cand.prev[lo..hi]);
-            if self.reduced.len() < hi - lo {
-                self.reduced.resize(hi - lo, 0.0);
-            }
-            let reduced = &mut self.reduced[..hi - lo];
-            // The engine's flows are zeroed here too (a separate fill called memset per engine).
-            let flows = &mut self.x[lo..hi];
-            let (mut top, mut prev_sq) = (f64::NEG_INFINITY, 0.0);
-            for i in 0..class.len() {
-                let r = u[class[i] as usize] - net[i] + prev[i] * inv_k;
-                reduced[i] = r;
-                flows[i] = 0.0;
-                top = if r > top { r } else { top };
-                prev_sq += prev[i] * prev[i];
-            }
-            let base = curve.base_price();
-            // Only classes within cap/k_j (= ερ) of the best can get flow: x_top = k_j (top − q) ≤ cap.
-            // The rest keep x = 0 and are not looked at again in this pass.
-            self.scratch.clear();
-            let (q, slope) = if top <= base {
-                (base, curve.response(base).1)
-            } else {
-                let floor = (top - curve.cap() * inv_k).max(base);
-                for (i, &r) in reduced.iter().enumerate() {
-                    if r > floor {
-                        self.scratch.push((r, (lo + i) as u32));
-                    }
-                }
-                sort_descending(&mut self.scratch);
-                solve_engine(curve, k_j, &self.scratch, self.q[j])
-            };
-            let mut load = 0.0;
-            let mut value = 0.0;
-            // Σ (x − x⁰)² = Σ (x⁰)² + Σ over flows of (x² − 2·x·x⁰).
-            let mut quad = prev_sq;
-            for &(r, e) in &self.scratch {
-                let x = k_j * (r - q);
-                if x > 0.0 {
-                    let e = e as usize;
-                    let k = cand.class[e] as usize;
-                    self.x[e] = x;
-                    load += x;
-                    self.flow[k] += x;
-                    value += (u[k] - cand.net[e]) * x;
-                    quad += x * (x - 2.0 * cand.prev[e]);
-                    self.active.push(e as u32);
-                }
-            }
-            self.active_start.push(self.active.len());
-            let quad = quad.max(0.0);
-            value -= curve.cost(load) + 0.5 * quad / k_j;
-            smoothing += 0.5 * quad / k_j;
+            let (value, engine_smoothing) = self.engine(model, cand, u, eps, j);
+            smoothing += engine_smoothing;
             engines_value += value;
-            self.q[j] = q;
-            self.load[j] = load;
-            self.slope[j] = slope;
         }
+        self.classes(model, u, eps, engines_value, smoothing);
+    }
+
+    /// Engine `j`'s best response to the prices `u` (it is on): its flows, price, load, slope
+    /// and active entries. Returns its term of the dual value and its smoothing term.
+    fn engine(&mut self, model: &Model, cand: &Candidates, u: &[f64], eps: f64, j: usize) -> (f64, f64) {
+        let (lo, hi) = (cand.start[j], cand.start[j + 1]);
+        let curve = &model.curves[j];
+        let k_j = model.capacity[j] / eps;
+        let inv_k = eps / model.capacity[j];
+        // r'_i = u_k − n_kj + x⁰_i/k_j for every entry, their top, and Σ (x⁰_i)².
+        let (class, net, prev) = (&cand.class[lo..hi], &cand.net[lo..hi], &cand.prev[lo..hi]);
+        if self.reduced.len() < hi - lo {
+            self.reduced.resize(hi - lo, 0.0);
+        }
+        let reduced = &mut self.reduced[..hi - lo];
+        // The engine's flows are zeroed here too (a separate fill called memset per engine).
+        let flows = &mut self.x[lo..hi];
+        let (mut top, mut prev_sq) = (f64::NEG_INFINITY, 0.0);
+        for i in 0..class.len() {
+            let r = u[class[i] as usize] - net[i] + prev[i] * inv_k;
+            reduced[i] = r;
+            flows[i] = 0.0;
+            top = if r > top { r } else { top };
+            prev_sq += prev[i] * prev[i];
+        }
+        let base = curve.base_price();
+        // Only classes within cap/k_j (= ερ) of the best can get flow: x_top = k_j (top − q) ≤ cap.
+        // The rest keep x = 0 and are not looked at again in this pass.
+        self.scratch.clear();
+        let (q, slope) = if top <= base {
+            (base, curve.response(base).1)
+        } else {
+            let floor = (top - curve.cap() * inv_k).max(base);
+            for (i, &r) in reduced.iter().enumerate() {
+                if r > floor {
+                    self.scratch.push((r, (lo + i) as u32));
+                }
+            }
+            sort_descending(&mut self.scratch);
+            solve_engine(curve, k_j, &self.scratch, self.q[j])
+        };
+        let mut load = 0.0;
+        let mut value = 0.0;
+        // Σ (x − x⁰)² = Σ (x⁰)² + Σ over flows of (x² − 2·x·x⁰).
+        let mut quad = prev_sq;
+        for &(r, e) in &self.scratch {
+            let x = k_j * (r - q);
+            if x > 0.0 {
+                let e = e as usize;
+                let k = cand.class[e] as usize;
+                self.x[e] = x;
+                load += x;
+                self.flow[k] += x;
+                value += (u[k] - cand.net[e]) * x;
+                quad += x * (x - 2.0 * cand.prev[e]);
+                self.active.push(e as u32);
+            }
+        }
+        self.active_start.push(self.active.len());
+        let quad = quad.max(0.0);
+        value -= curve.cost(load) + 0.5 * quad / k_j;
+        self.q[j] = q;
+        self.load[j] = load;
+        self.slope[j] = slope;
+        (value, 0.5 * quad / k_j)
+    }
+
+    /// The classes' shedding and demand gradient at the prices `u`, and the pass's dual value,
+    /// smoothing and residual from the engines' sums.
+    fn classes(&mut self, model: &Model, u: &[f64], eps: f64, engines_value: f64, mut smoothing: f64) {
+        let n = model.n_classes();
         self.shed.clear();
         self.shed.resize(n, 0.0);
         self.grad.clear();

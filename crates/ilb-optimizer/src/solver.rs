@@ -7,10 +7,10 @@ use std::sync::Arc;
 use crate::aggregate::Aggregation;
 use crate::certify::{repair, Repaired};
 use crate::coarse;
+use crate::disaggregate::{disaggregate, RunSummary};
 use crate::linalg::Cholesky;
 use crate::pass::{Candidates, EngineCurves, Model, Pass, PrevRoutes};
 use crate::problem::{Problem, ProblemError};
-use crate::publish::{publish, RunSummary};
 use crate::solution::{CurveCache, Ids, Solution, WarmStart};
 use crate::stability::{keep_previous, Previous};
 use crate::warm::{cold_prices, map_warm_start};
@@ -22,7 +22,7 @@ pub struct SolverOptions {
     pub gap_target: f64,
     /// Upper bound on Newton steps; the best certified solution so far is returned.
     pub max_newton_steps: usize,
-    /// Routes below this fraction of their class demand are dropped (and re-placed) when publishing.
+    /// Routes below this fraction of their class demand are dropped (and re-placed) by the repair.
     pub min_route_fraction: f64,
     /// Centre the smoothing term at the previous routes (sticky ties); on by default.
     pub proximal: bool,
@@ -148,7 +148,7 @@ pub fn solve(
         epsilon: eps,
         coarse_engines,
     };
-    let (solution, published) = publish(problem, &groups, &model, summary, &repaired, lost.as_ref());
+    let (solution, routes) = disaggregate(problem, &groups, &model, summary, &repaired, lost.as_ref());
     let warm = WarmStart {
         class_ids: match warm.filter(|_| same_classes) {
             Some(w) => w.class_ids.clone(),
@@ -167,9 +167,9 @@ pub fn solve(
                 (problem.classes[k].demand_rps > 0.0 && p.is_finite()).then_some(p)
             })
             .collect(),
-        class_group: published.class_group,
-        share: published.share,
-        routes: published.routes,
+        class_group: routes.class_group,
+        share: routes.share,
+        routes: routes.routes,
         epsilon: eps,
         after_cold: warm.is_none(),
         curves: CurveCache(Some(curves)),
@@ -433,7 +433,6 @@ impl<'m, 'p> Run<'m, 'p> {
     /// kink of the dual); the caller then certifies what it has, which is often good enough.
     fn newton(&mut self, eps: f64, tolerance: f64) -> bool {
         let n = self.model.n_classes();
-        let rho = self.model.rho;
         let mut delta = vec![0.0; n];
         let mut u_trial = vec![0.0; n];
         let mut short_steps = 0;
@@ -442,97 +441,109 @@ impl<'m, 'p> Run<'m, 'p> {
                 return false;
             }
             self.steps += 1;
-            let max_diag = self.newton_matrix(eps);
-            // Levenberg–Marquardt damping: where capacity binds on every engine a group of classes
-            // shares, the matrix is singular along "raise all their prices"; the damping turns the
-            // step there into one of about `radius` ms. It vanishes with the gradient, so the final
-            // steps are pure Newton.
-            let radius = self.radius.max(10.0 * eps);
-            let max_grad = (0..n)
-                .filter(|&k| self.model.class_on[k])
-                .fold(0.0f64, |a, k| a.max(self.pass.grad[k].abs()));
-            let damping = max_grad / radius;
-            let mut idle_classes = Vec::new();
-            for k in 0..n {
-                delta[k] = self.pass.grad[k];
-                let diag = self.hessian[k * n + k];
-                if !self.model.class_on[k] {
-                    self.hessian[k * n + k] = 1.0;
-                    delta[k] = 0.0;
-                } else if diag <= 1e-12 * max_diag.max(1e-300) {
-                    // No flow and no shedding: the dual is linear in u_k here. Jump to where the
-                    // class starts to be served (or shed), found below.
-                    self.hessian[k * n + k] = 1.0;
-                    idle_classes.push(k);
-                } else {
-                    self.hessian[k * n + k] += 1e-10 * diag + damping;
-                }
-            }
-            if !idle_classes.is_empty() {
-                let targets = self.jump_targets(&idle_classes);
-                // The dual is linear in these prices up to the next event and concave beyond:
-                // stepping at least a quarter of the trust radius lets a chain of small events
-                // (a price climbing to its shed penalty) take few steps; the line search cuts
-                // any overshoot.
-                for (&k, target) in idle_classes.iter().zip(targets) {
-                    let step = target - self.u[k];
-                    let reach = 0.25 * self.radius;
-                    delta[k] = if step >= 0.0 { step.max(reach) } else { step.min(-reach) };
-                }
-            }
-            self.cholesky.solve(&mut self.hessian, &mut delta, n, 1e-12);
-            let slope: f64 =
-                (0..n).filter(|&k| self.model.class_on[k]).map(|k| delta[k] * self.pass.grad[k]).sum();
-            let mut t = 1.0;
-            let mut accepted = false;
-            for _ in 0..60 {
-                for k in 0..n {
-                    u_trial[k] = self.u[k] + t * delta[k];
-                }
-                let rebuilt = !Self::lists_valid(&self.cand, &u_trial, eps, rho);
-                if rebuilt {
-                    self.spare.rebuild(self.model, &u_trial, self.width(eps), &self.prev);
-                    self.rebuilds += 1;
-                }
-                let lists = if rebuilt { &self.spare } else { &self.cand };
-                self.trial.q.clone_from(&self.pass.q);
-                self.trial.run(self.model, lists, &u_trial, eps);
-                self.passes += 1;
-                let noise = 1e-13 * (self.pass.dual.abs() + self.trial.dual.abs());
-                // Slope of the dual along the step at t; ≥ 0 means the maximum along the line is
-                // not yet passed, so (concavity) the value went up: accept without trusting the
-                // value difference, which is at rounding level near convergence.
-                let slope_at_t: f64 =
-                    (0..n).filter(|&k| self.model.class_on[k]).map(|k| delta[k] * self.trial.grad[k]).sum();
-                if slope_at_t >= 0.0 || self.trial.dual >= self.pass.dual + 1e-4 * t * slope.max(0.0) - noise
-                {
-                    if rebuilt {
-                        std::mem::swap(&mut self.cand, &mut self.spare);
-                    }
-                    std::mem::swap(&mut self.pass, &mut self.trial);
-                    std::mem::swap(&mut self.u, &mut u_trial);
-                    accepted = true;
-                    // Trust-region update: widen after a full step, narrow after a cut one.
-                    self.radius = if t >= 1.0 {
-                        (self.radius * 4.0).min(self.max_radius)
-                    } else {
-                        (self.radius * t).max(2.0 * eps)
-                    };
-                    break;
-                }
-                // Overshoot: the secant zero of the slope, kept within [0.05 t, 0.9 t].
-                let secant = t * slope / (slope - slope_at_t);
-                t = if secant.is_finite() { secant.clamp(0.05 * t, 0.9 * t) } else { 0.5 * t };
-            }
-            if !accepted {
+            self.newton_direction(eps, &mut delta);
+            let Some(t) = self.line_search(eps, &delta, &mut u_trial) else {
                 return false;
-            }
+            };
             // A step the line search cut to its first floor (0.05) or below counts as short: at a
             // kink Newton otherwise creeps on by 5 % a step (the coarse problem of 100 × 5,000
             // noisy spent 18 of its 64 steps so, residual 4.5e-4 → 2.2e-4 at one ε).
             short_steps = if t < 0.06 { short_steps + 1 } else { 0 };
         }
         true
+    }
+
+    /// The Newton step at the current prices into `delta`: the damped Newton system, with idle
+    /// classes' steps set to jump to where they start to be served or shed.
+    fn newton_direction(&mut self, eps: f64, delta: &mut [f64]) {
+        let n = self.model.n_classes();
+        let max_diag = self.newton_matrix(eps);
+        // Levenberg–Marquardt damping: where capacity binds on every engine a group of classes
+        // shares, the matrix is singular along "raise all their prices"; the damping turns the
+        // step there into one of about `radius` ms. It vanishes with the gradient, so the final
+        // steps are pure Newton.
+        let radius = self.radius.max(10.0 * eps);
+        let max_grad =
+            (0..n).filter(|&k| self.model.class_on[k]).fold(0.0f64, |a, k| a.max(self.pass.grad[k].abs()));
+        let damping = max_grad / radius;
+        let mut idle_classes = Vec::new();
+        for k in 0..n {
+            delta[k] = self.pass.grad[k];
+            let diag = self.hessian[k * n + k];
+            if !self.model.class_on[k] {
+                self.hessian[k * n + k] = 1.0;
+                delta[k] = 0.0;
+            } else if diag <= 1e-12 * max_diag.max(1e-300) {
+                // No flow and no shedding: the dual is linear in u_k here. Jump to where the
+                // class starts to be served (or shed), found below.
+                self.hessian[k * n + k] = 1.0;
+                idle_classes.push(k);
+            } else {
+                self.hessian[k * n + k] += 1e-10 * diag + damping;
+            }
+        }
+        if !idle_classes.is_empty() {
+            let targets = self.jump_targets(&idle_classes);
+            // The dual is linear in these prices up to the next event and concave beyond:
+            // stepping at least a quarter of the trust radius lets a chain of small events
+            // (a price climbing to its shed penalty) take few steps; the line search cuts
+            // any overshoot.
+            for (&k, target) in idle_classes.iter().zip(targets) {
+                let step = target - self.u[k];
+                let reach = 0.25 * self.radius;
+                delta[k] = if step >= 0.0 { step.max(reach) } else { step.min(-reach) };
+            }
+        }
+        self.cholesky.solve(&mut self.hessian, delta, n, 1e-12);
+    }
+
+    /// Backtracking line search along `delta` (`u_trial` its scratch): takes the first step
+    /// length at which the dual went up, with the trust radius updated, and returns it; None
+    /// when 60 cuts found none.
+    fn line_search(&mut self, eps: f64, delta: &[f64], u_trial: &mut Vec<f64>) -> Option<f64> {
+        let n = self.model.n_classes();
+        let rho = self.model.rho;
+        let slope: f64 =
+            (0..n).filter(|&k| self.model.class_on[k]).map(|k| delta[k] * self.pass.grad[k]).sum();
+        let mut t = 1.0;
+        for _ in 0..60 {
+            for k in 0..n {
+                u_trial[k] = self.u[k] + t * delta[k];
+            }
+            let rebuilt = !Self::lists_valid(&self.cand, u_trial, eps, rho);
+            if rebuilt {
+                self.spare.rebuild(self.model, u_trial, self.width(eps), &self.prev);
+                self.rebuilds += 1;
+            }
+            let lists = if rebuilt { &self.spare } else { &self.cand };
+            self.trial.q.clone_from(&self.pass.q);
+            self.trial.run(self.model, lists, u_trial, eps);
+            self.passes += 1;
+            let noise = 1e-13 * (self.pass.dual.abs() + self.trial.dual.abs());
+            // Slope of the dual along the step at t; ≥ 0 means the maximum along the line is
+            // not yet passed, so (concavity) the value went up: accept without trusting the
+            // value difference, which is at rounding level near convergence.
+            let slope_at_t: f64 =
+                (0..n).filter(|&k| self.model.class_on[k]).map(|k| delta[k] * self.trial.grad[k]).sum();
+            if slope_at_t >= 0.0 || self.trial.dual >= self.pass.dual + 1e-4 * t * slope.max(0.0) - noise {
+                if rebuilt {
+                    std::mem::swap(&mut self.cand, &mut self.spare);
+                }
+                std::mem::swap(&mut self.pass, &mut self.trial);
+                std::mem::swap(&mut self.u, u_trial);
+                // Trust-region update: widen after a full step, narrow after a cut one.
+                self.radius = if t >= 1.0 {
+                    (self.radius * 4.0).min(self.max_radius)
+                } else {
+                    (self.radius * t).max(2.0 * eps)
+                };
+                return Some(t);
+            }
+            // Overshoot: the secant zero of the slope, kept within [0.05 t, 0.9 t].
+            let secant = t * slope / (slope - slope_at_t);
+            t = if secant.is_finite() { secant.clamp(0.05 * t, 0.9 * t) } else { 0.5 * t };
+        }
+        None
     }
 
     /// For classes where the dual is locally linear (no flow, or only flow to saturated engines

@@ -90,6 +90,8 @@ fn index_map<'a>(old: &'a [String], new: impl Iterator<Item = &'a str>) -> Vec<O
         .collect()
 }
 
+/// Translates the previous solve's warm start to the indices of the new problem, matching
+/// classes and engines by id.
 pub(crate) fn map_warm_start(
     problem: &Problem,
     model: &Model,
@@ -112,74 +114,9 @@ pub(crate) fn map_warm_start(
     };
     let group_map: Vec<Option<usize>> =
         class_map.iter().map(|k| k.map(|k| groups.class_group[k] as usize)).collect();
-    let mut prices = cold_prices_if_needed(model, warm, &group_map);
-    let mut priced = vec![false; model.n_classes()];
-    for (old, new) in group_map.iter().enumerate() {
-        if let (Some(g), Some(Some(p))) = (new, warm.prices.get(old)) {
-            // Members of one group had one price when they were grouped the same way before;
-            // otherwise the highest is a fine start.
-            if model.class_on[*g] && (!priced[*g] || *p > prices[*g]) {
-                prices[*g] = *p;
-                priced[*g] = true;
-            }
-        }
-    }
-    // How much of each old group's routes goes to each new group: (old, new, Σ shares).
-    let old_groups =
-        warm.class_group.iter().filter(|&&h| h != u32::MAX).map(|&h| h as usize + 1).max().unwrap_or(0);
-    let mut total_share = vec![0.0; old_groups];
-    let mut pairs: Vec<(u32, u32, f64)> = Vec::new();
-    let mut of_class = vec![None; problem.classes.len()];
-    for (old, new) in class_map.iter().enumerate() {
-        let (h, share) = match (warm.class_group.get(old), warm.share.get(old)) {
-            (Some(&h), Some(&share)) if h != u32::MAX && share > 0.0 => (h, share),
-            _ => continue,
-        };
-        total_share[h as usize] += share;
-        if let Some(k) = new {
-            pairs.push((h, groups.class_group[*k], share));
-            of_class[*k] = Some((h, share));
-        }
-    }
-    pairs.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
-    pairs.dedup_by(|later, earlier| {
-        let same = later.0 == earlier.0 && later.1 == earlier.1;
-        if same {
-            earlier.2 += later.2;
-        }
-        same
-    });
-    let mut pair_start = vec![0usize; old_groups + 1];
-    for p in &pairs {
-        pair_start[p.0 as usize + 1] += 1;
-    }
-    for h in 0..old_groups {
-        pair_start[h + 1] += pair_start[h];
-    }
-    let mut kept_share = vec![0.0; old_groups];
-    for p in &pairs {
-        kept_share[p.0 as usize] += p.2;
-    }
-    // Group-level centre (j, g, rps) and old routes by old group, both in new engine indices.
-    let mut centre: Vec<(u32, u32, f64)> = Vec::with_capacity(warm.routes.len());
-    let mut old_routes: Vec<(u32, u32, f64)> = Vec::with_capacity(warm.routes.len());
-    let mut lost_rps = 0.0;
-    for &(h, j, rps) in &warm.routes {
-        let h = h as usize;
-        if h >= old_groups {
-            continue;
-        }
-        match engine_map.get(j as usize).copied().flatten() {
-            Some(j) => {
-                lost_rps += rps * (total_share[h] - kept_share[h]).max(0.0);
-                old_routes.push((h as u32, j as u32, rps));
-                for &(_, g, w) in &pairs[pair_start[h]..pair_start[h + 1]] {
-                    centre.push((j as u32, g, rps * w));
-                }
-            }
-            None => lost_rps += rps * total_share[h],
-        }
-    }
+    let prices = warm_prices(model, warm, &group_map);
+    let pairs = GroupPairs::new(problem, groups, warm, &class_map);
+    let Translated { mut centre, mut old_routes, lost_rps } = translate_routes(warm, &engine_map, &pairs);
     if same_engines {
         // Engine-major already; only the groups within an engine may be out of order.
         let mut lo = 0;
@@ -197,14 +134,130 @@ pub(crate) fn map_warm_start(
         centre.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
         old_routes.sort_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(&b.0)));
     }
-    let m = model.n_engines();
+    let prev = prev_routes(&centre, model.n_engines());
+    let old = old_routes_by_group(&old_routes, pairs.old_groups, pairs.of_class, lost_rps);
+    MappedWarm { prices, prev, old, epsilon: warm.epsilon }
+}
+
+/// The old prices by new group (the cold ones where a group had none).
+fn warm_prices(model: &Model, warm: &WarmStart, group_map: &[Option<usize>]) -> Vec<f64> {
+    let mut prices = cold_prices_if_needed(model, warm, group_map);
+    let mut priced = vec![false; model.n_classes()];
+    for (old, new) in group_map.iter().enumerate() {
+        if let (Some(g), Some(Some(p))) = (new, warm.prices.get(old)) {
+            // Members of one group had one price when they were grouped the same way before;
+            // otherwise the highest is a fine start.
+            if model.class_on[*g] && (!priced[*g] || *p > prices[*g]) {
+                prices[*g] = *p;
+                priced[*g] = true;
+            }
+        }
+    }
+    prices
+}
+
+/// How much of each old group's routes goes to each new group.
+struct GroupPairs {
+    old_groups: usize,
+    /// (old group, new group, Σ shares), by old group (CSR: `pair_start`).
+    pairs: Vec<(u32, u32, f64)>,
+    pair_start: Vec<usize>,
+    /// Σ shares of each old group's classes, and of those that still exist.
+    total_share: Vec<f64>,
+    kept_share: Vec<f64>,
+    /// For each new class: its old group and share, if it existed.
+    of_class: Vec<Option<(u32, f64)>>,
+}
+
+impl GroupPairs {
+    fn new(
+        problem: &Problem,
+        groups: &Aggregation,
+        warm: &WarmStart,
+        class_map: &[Option<usize>],
+    ) -> GroupPairs {
+        let old_groups =
+            warm.class_group.iter().filter(|&&h| h != u32::MAX).map(|&h| h as usize + 1).max().unwrap_or(0);
+        let mut total_share = vec![0.0; old_groups];
+        let mut pairs: Vec<(u32, u32, f64)> = Vec::new();
+        let mut of_class = vec![None; problem.classes.len()];
+        for (old, new) in class_map.iter().enumerate() {
+            let (h, share) = match (warm.class_group.get(old), warm.share.get(old)) {
+                (Some(&h), Some(&share)) if h != u32::MAX && share > 0.0 => (h, share),
+                _ => continue,
+            };
+            total_share[h as usize] += share;
+            if let Some(k) = new {
+                pairs.push((h, groups.class_group[*k], share));
+                of_class[*k] = Some((h, share));
+            }
+        }
+        pairs.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+        pairs.dedup_by(|later, earlier| {
+            let same = later.0 == earlier.0 && later.1 == earlier.1;
+            if same {
+                earlier.2 += later.2;
+            }
+            same
+        });
+        let mut pair_start = vec![0usize; old_groups + 1];
+        for p in &pairs {
+            pair_start[p.0 as usize + 1] += 1;
+        }
+        for h in 0..old_groups {
+            pair_start[h + 1] += pair_start[h];
+        }
+        let mut kept_share = vec![0.0; old_groups];
+        for p in &pairs {
+            kept_share[p.0 as usize] += p.2;
+        }
+        GroupPairs { old_groups, pairs, pair_start, total_share, kept_share, of_class }
+    }
+}
+
+/// The previous routes in new engine indices.
+struct Translated {
+    /// The group-level proximal centre (engine, new group, rps).
+    centre: Vec<(u32, u32, f64)>,
+    /// The old group routes (old group, engine, rps).
+    old_routes: Vec<(u32, u32, f64)>,
+    /// Previous rps on classes or engines that no longer exist.
+    lost_rps: f64,
+}
+
+fn translate_routes(warm: &WarmStart, engine_map: &[Option<usize>], pairs: &GroupPairs) -> Translated {
+    let GroupPairs { old_groups, total_share, kept_share, pair_start, .. } = pairs;
+    let mut centre: Vec<(u32, u32, f64)> = Vec::with_capacity(warm.routes.len());
+    let mut old_routes: Vec<(u32, u32, f64)> = Vec::with_capacity(warm.routes.len());
+    let mut lost_rps = 0.0;
+    for &(h, j, rps) in &warm.routes {
+        let h = h as usize;
+        if h >= *old_groups {
+            continue;
+        }
+        match engine_map.get(j as usize).copied().flatten() {
+            Some(j) => {
+                lost_rps += rps * (total_share[h] - kept_share[h]).max(0.0);
+                old_routes.push((h as u32, j as u32, rps));
+                for &(_, g, w) in &pairs.pairs[pair_start[h]..pair_start[h + 1]] {
+                    centre.push((j as u32, g, rps * w));
+                }
+            }
+            None => lost_rps += rps * total_share[h],
+        }
+    }
+    Translated { centre, old_routes, lost_rps }
+}
+
+/// The proximal centre from the engine-major group-level centre (j, g, rps).
+fn prev_routes(centre: &[(u32, u32, f64)], m: usize) -> PrevRoutes {
     let mut prev = PrevRoutes {
         start: vec![0; m + 1],
         class: Vec::with_capacity(centre.len()),
         rps: Vec::with_capacity(centre.len()),
     };
     let mut current = usize::MAX;
-    for &(j, g, rps) in &centre {
+    for &(j, g, rps) in centre {
         let j = j as usize;
         if j == current && prev.class.last() == Some(&g) {
             if let Some(last) = prev.rps.last_mut() {
@@ -220,9 +273,18 @@ pub(crate) fn map_warm_start(
     for j in 0..m {
         prev.start[j + 1] += prev.start[j];
     }
-    // Old routes by old group (stable counting sort keeps engines ascending).
+    prev
+}
+
+/// Old routes (h, j, rps) by old group (stable counting sort keeps engines ascending).
+fn old_routes_by_group(
+    old_routes: &[(u32, u32, f64)],
+    old_groups: usize,
+    of_class: Vec<Option<(u32, f64)>>,
+    lost_rps: f64,
+) -> OldRoutes {
     let mut start = vec![0usize; old_groups + 1];
-    for r in &old_routes {
+    for r in old_routes {
         start[r.0 as usize + 1] += 1;
     }
     for h in 0..old_groups {
@@ -231,14 +293,13 @@ pub(crate) fn map_warm_start(
     let mut fill = start.clone();
     let mut engine = vec![0u32; old_routes.len()];
     let mut rps = vec![0.0; old_routes.len()];
-    for r in &old_routes {
+    for r in old_routes {
         let i = &mut fill[r.0 as usize];
         engine[*i] = r.1;
         rps[*i] = r.2;
         *i += 1;
     }
-    let old = OldRoutes { start, engine, rps, of_class, lost_rps };
-    MappedWarm { prices, prev, old, epsilon: warm.epsilon }
+    OldRoutes { start, engine, rps, of_class, lost_rps }
 }
 
 /// Cold prices for the new problem, computed only when some active class has no old price.

@@ -518,40 +518,39 @@ impl OutlierSettings {
     }
 }
 
-impl FleetConfig {
-    /// Checks ranges and cross-references.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let cp = &self.control_plane;
-        if cp.listen.parse::<std::net::SocketAddr>().is_err() {
-            return err(format!("control_plane.listen: '{}' is not host:port", cp.listen));
+impl ControlPlaneSettings {
+    /// Checks the `[control_plane]` table's ranges.
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.listen.parse::<std::net::SocketAddr>().is_err() {
+            return err(format!("control_plane.listen: '{}' is not host:port", self.listen));
         }
         for (name, v) in [
-            ("scrape_interval_ms", cp.scrape_interval_ms),
-            ("solve_interval_ms", cp.solve_interval_ms),
-            ("signal_stale_ms", cp.signal_stale_ms),
-            ("report_timeout_ms", cp.report_timeout_ms),
-            ("smoothing_ms", cp.smoothing_ms),
+            ("scrape_interval_ms", self.scrape_interval_ms),
+            ("solve_interval_ms", self.solve_interval_ms),
+            ("signal_stale_ms", self.signal_stale_ms),
+            ("report_timeout_ms", self.report_timeout_ms),
+            ("smoothing_ms", self.smoothing_ms),
         ] {
             bounds::check_count(&format!("control_plane.{name}"), v, &bounds::PERIOD_MS)?;
         }
-        if !(cp.rho > 0.0 && cp.rho <= 1.0) {
-            return err(format!("control_plane.rho: {} is not in (0, 1]", cp.rho));
+        if !(self.rho > 0.0 && self.rho <= 1.0) {
+            return err(format!("control_plane.rho: {} is not in (0, 1]", self.rho));
         }
-        bounds::LATENCY_MS.check("control_plane.stability_ms", cp.stability_ms)?;
-        if !(0.0..=0.1).contains(&cp.stability_tolerance) {
+        bounds::LATENCY_MS.check("control_plane.stability_ms", self.stability_ms)?;
+        if !(0.0..=0.1).contains(&self.stability_tolerance) {
             return err("control_plane.stability_tolerance: must be in [0, 0.1]");
         }
-        if !(0.0..=10.0).contains(&cp.demand_band_sigmas) {
+        if !(0.0..=10.0).contains(&self.demand_band_sigmas) {
             return err("control_plane.demand_band_sigmas: must be in [0, 10]");
         }
-        bounds::TOKENS.check("control_plane.expected_output_tokens", cp.expected_output_tokens)?;
+        bounds::TOKENS.check("control_plane.expected_output_tokens", self.expected_output_tokens)?;
         bounds::Bound { min_exclusive: true, ..bounds::RATE_RPS }
-            .check("control_plane.demand_floor_rps", cp.demand_floor_rps)?;
-        if !(cp.shed_price_floor.is_finite() && (0.0..=1000.0).contains(&cp.shed_price_floor)) {
+            .check("control_plane.demand_floor_rps", self.demand_floor_rps)?;
+        if !(self.shed_price_floor.is_finite() && (0.0..=1000.0).contains(&self.shed_price_floor)) {
             return err("control_plane.shed_price_floor: must be in [0, 1000]");
         }
         for priority in ["low", "normal", "high", "critical"] {
-            match cp.shed_penalty_ms.get(priority) {
+            match self.shed_penalty_ms.get(priority) {
                 Some(p) if bounds::POSITIVE_LATENCY_MS.contains(*p) => {}
                 _ => {
                     return err(format!(
@@ -561,13 +560,29 @@ impl FleetConfig {
             }
         }
         if let Some(extra) =
-            cp.shed_penalty_ms.keys().find(|k| !["low", "normal", "high", "critical"].contains(&k.as_str()))
+            self.shed_penalty_ms.keys().find(|k| !["low", "normal", "high", "critical"].contains(&k.as_str()))
         {
             return err(format!(
                 "control_plane.shed_penalty_ms.{extra}: unknown priority (low, normal, high, critical)"
             ));
         }
-        cp.outliers.validate()?;
+        self.outliers.validate()?;
+        Ok(())
+    }
+}
+
+impl FleetConfig {
+    /// Checks ranges and cross-references.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.control_plane.validate()?;
+        let regions = self.validate_network()?;
+        self.validate_clusters_and_classes(&regions)?;
+        self.validate_profiles()?;
+        self.validate_engines()
+    }
+
+    /// Regions and network latencies; returns the region ids.
+    fn validate_network(&self) -> Result<HashSet<&str>, ConfigError> {
         let mut regions = HashSet::new();
         for r in &self.regions {
             if !regions.insert(r.id.as_str()) {
@@ -594,6 +609,12 @@ impl FleetConfig {
                 }
             }
         }
+        Ok(regions)
+    }
+
+    /// Front-end clusters (in known regions) and class rules.
+    fn validate_clusters_and_classes(&self, regions: &HashSet<&str>) -> Result<(), ConfigError> {
+        let known_region = |id: &str| regions.is_empty() || regions.contains(id);
         if self.clusters.is_empty() {
             return err("clusters: at least one front-end cluster is needed");
         }
@@ -616,6 +637,11 @@ impl FleetConfig {
                 return err(format!("classes.{}: needs `require` or `residency`", rule.id));
             }
         }
+        Ok(())
+    }
+
+    /// Engine profiles, and the measured curves of known ones.
+    fn validate_profiles(&self) -> Result<(), ConfigError> {
         for (name, p) in &self.profiles {
             bounds::CAPACITY_RPS.check(&format!("profiles.{name}.capacity_rps"), p.capacity_rps)?;
             for (field, v) in [
@@ -627,13 +653,18 @@ impl FleetConfig {
                 bounds::LATENCY_MS.check(&format!("profiles.{name}.{field}"), v)?;
             }
         }
-        for (name, curves) in &cp.measured_curves {
+        for (name, curves) in &self.control_plane.measured_curves {
             let field = format!("control_plane.measured_curves.{name}");
             if !self.profiles.contains_key(name) {
                 return err(format!("{field}: unknown profile '{name}'"));
             }
             curves.validate(&field)?;
         }
+        Ok(())
+    }
+
+    /// Engines and engine groups (each group's engines as a sample of them).
+    fn validate_engines(&self) -> Result<(), ConfigError> {
         let mut engines = HashSet::new();
         for e in &self.engines {
             if !engines.insert(e.id.as_str()) {

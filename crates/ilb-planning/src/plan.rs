@@ -15,7 +15,7 @@
 //! would be below the service time of a long decode on slow hardware, and the plan would shed
 //! with engines idle.
 
-use crate::config::{ClassRule, FleetConfig};
+use crate::config::{ClassRule, ControlPlaneSettings, FleetConfig};
 use crate::fleet::{ClassKey, PlanningInputs};
 use crate::profile::LatencyProfile;
 use ilb_core::constraint::satisfies;
@@ -194,113 +194,146 @@ fn part_id(key: &ClassKey, priority: Priority) -> String {
 /// could not be planned and why.
 pub fn build(inputs: &PlanningInputs<'_>) -> (Vec<ModelPlan>, Vec<Unplanned>) {
     let config = inputs.config;
-    let cp = &config.control_plane;
     let mut models: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
     for (idx, engine) in config.engines.iter().enumerate() {
         models.entry(engine.model.as_str()).or_default().push(idx);
     }
-    let price = |p: Priority| cp.shed_penalty_ms.get(p.as_str()).copied().unwrap_or(10_000.0);
     let (mut plans, mut unplanned) = (Vec::new(), Vec::new());
     for (model, engine_idx) in models {
-        let rules: Vec<Option<&ClassRule>> = std::iter::once(None)
-            .chain(
-                config
-                    .classes
-                    .iter()
-                    .filter(|rule| engine_idx.iter().any(|&j| allows(Some(rule), &config.engines[j])))
-                    .map(Some),
-            )
-            .collect();
-        let mut classes = Vec::new();
-        let mut class_rules = Vec::new();
-        let mut parts = Vec::new();
-        let mut problem_classes = Vec::new();
-        for cluster in &config.clusters {
-            for rule in &rules {
-                let key = ClassKey {
-                    cluster: cluster.id.clone(),
-                    model: model.to_owned(),
-                    class: rule.map_or("default".to_owned(), |r| r.id.clone()),
-                };
-                let by_priority = inputs.demand_by_priority(&key);
-                for (priority, demand_rps) in priority_parts(by_priority, cp.demand_floor_rps) {
-                    parts.push((classes.len(), priority));
-                    problem_classes.push(Class {
-                        id: part_id(&key, priority),
-                        demand_rps,
-                        shed_penalty_ms: price(priority),
-                        headroom_rps: 0.0,
-                    });
-                }
-                classes.push(PlanClass {
-                    key,
-                    require: rule.map(|r| r.require.clone()).unwrap_or_default(),
-                    residency: rule.and_then(|r| r.residency.clone()),
-                    measured_demand_rps: by_priority.iter().sum(),
-                    measured_by_priority: by_priority,
-                });
-                class_rules.push(*rule);
-            }
+        match plan_model(inputs, model, engine_idx) {
+            Ok(plan) => plans.push(plan),
+            Err(why) => unplanned.push(why),
         }
-        let capacity_rps: Vec<f64> = engine_idx.iter().map(|&j| inputs.capacity_rps[j]).collect();
-        let (profiles, in_flight): (Vec<LatencyProfile>, Vec<LatencyProfile>) =
-            engine_idx.iter().map(|&j| inputs.curves[j].clone()).unzip();
-        let network = NetworkMatrix::from_fn(parts.len(), engine_idx.len(), |i, j| {
-            let k = parts[i].0;
-            let engine = &config.engines[engine_idx[j]];
-            // Measured and configured latencies are finite and non-negative; clamp anyway
-            // so a bad measurement cannot make the problem invalid.
-            let ms = inputs.network_ms(&classes[k].key.cluster, engine_idx[j]);
-            let ms = if ms.is_finite() { ms.max(0.0) } else { 1e6 };
-            allows(class_rules[k], engine).then_some(ms)
-        });
-        let network_ms = match network {
-            Ok(network) => network,
-            Err(e) => {
-                tracing::error!(model, error = %e, "model not planned: its network matrix is invalid");
-                unplanned.push(Unplanned { model: model.to_owned(), reason: format!("network matrix: {e}") });
-                continue;
-            }
-        };
-        // Engines without capacity (down, asleep) serve nobody: they do not set the scale.
-        let unloaded: Vec<f64> = profiles
-            .iter()
-            .zip(&capacity_rps)
-            .map(|(p, &c)| if c > 0.0 { p.latency_ms(0.0, c) } else { f64::NAN })
-            .collect();
-        scale_shed_prices(
-            &mut problem_classes,
-            &network_ms,
-            &unloaded,
-            cp.shed_price_floor,
-            price(Priority::Normal),
-        );
-        let problem = Problem {
-            rho: cp.rho,
-            classes: problem_classes,
-            engines: engine_idx
-                .iter()
-                .zip(&capacity_rps)
-                .zip(profiles)
-                .map(|((&j, &capacity), profile)| Engine {
-                    id: config.engines[j].id.clone(),
-                    capacity_rps: capacity,
-                    latency: to_optimizer(profile),
-                })
-                .collect(),
-            network_ms,
-        };
-        plans.push(ModelPlan {
-            model: model.to_owned(),
-            classes,
-            parts,
-            engines: engine_idx,
-            capacity_rps,
-            in_flight,
-            problem,
-        });
     }
     (plans, unplanned)
+}
+
+/// The shed price of a priority (`control_plane.shed_penalty_ms`).
+fn shed_price(cp: &ControlPlaneSettings, p: Priority) -> f64 {
+    cp.shed_penalty_ms.get(p.as_str()).copied().unwrap_or(10_000.0)
+}
+
+/// One model's problem over its engines `engine_idx`, or why it cannot be planned.
+fn plan_model(
+    inputs: &PlanningInputs<'_>,
+    model: &str,
+    engine_idx: Vec<usize>,
+) -> Result<ModelPlan, Unplanned> {
+    let config = inputs.config;
+    let cp = &config.control_plane;
+    let ModelClasses { classes, class_rules, parts, mut problem_classes } =
+        model_classes(inputs, model, &engine_idx);
+    let capacity_rps: Vec<f64> = engine_idx.iter().map(|&j| inputs.capacity_rps[j]).collect();
+    let (profiles, in_flight): (Vec<LatencyProfile>, Vec<LatencyProfile>) =
+        engine_idx.iter().map(|&j| inputs.curves[j].clone()).unzip();
+    let network = NetworkMatrix::from_fn(parts.len(), engine_idx.len(), |i, j| {
+        let k = parts[i].0;
+        let engine = &config.engines[engine_idx[j]];
+        // Measured and configured latencies are finite and non-negative; clamp anyway
+        // so a bad measurement cannot make the problem invalid.
+        let ms = inputs.network_ms(&classes[k].key.cluster, engine_idx[j]);
+        let ms = if ms.is_finite() { ms.max(0.0) } else { 1e6 };
+        allows(class_rules[k], engine).then_some(ms)
+    });
+    let network_ms = match network {
+        Ok(network) => network,
+        Err(e) => {
+            tracing::error!(model, error = %e, "model not planned: its network matrix is invalid");
+            return Err(Unplanned { model: model.to_owned(), reason: format!("network matrix: {e}") });
+        }
+    };
+    // Engines without capacity (down, asleep) serve nobody: they do not set the scale.
+    let unloaded: Vec<f64> = profiles
+        .iter()
+        .zip(&capacity_rps)
+        .map(|(p, &c)| if c > 0.0 { p.latency_ms(0.0, c) } else { f64::NAN })
+        .collect();
+    scale_shed_prices(
+        &mut problem_classes,
+        &network_ms,
+        &unloaded,
+        cp.shed_price_floor,
+        shed_price(cp, Priority::Normal),
+    );
+    let problem = Problem {
+        rho: cp.rho,
+        classes: problem_classes,
+        engines: engine_idx
+            .iter()
+            .zip(&capacity_rps)
+            .zip(profiles)
+            .map(|((&j, &capacity), profile)| Engine {
+                id: config.engines[j].id.clone(),
+                capacity_rps: capacity,
+                latency: to_optimizer(profile),
+            })
+            .collect(),
+        network_ms,
+    };
+    Ok(ModelPlan {
+        model: model.to_owned(),
+        classes,
+        parts,
+        engines: engine_idx,
+        capacity_rps,
+        in_flight,
+        problem,
+    })
+}
+
+/// A model's classes (one per front-end cluster and class rule that applies to its engines),
+/// each class's rule, and the problem's classes: one part per priority with demand.
+struct ModelClasses<'c> {
+    classes: Vec<PlanClass>,
+    class_rules: Vec<Option<&'c ClassRule>>,
+    parts: Vec<(usize, Priority)>,
+    problem_classes: Vec<Class>,
+}
+
+fn model_classes<'c>(inputs: &PlanningInputs<'c>, model: &str, engine_idx: &[usize]) -> ModelClasses<'c> {
+    let config = inputs.config;
+    let cp = &config.control_plane;
+    let rules: Vec<Option<&ClassRule>> = std::iter::once(None)
+        .chain(
+            config
+                .classes
+                .iter()
+                .filter(|rule| engine_idx.iter().any(|&j| allows(Some(rule), &config.engines[j])))
+                .map(Some),
+        )
+        .collect();
+    let mut classes = Vec::new();
+    let mut class_rules = Vec::new();
+    let mut parts = Vec::new();
+    let mut problem_classes = Vec::new();
+    for cluster in &config.clusters {
+        for rule in &rules {
+            let key = ClassKey {
+                cluster: cluster.id.clone(),
+                model: model.to_owned(),
+                class: rule.map_or("default".to_owned(), |r| r.id.clone()),
+            };
+            let by_priority = inputs.demand_by_priority(&key);
+            for (priority, demand_rps) in priority_parts(by_priority, cp.demand_floor_rps) {
+                parts.push((classes.len(), priority));
+                problem_classes.push(Class {
+                    id: part_id(&key, priority),
+                    demand_rps,
+                    shed_penalty_ms: shed_price(cp, priority),
+                    headroom_rps: 0.0,
+                });
+            }
+            classes.push(PlanClass {
+                key,
+                require: rule.map(|r| r.require.clone()).unwrap_or_default(),
+                residency: rule.and_then(|r| r.residency.clone()),
+                measured_demand_rps: by_priority.iter().sum(),
+                measured_by_priority: by_priority,
+            });
+            class_rules.push(*rule);
+        }
+    }
+    ModelClasses { classes, class_rules, parts, problem_classes }
 }
 
 /// Scales each problem class's shed price by max(1, `floor` × its slowest unloaded latency /
@@ -383,65 +416,13 @@ pub fn snapshots(
         for ((plan, solution), stays) in plans.iter().zip(solutions).zip(&stays) {
             let mut classes = Vec::new();
             for (k, class) in plan.classes.iter().enumerate().filter(|(_, c)| c.key.cluster == cluster.id) {
-                let outcome = solution.map(|s| plan.outcome(k, Some(s)));
-                let mut weights: Vec<EngineWeight> = Vec::new();
-                // The plan's index of each engine in `weights`.
-                let mut candidates: Vec<usize> = Vec::new();
-                for (j, &fleet_idx) in plan.engines.iter().enumerate() {
-                    let Some(network) = plan.network_ms(k, j) else { continue };
-                    candidates.push(j);
-                    let weight = match &outcome {
-                        Some(o) => o.routes.iter().find(|r| r.0 == j).map_or(0.0, |r| r.2),
-                        None => plan.capacity_rps[j],
-                    };
-                    engines_used.insert(fleet_idx);
-                    weights.push(EngineWeight {
-                        engine: EngineId::new(&config.engines[fleet_idx].id),
-                        weight,
-                        expected_latency_ms: solution.map(|s| s.engines[j].expected_latency_ms),
-                        network_ms: Some(network),
-                        // A request is in flight for its round trip and its stay on the engine.
-                        in_flight_ms: stays
-                            .get(j)
-                            .map(|stay| network + stay)
-                            .filter(|ms| ms.is_finite() && *ms > 0.0),
-                    });
-                }
-                if weights.iter().all(|w| w.weight <= 0.0) {
-                    // Everything shed (or nothing allowed): keep the class routable so the
-                    // requests admitted anyway find an engine.
-                    fallback_weights(plan, &candidates, &mut weights);
-                }
-                if weights.is_empty() {
-                    continue;
-                }
-                let (demand, shed) = outcome.map_or((0.0, 0.0), |o| (o.planned_demand_rps, o.shed_rps));
-                classes.push(ClassRoutes {
-                    id: ClassId::new(&class.key.class),
-                    require: class.require.clone(),
-                    residency: class.residency.clone(),
-                    weights,
-                    shed_fraction: if demand > 0.0 { (shed / demand).clamp(0.0, 1.0) } else { 0.0 },
-                });
+                classes.extend(class_routes(config, plan, k, class, *solution, stays, &mut engines_used));
             }
             if !classes.is_empty() {
                 models.push(ModelRoutes { model: ModelName::new(&plan.model), classes });
             }
         }
-        let engines = engines_used
-            .iter()
-            .map(|&j| {
-                let e = &config.engines[j];
-                EngineEntry {
-                    id: EngineId::new(&e.id),
-                    url: e.url.clone(),
-                    region: e.region.clone(),
-                    capabilities: e.capabilities.clone(),
-                    residency: e.residency.clone(),
-                    max_in_flight: e.max_in_flight.unwrap_or(0),
-                }
-            })
-            .collect();
+        let engines = engine_entries(config, &engines_used);
         out.insert(
             cluster.id.clone(),
             Snapshot {
@@ -456,6 +437,75 @@ pub fn snapshots(
         );
     }
     out
+}
+
+/// Class `k`'s routes in the snapshot (`stays`: how long a request stays on each engine at the
+/// plan's load), noting the engines its weights name in `engines_used`; None when it may use
+/// no engine.
+fn class_routes(
+    config: &FleetConfig,
+    plan: &ModelPlan,
+    k: usize,
+    class: &PlanClass,
+    solution: Option<&Solution>,
+    stays: &[f64],
+    engines_used: &mut BTreeSet<usize>,
+) -> Option<ClassRoutes> {
+    let outcome = solution.map(|s| plan.outcome(k, Some(s)));
+    let mut weights: Vec<EngineWeight> = Vec::new();
+    // The plan's index of each engine in `weights`.
+    let mut candidates: Vec<usize> = Vec::new();
+    for (j, &fleet_idx) in plan.engines.iter().enumerate() {
+        let Some(network) = plan.network_ms(k, j) else { continue };
+        candidates.push(j);
+        let weight = match &outcome {
+            Some(o) => o.routes.iter().find(|r| r.0 == j).map_or(0.0, |r| r.2),
+            None => plan.capacity_rps[j],
+        };
+        engines_used.insert(fleet_idx);
+        weights.push(EngineWeight {
+            engine: EngineId::new(&config.engines[fleet_idx].id),
+            weight,
+            expected_latency_ms: solution.map(|s| s.engines[j].expected_latency_ms),
+            network_ms: Some(network),
+            // A request is in flight for its round trip and its stay on the engine.
+            in_flight_ms: stays.get(j).map(|stay| network + stay).filter(|ms| ms.is_finite() && *ms > 0.0),
+        });
+    }
+    if weights.iter().all(|w| w.weight <= 0.0) {
+        // Everything shed (or nothing allowed): keep the class routable so the
+        // requests admitted anyway find an engine.
+        fallback_weights(plan, &candidates, &mut weights);
+    }
+    if weights.is_empty() {
+        return None;
+    }
+    let (demand, shed) = outcome.map_or((0.0, 0.0), |o| (o.planned_demand_rps, o.shed_rps));
+    Some(ClassRoutes {
+        id: ClassId::new(&class.key.class),
+        require: class.require.clone(),
+        residency: class.residency.clone(),
+        weights,
+        shed_fraction: if demand > 0.0 { (shed / demand).clamp(0.0, 1.0) } else { 0.0 },
+    })
+}
+
+/// The snapshot's entries of the fleet's engines `engines_used`.
+fn engine_entries(config: &FleetConfig, engines_used: &BTreeSet<usize>) -> Vec<EngineEntry> {
+    engines_used
+        .iter()
+        .map(|&j| {
+            let e = &config.engines[j];
+            EngineEntry {
+                id: EngineId::new(&e.id),
+                url: e.url.clone(),
+                region: e.region.clone(),
+                capabilities: e.capabilities.clone(),
+                residency: e.residency.clone(),
+                max_in_flight: e.max_in_flight.unwrap_or(0),
+            }
+        })
+        .collect()
 }
 
 /// Weights for a class when the plan routes none of its traffic (all of it shed, or no

@@ -4,7 +4,9 @@
 //! dashboard; rebuilt after every solve.
 
 use crate::fleet::{Fleet, Now};
+use crate::plan::ModelPlan;
 use crate::planner::Round;
+use ilb_optimizer::Solution;
 use serde::Serialize;
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -215,6 +217,97 @@ fn signals_view(
     }
 }
 
+/// The plan's classes with their routes and demand by priority.
+fn class_views(fleet: &Fleet, plan: &ModelPlan, solution: Option<&Solution>) -> Vec<ClassView> {
+    plan.classes
+        .iter()
+        .enumerate()
+        .map(|(k, c)| {
+            let outcome = plan.outcome(k, solution);
+            let routes = plan
+                .engines
+                .iter()
+                .enumerate()
+                .filter_map(|(j, &fleet_idx)| {
+                    let network_ms = plan.network_ms(k, j)?;
+                    let route = outcome.routes.iter().find(|r| r.0 == j);
+                    let engine_latency_ms = solution.map_or(0.0, |s| s.engines[j].expected_latency_ms);
+                    Some(RouteView {
+                        engine: fleet.config.engines[fleet_idx].id.clone(),
+                        weight: route.map_or(0.0, |r| r.2),
+                        rps: route.map_or(0.0, |r| r.1),
+                        network_ms,
+                        engine_latency_ms,
+                        end_to_end_ms: network_ms + engine_latency_ms,
+                    })
+                })
+                .collect();
+            let priorities = outcome
+                .by_priority
+                .iter()
+                .map(|&(priority, planned, price, shed)| PriorityView {
+                    priority: priority.as_str(),
+                    measured_demand_rps: c.measured_by_priority[priority.index()],
+                    planned_demand_rps: planned,
+                    shed_price_ms: price,
+                    shed_rps: shed,
+                })
+                .collect();
+            ClassView {
+                cluster: c.key.cluster.clone(),
+                class: c.key.class.clone(),
+                residency: c.residency.clone(),
+                require: c.require.clone(),
+                measured_demand_rps: c.measured_demand_rps,
+                planned_demand_rps: outcome.planned_demand_rps,
+                headroom_rps: outcome.headroom_rps,
+                shed_rps: outcome.shed_rps,
+                priorities,
+                routes,
+            }
+        })
+        .collect()
+}
+
+/// The plan's engines with their planned load and signals.
+fn engine_views(
+    fleet: &Fleet,
+    plan: &ModelPlan,
+    solution: Option<&Solution>,
+    now: Now,
+    holds: &[(String, ilb_core::holds::HoldReason)],
+) -> Vec<EngineView> {
+    let profiles = fleet.latency_profiles(&plan.engines);
+    plan.engines
+        .iter()
+        .zip(profiles)
+        .enumerate()
+        .map(|(j, (&idx, latency_profile))| {
+            let cfg = &fleet.config.engines[idx];
+            let rt = &fleet.engines[idx];
+            let plan_j = solution.map(|s| &s.engines[j]);
+            EngineView {
+                id: cfg.id.clone(),
+                region: cfg.region.clone(),
+                url: cfg.url.clone(),
+                nominal_capacity_rps: fleet.nominal_capacity(idx),
+                effective_capacity_rps: plan.capacity_rps[j],
+                health: fleet.health(idx, now),
+                penalty: rt.penalty,
+                penalty_reason: rt.penalty_reason.clone(),
+                planned_load_rps: plan_j.map_or(0.0, |p| p.load_rps),
+                expected_latency_ms: plan_j.map_or(0.0, |p| p.expected_latency_ms),
+                marginal_price_ms: plan_j.map_or(0.0, |p| p.marginal_price_ms),
+                capacity_binds: plan_j.is_some_and(|p| p.capacity_binds),
+                residency: cfg.residency.clone(),
+                capabilities: cfg.capabilities.clone(),
+                latency_profile,
+                signals: signals_view(fleet, idx, now, holds),
+            }
+        })
+        .collect()
+}
+
 /// Builds the view of one solve round.
 pub fn build(fleet: &Fleet, now: Now, round: &Round, version: u64, solved_unix_ms: u64) -> View {
     let holds = fleet.holds();
@@ -224,86 +317,8 @@ pub fn build(fleet: &Fleet, now: Now, round: &Round, version: u64, solved_unix_m
         .zip(&round.results)
         .map(|(plan, (result, solve_ms))| {
             let solution = result.as_ref().ok();
-            let classes = plan
-                .classes
-                .iter()
-                .enumerate()
-                .map(|(k, c)| {
-                    let outcome = plan.outcome(k, solution);
-                    let routes = plan
-                        .engines
-                        .iter()
-                        .enumerate()
-                        .filter_map(|(j, &fleet_idx)| {
-                            let network_ms = plan.network_ms(k, j)?;
-                            let route = outcome.routes.iter().find(|r| r.0 == j);
-                            let engine_latency_ms =
-                                solution.map_or(0.0, |s| s.engines[j].expected_latency_ms);
-                            Some(RouteView {
-                                engine: fleet.config.engines[fleet_idx].id.clone(),
-                                weight: route.map_or(0.0, |r| r.2),
-                                rps: route.map_or(0.0, |r| r.1),
-                                network_ms,
-                                engine_latency_ms,
-                                end_to_end_ms: network_ms + engine_latency_ms,
-                            })
-                        })
-                        .collect();
-                    let priorities = outcome
-                        .by_priority
-                        .iter()
-                        .map(|&(priority, planned, price, shed)| PriorityView {
-                            priority: priority.as_str(),
-                            measured_demand_rps: c.measured_by_priority[priority.index()],
-                            planned_demand_rps: planned,
-                            shed_price_ms: price,
-                            shed_rps: shed,
-                        })
-                        .collect();
-                    ClassView {
-                        cluster: c.key.cluster.clone(),
-                        class: c.key.class.clone(),
-                        residency: c.residency.clone(),
-                        require: c.require.clone(),
-                        measured_demand_rps: c.measured_demand_rps,
-                        planned_demand_rps: outcome.planned_demand_rps,
-                        headroom_rps: outcome.headroom_rps,
-                        shed_rps: outcome.shed_rps,
-                        priorities,
-                        routes,
-                    }
-                })
-                .collect();
-            let profiles = fleet.latency_profiles(&plan.engines);
-            let engines = plan
-                .engines
-                .iter()
-                .zip(profiles)
-                .enumerate()
-                .map(|(j, (&idx, latency_profile))| {
-                    let cfg = &fleet.config.engines[idx];
-                    let rt = &fleet.engines[idx];
-                    let plan_j = solution.map(|s| &s.engines[j]);
-                    EngineView {
-                        id: cfg.id.clone(),
-                        region: cfg.region.clone(),
-                        url: cfg.url.clone(),
-                        nominal_capacity_rps: fleet.nominal_capacity(idx),
-                        effective_capacity_rps: plan.capacity_rps[j],
-                        health: fleet.health(idx, now),
-                        penalty: rt.penalty,
-                        penalty_reason: rt.penalty_reason.clone(),
-                        planned_load_rps: plan_j.map_or(0.0, |p| p.load_rps),
-                        expected_latency_ms: plan_j.map_or(0.0, |p| p.expected_latency_ms),
-                        marginal_price_ms: plan_j.map_or(0.0, |p| p.marginal_price_ms),
-                        capacity_binds: plan_j.is_some_and(|p| p.capacity_binds),
-                        residency: cfg.residency.clone(),
-                        capabilities: cfg.capabilities.clone(),
-                        latency_profile,
-                        signals: signals_view(fleet, idx, now, &holds),
-                    }
-                })
-                .collect();
+            let classes = class_views(fleet, plan, solution);
+            let engines = engine_views(fleet, plan, solution, now, &holds);
             ModelView {
                 model: plan.model.clone(),
                 solve_ms: *solve_ms,

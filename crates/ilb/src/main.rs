@@ -1,6 +1,9 @@
 //! `ilb`: the inference load balancer's one binary. Parses argv, reads files and env, validates
 //! configuration, and hands typed configs to the library crates. See ARCHITECTURE.md.
 
+// No product function over `too-many-lines-threshold` (clippy.toml) lines; tests may be longer.
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
+
 mod clock;
 mod cmd;
 mod config;

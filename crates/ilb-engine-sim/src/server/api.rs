@@ -230,50 +230,9 @@ fn prompt_tokens(
 
 async fn completion(shared: &Arc<Shared>, kind: Kind, body: Incoming) -> Reply {
     let started = clock::now();
-    let bytes = match read_body(shared, body).await {
-        Ok(bytes) => bytes,
+    let Checked { request, tokens, output_tokens, finish_reason } = match check(shared, kind, body).await {
+        Ok(checked) => checked,
         Err(reply) => return reply,
-    };
-    let request: CompletionRequest = match serde_json::from_slice(&bytes) {
-        Ok(request) => request,
-        Err(error) => return bad_request(&format!("invalid JSON body: {error}"), None),
-    };
-    if let Some(model) = request.model.as_deref() {
-        if model != shared.config.model.as_str() {
-            return respond::error(
-                StatusCode::NOT_FOUND,
-                "invalid_request_error",
-                &format!("The model `{model}` does not exist."),
-                Some("model"),
-            );
-        }
-    }
-    if request.n.is_some_and(|n| n != 1) {
-        return bad_request("n must be 1", Some("n"));
-    }
-    let (output_tokens, finish_reason) =
-        match request.max_output_tokens.or(request.max_completion_tokens).or(request.max_tokens) {
-            Some(max) if max < 1 => return bad_request("max_tokens must be at least 1", Some("max_tokens")),
-            Some(max) => (max.min(i64::from(shared.config.max_tokens_cap)) as u32, "length"),
-            None => (shared.config.default_max_tokens, "stop"),
-        };
-    let previous = match request.previous_response_id.as_deref() {
-        Some(id) => match shared.stored_responses().get(id) {
-            Some(tokens) => Some(tokens),
-            None => {
-                return respond::error(
-                    StatusCode::NOT_FOUND,
-                    "invalid_request_error",
-                    &format!("Response with id '{id}' not found."),
-                    Some("previous_response_id"),
-                )
-            }
-        },
-        None => None,
-    };
-    let tokens = match prompt_tokens(kind, &request, previous.as_deref()) {
-        Ok(tokens) => tokens,
-        Err(rejection) => return rejection.reply(),
     };
     let stream = request.stream.unwrap_or(false);
     let faults = shared.faults();
@@ -314,6 +273,79 @@ async fn completion(shared: &Arc<Shared>, kind: Kind, body: Incoming) -> Reply {
     if !shared.config.latency {
         return direct(shared, completion, stream, drop_after_first, started);
     }
+    through_model(shared, completion, id, tokens, stream, drop_after_first).await
+}
+
+/// A completion request as read and checked: its prompt tokens, and how many tokens to
+/// generate with the finish reason that ends them.
+struct Checked {
+    request: CompletionRequest,
+    tokens: Vec<u32>,
+    output_tokens: u32,
+    finish_reason: &'static str,
+}
+
+/// Reads a completion request and checks it as an engine would (model, `n`, token limits,
+/// the previous response it continues, its prompt).
+async fn check(shared: &Arc<Shared>, kind: Kind, body: Incoming) -> Result<Checked, Reply> {
+    let bytes = read_body(shared, body).await?;
+    let request: CompletionRequest = match serde_json::from_slice(&bytes) {
+        Ok(request) => request,
+        Err(error) => return Err(bad_request(&format!("invalid JSON body: {error}"), None)),
+    };
+    if let Some(model) = request.model.as_deref() {
+        if model != shared.config.model.as_str() {
+            return Err(respond::error(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                &format!("The model `{model}` does not exist."),
+                Some("model"),
+            ));
+        }
+    }
+    if request.n.is_some_and(|n| n != 1) {
+        return Err(bad_request("n must be 1", Some("n")));
+    }
+    let (output_tokens, finish_reason) =
+        match request.max_output_tokens.or(request.max_completion_tokens).or(request.max_tokens) {
+            Some(max) if max < 1 => {
+                return Err(bad_request("max_tokens must be at least 1", Some("max_tokens")))
+            }
+            Some(max) => (max.min(i64::from(shared.config.max_tokens_cap)) as u32, "length"),
+            None => (shared.config.default_max_tokens, "stop"),
+        };
+    let previous = match request.previous_response_id.as_deref() {
+        Some(id) => match shared.stored_responses().get(id) {
+            Some(tokens) => Some(tokens),
+            None => {
+                return Err(respond::error(
+                    StatusCode::NOT_FOUND,
+                    "invalid_request_error",
+                    &format!("Response with id '{id}' not found."),
+                    Some("previous_response_id"),
+                ))
+            }
+        },
+        None => None,
+    };
+    let tokens = match prompt_tokens(kind, &request, previous.as_deref()) {
+        Ok(tokens) => tokens,
+        Err(rejection) => return Err(rejection.reply()),
+    };
+    Ok(Checked { request, tokens, output_tokens, finish_reason })
+}
+
+/// Latency modelling on: submits the request to the model and streams or answers what it
+/// generates.
+async fn through_model(
+    shared: &Arc<Shared>,
+    completion: Completion,
+    id: u64,
+    tokens: Vec<u32>,
+    stream: bool,
+    drop_after_first: bool,
+) -> Reply {
+    let (output_tokens, finish_reason) = (completion.output_tokens, completion.finish_reason);
     let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
     {
         let mut state = shared.cell.lock();

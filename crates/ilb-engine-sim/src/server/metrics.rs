@@ -1,5 +1,6 @@
-//! Every metric the HTTP simulator exposes, in one place: vLLM's Prometheus names (text format
-//! 0.0.4, hand-written), vLLM's histogram buckets, and the atomics behind them.
+//! Every metric the HTTP simulator exposes, in one place (the table `FAMILIES`): vLLM's
+//! Prometheus names (text format 0.0.4, hand-written), vLLM's histogram buckets, and the
+//! atomics behind them.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,8 +62,8 @@ impl Histogram {
         }
     }
 
-    fn render(&self, out: &mut String, name: &str, help: &str, label: &str) {
-        header(out, name, help, "histogram");
+    /// The histogram's samples (its family's header is written by `Metrics::render`).
+    fn render(&self, out: &mut String, name: &str, label: &str) {
         let mut cumulative = 0;
         for (index, bound) in self.bounds.iter().enumerate() {
             cumulative += self.counts[index].load(Ordering::Relaxed);
@@ -132,116 +133,154 @@ impl Metrics {
 
     /// The `/metrics` document. `stats` is the model snapshot (absent with latency off).
     pub fn render(&self, model_name: &str, stats: &ModelStats, replicas: u32, ready_replicas: u32) -> String {
+        let scrape = Scrape { metrics: self, stats, replicas, ready_replicas };
         let label = format!("model_name=\"{}\"", escape_label(model_name));
         let mut out = String::with_capacity(8192);
-        let gauge = |out: &mut String, name: &str, help: &str, value: f64| {
-            header(out, name, help, "gauge");
-            let _ = writeln!(out, "{name}{{{label}}} {value:?}");
-        };
-        gauge(
-            &mut out,
-            "vllm:num_requests_running",
-            "Number of requests in model execution batches.",
-            stats.running as f64,
-        );
-        gauge(
-            &mut out,
-            "vllm:num_requests_waiting",
-            "Number of requests waiting to be processed.",
-            stats.waiting as f64,
-        );
-        gauge(
-            &mut out,
-            "vllm:kv_cache_usage_perc",
-            "KV-cache usage. 1 means 100 percent usage.",
-            stats.kv_usage,
-        );
-        gauge(
-            &mut out,
-            "vllm:gpu_cache_usage_perc",
-            "GPU KV-cache usage (pre-v1 name). 1 means 100 percent usage.",
-            stats.kv_usage,
-        );
-        gauge(&mut out, "ilb_engine_replicas", "Replicas behind this engine endpoint.", f64::from(replicas));
-        gauge(
-            &mut out,
-            "ilb_engine_ready_replicas",
-            "Replicas taking new requests.",
-            f64::from(ready_replicas),
-        );
-        let counters = &stats.counters;
-        let direct_prompt = self.direct_prompt_tokens.load(Ordering::Relaxed);
-        let direct_generation = self.direct_generation_tokens.load(Ordering::Relaxed);
-        let counter = |out: &mut String, name: &str, help: &str, value: u64| {
-            header(out, name, help, "counter");
-            let _ = writeln!(out, "{name}{{{label}}} {value}.0");
-        };
-        counter(
-            &mut out,
-            "vllm:prefix_cache_queries_total",
-            "Prefix cache queries, in terms of number of queried tokens.",
-            counters.prefix_queries_tokens,
-        );
-        counter(
-            &mut out,
-            "vllm:prefix_cache_hits_total",
-            "Prefix cache hits, in terms of number of cached tokens.",
-            counters.prefix_hits_tokens,
-        );
-        counter(
-            &mut out,
-            "vllm:prompt_tokens_total",
-            "Number of prefill tokens processed.",
-            counters.prompt_tokens + direct_prompt,
-        );
-        counter(
-            &mut out,
-            "vllm:generation_tokens_total",
-            "Number of generation tokens processed.",
-            counters.generation_tokens + direct_generation,
-        );
-        counter(
-            &mut out,
-            "vllm:num_preemptions_total",
-            "Cumulative number of preemptions from the engine.",
-            counters.preemptions,
-        );
-        header(
-            &mut out,
-            "vllm:request_success_total",
-            "Count of successfully processed requests.",
-            "counter",
-        );
-        for (reason, value) in [
-            ("stop", &self.finished_stop),
-            ("length", &self.finished_length),
-            ("abort", &self.finished_abort),
-        ] {
-            let value = value.load(Ordering::Relaxed);
-            let _ =
-                writeln!(out, "vllm:request_success_total{{{label},finished_reason=\"{reason}\"}} {value}.0");
+        for family in FAMILIES {
+            header(&mut out, family.name, family.help, family.samples.kind());
+            family.samples.write(&scrape, &mut out, family.name, &label);
         }
-        self.ttft.render(
-            &mut out,
-            "vllm:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            &label,
-        );
-        self.itl.render(
-            &mut out,
-            "vllm:inter_token_latency_seconds",
-            "Histogram of inter-token latency in seconds.",
-            &label,
-        );
-        self.e2e.render(
-            &mut out,
-            "vllm:e2e_request_latency_seconds",
-            "Histogram of e2e request latency in seconds.",
-            &label,
-        );
         out
     }
 }
+
+/// What one scrape reads.
+struct Scrape<'a> {
+    metrics: &'a Metrics,
+    stats: &'a ModelStats,
+    replicas: u32,
+    ready_replicas: u32,
+}
+
+/// One metric family: its name, help text and samples (which give its type).
+struct Family {
+    name: &'static str,
+    help: &'static str,
+    samples: Samples,
+}
+
+/// How a family's samples come from a scrape; each is labelled `model_name`.
+enum Samples {
+    Gauge(fn(&Scrape) -> f64),
+    Counter(fn(&Scrape) -> u64),
+    /// Finished requests by `finished_reason`.
+    Finished,
+    Histogram(fn(&Metrics) -> &Histogram),
+}
+
+impl Samples {
+    fn kind(&self) -> &'static str {
+        match self {
+            Samples::Gauge(_) => "gauge",
+            Samples::Counter(_) | Samples::Finished => "counter",
+            Samples::Histogram(_) => "histogram",
+        }
+    }
+
+    fn write(&self, scrape: &Scrape, out: &mut String, name: &str, label: &str) {
+        match self {
+            Samples::Gauge(value) => {
+                let _ = writeln!(out, "{name}{{{label}}} {:?}", value(scrape));
+            }
+            Samples::Counter(value) => {
+                let _ = writeln!(out, "{name}{{{label}}} {}.0", value(scrape));
+            }
+            Samples::Finished => {
+                let m = scrape.metrics;
+                for (reason, value) in
+                    [("stop", &m.finished_stop), ("length", &m.finished_length), ("abort", &m.finished_abort)]
+                {
+                    let value = value.load(Ordering::Relaxed);
+                    let _ = writeln!(out, "{name}{{{label},finished_reason=\"{reason}\"}} {value}.0");
+                }
+            }
+            Samples::Histogram(histogram) => histogram(scrape.metrics).render(out, name, label),
+        }
+    }
+}
+
+/// Every metric of the simulator, in the order `/metrics` shows them.
+static FAMILIES: &[Family] = &[
+    Family {
+        name: "vllm:num_requests_running",
+        help: "Number of requests in model execution batches.",
+        samples: Samples::Gauge(|s| s.stats.running as f64),
+    },
+    Family {
+        name: "vllm:num_requests_waiting",
+        help: "Number of requests waiting to be processed.",
+        samples: Samples::Gauge(|s| s.stats.waiting as f64),
+    },
+    Family {
+        name: "vllm:kv_cache_usage_perc",
+        help: "KV-cache usage. 1 means 100 percent usage.",
+        samples: Samples::Gauge(|s| s.stats.kv_usage),
+    },
+    Family {
+        name: "vllm:gpu_cache_usage_perc",
+        help: "GPU KV-cache usage (pre-v1 name). 1 means 100 percent usage.",
+        samples: Samples::Gauge(|s| s.stats.kv_usage),
+    },
+    Family {
+        name: "ilb_engine_replicas",
+        help: "Replicas behind this engine endpoint.",
+        samples: Samples::Gauge(|s| f64::from(s.replicas)),
+    },
+    Family {
+        name: "ilb_engine_ready_replicas",
+        help: "Replicas taking new requests.",
+        samples: Samples::Gauge(|s| f64::from(s.ready_replicas)),
+    },
+    Family {
+        name: "vllm:prefix_cache_queries_total",
+        help: "Prefix cache queries, in terms of number of queried tokens.",
+        samples: Samples::Counter(|s| s.stats.counters.prefix_queries_tokens),
+    },
+    Family {
+        name: "vllm:prefix_cache_hits_total",
+        help: "Prefix cache hits, in terms of number of cached tokens.",
+        samples: Samples::Counter(|s| s.stats.counters.prefix_hits_tokens),
+    },
+    Family {
+        name: "vllm:prompt_tokens_total",
+        help: "Number of prefill tokens processed.",
+        samples: Samples::Counter(|s| {
+            s.stats.counters.prompt_tokens + s.metrics.direct_prompt_tokens.load(Ordering::Relaxed)
+        }),
+    },
+    Family {
+        name: "vllm:generation_tokens_total",
+        help: "Number of generation tokens processed.",
+        samples: Samples::Counter(|s| {
+            s.stats.counters.generation_tokens + s.metrics.direct_generation_tokens.load(Ordering::Relaxed)
+        }),
+    },
+    Family {
+        name: "vllm:num_preemptions_total",
+        help: "Cumulative number of preemptions from the engine.",
+        samples: Samples::Counter(|s| s.stats.counters.preemptions),
+    },
+    Family {
+        name: "vllm:request_success_total",
+        help: "Count of successfully processed requests.",
+        samples: Samples::Finished,
+    },
+    Family {
+        name: "vllm:time_to_first_token_seconds",
+        help: "Histogram of time to first token in seconds.",
+        samples: Samples::Histogram(|m| &m.ttft),
+    },
+    Family {
+        name: "vllm:inter_token_latency_seconds",
+        help: "Histogram of inter-token latency in seconds.",
+        samples: Samples::Histogram(|m| &m.itl),
+    },
+    Family {
+        name: "vllm:e2e_request_latency_seconds",
+        help: "Histogram of e2e request latency in seconds.",
+        samples: Samples::Histogram(|m| &m.e2e),
+    },
+];
 
 fn header(out: &mut String, name: &str, help: &str, kind: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
@@ -269,5 +308,26 @@ mod tests {
         assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"+Inf\"} 3\n"));
         assert!(text.contains("vllm:time_to_first_token_seconds_count{model_name=\"m\"} 3\n"));
         assert!(text.contains("# TYPE vllm:kv_cache_usage_perc gauge\n"));
+    }
+
+    /// Pins `/metrics` byte for byte (the text was recorded from the line-by-line renderer the
+    /// table replaced).
+    #[test]
+    fn metrics_text_is_pinned() {
+        let metrics = Metrics::default();
+        metrics.ttft.observe_ns(30_000_000);
+        metrics.itl.observe_ns(12_000_000);
+        metrics.e2e.observe_ns(2_000_000_000);
+        metrics.finished(FinishedReason::Length);
+        metrics.finished(FinishedReason::Abort);
+        metrics.direct_prompt_tokens.fetch_add(5, Ordering::Relaxed);
+        metrics.direct_generation_tokens.fetch_add(7, Ordering::Relaxed);
+        let mut stats = ModelStats { running: 3, waiting: 2, kv_usage: 0.375, ..ModelStats::default() };
+        stats.counters.prefix_queries_tokens = 100;
+        stats.counters.prefix_hits_tokens = 40;
+        stats.counters.prompt_tokens = 1000;
+        stats.counters.generation_tokens = 300;
+        stats.counters.preemptions = 1;
+        assert_eq!(metrics.render("m\"x", &stats, 2, 1), include_str!("metrics_pinned.prom"));
     }
 }

@@ -92,21 +92,7 @@ impl Scenario {
         positive("slo_ttft_ms", file.slo_ttft_ms)?;
         positive("day_length_s", file.day_length_s)?;
         non_negative("start_utc_hour", file.start_utc_hour)?;
-        if file.policies.is_empty() {
-            return err("policies: at least one policy is needed");
-        }
-        let mut seen = HashSet::new();
-        for p in &file.policies {
-            if !super::POLICIES.contains(&p.as_str()) {
-                return err(format!(
-                    "policies: unknown policy '{p}' (known: {})",
-                    super::POLICIES.join(", ")
-                ));
-            }
-            if !seen.insert(p.as_str()) {
-                return err(format!("policies: '{p}' listed twice"));
-            }
-        }
+        validate_policies(&file)?;
         let regions = validate_regions(&file)?;
         let region_idx = |field: String, id: &str| {
             regions
@@ -125,15 +111,7 @@ impl Scenario {
                 e
             })
             .collect();
-        let mut class_ids = HashSet::from(["default"]);
-        for (i, rule) in file.classes.iter().enumerate() {
-            if !class_ids.insert(rule.id.as_str()) {
-                return err(format!("classes[{i}].id: duplicate or reserved id '{}'", rule.id));
-            }
-            if rule.require.is_empty() && rule.residency.is_none() {
-                return err(format!("classes.{}: needs `require` or `residency`", rule.id));
-            }
-        }
+        validate_classes(&file)?;
         let offsets: Vec<f64> =
             file.regions.iter().map(|r| r.utc_offset_h.unwrap_or((r.lon / 15.0).round())).collect();
         let mut clusters = Vec::new();
@@ -151,45 +129,7 @@ impl Scenario {
             let mut pairs = HashSet::new();
             for (i, d) in c.demand.iter().enumerate() {
                 let f = format!("{field}.demand[{i}]");
-                let model = models.iter().position(|m| *m == d.model).ok_or_else(|| {
-                    ScenarioError(format!("{f}.model: no engine serves model '{}'", d.model))
-                })?;
-                let class_rule = if d.class == "default" {
-                    None
-                } else {
-                    Some(file.classes.iter().position(|r| r.id == d.class).ok_or_else(|| {
-                        ScenarioError(format!("{f}.class: unknown class '{}' (not in [[classes]])", d.class))
-                    })?)
-                };
-                if let Some(rule) = class_rule {
-                    let served = engines.iter().any(|e| e.model == model && allows(&file.classes[rule], e));
-                    if !served {
-                        return err(format!(
-                            "{f}.class: no engine of model '{}' satisfies class '{}'",
-                            d.model, d.class
-                        ));
-                    }
-                }
-                if !pairs.insert((d.model.as_str(), d.class.as_str())) {
-                    return err(format!(
-                        "{f}: model '{}' class '{}' listed twice in this cluster",
-                        d.model, d.class
-                    ));
-                }
-                if !PRIORITIES.contains(&d.priority.as_str()) {
-                    return err(format!(
-                        "{f}.priority: unknown priority '{}' (low, normal, high, critical)",
-                        d.priority
-                    ));
-                }
-                non_negative(&format!("{f}.rps"), d.rps)?;
-                if !(0.0..=1.0).contains(&d.amplitude) {
-                    return err(format!("{f}.amplitude: must be in [0, 1], got {}", d.amplitude));
-                }
-                for (s, step) in d.steps.iter().enumerate() {
-                    non_negative(&format!("{f}.steps[{s}].at_s"), step.at_s)?;
-                    non_negative(&format!("{f}.steps[{s}].factor"), step.factor)?;
-                }
+                let (model, class_rule) = validate_demand(&file, &f, d, &models, &engines, &mut pairs)?;
                 streams.push(Stream {
                     cluster: clusters.len(),
                     model,
@@ -208,26 +148,7 @@ impl Scenario {
         validate_workload(&file.workload)?;
         validate_control(&file.control, &file.feedback)?;
         validate_events(&file, &regions, &clusters)?;
-        let latency_config = FleetConfig {
-            control_plane: ControlPlaneSettings::default(),
-            regions: file
-                .regions
-                .iter()
-                .map(|r| Region { id: r.id.clone(), lat: r.lat, lon: r.lon })
-                .collect(),
-            network: file.network.clone(),
-            clusters: Vec::new(),
-            classes: Vec::new(),
-            profiles: Default::default(),
-            engines: Vec::new(),
-            engine_groups: Vec::new(),
-        };
-        let mut net_ms = Vec::with_capacity(regions.len() * regions.len());
-        for from in &regions {
-            for to in &regions {
-                net_ms.push(latency_config.region_latency_ms(from, to));
-            }
-        }
+        let net_ms = region_latencies(&file, &regions);
         Ok(Scenario { file, regions, clusters, models, streams, engines, net_ms })
     }
 
@@ -245,6 +166,103 @@ pub fn allows(rule: &ClassRule, engine: &SimEngineSpec) -> bool {
         &engine.capabilities,
         &engine.residency,
     )
+}
+
+/// The policies to compare: known ones, each once.
+fn validate_policies(file: &ScenarioFile) -> Result<(), ScenarioError> {
+    if file.policies.is_empty() {
+        return err("policies: at least one policy is needed");
+    }
+    let mut seen = HashSet::new();
+    for p in &file.policies {
+        if !super::POLICIES.contains(&p.as_str()) {
+            return err(format!("policies: unknown policy '{p}' (known: {})", super::POLICIES.join(", ")));
+        }
+        if !seen.insert(p.as_str()) {
+            return err(format!("policies: '{p}' listed twice"));
+        }
+    }
+    Ok(())
+}
+
+/// Class rules: unique ids, each with a constraint.
+fn validate_classes(file: &ScenarioFile) -> Result<(), ScenarioError> {
+    let mut class_ids = HashSet::from(["default"]);
+    for (i, rule) in file.classes.iter().enumerate() {
+        if !class_ids.insert(rule.id.as_str()) {
+            return err(format!("classes[{i}].id: duplicate or reserved id '{}'", rule.id));
+        }
+        if rule.require.is_empty() && rule.residency.is_none() {
+            return err(format!("classes.{}: needs `require` or `residency`", rule.id));
+        }
+    }
+    Ok(())
+}
+
+/// One demand entry `d` of a cluster (`f` names it in errors, `pairs` holds the cluster's
+/// (model, class) pairs so far): its model's index in `models` and its class rule's in
+/// `file.classes` (None for the default class), once an engine of `engines` serves it.
+fn validate_demand<'a>(
+    file: &ScenarioFile,
+    f: &str,
+    d: &'a DemandSpec,
+    models: &[String],
+    engines: &[SimEngineSpec],
+    pairs: &mut HashSet<(&'a str, &'a str)>,
+) -> Result<(usize, Option<usize>), ScenarioError> {
+    let model = models
+        .iter()
+        .position(|m| *m == d.model)
+        .ok_or_else(|| ScenarioError(format!("{f}.model: no engine serves model '{}'", d.model)))?;
+    let class_rule = if d.class == "default" {
+        None
+    } else {
+        Some(file.classes.iter().position(|r| r.id == d.class).ok_or_else(|| {
+            ScenarioError(format!("{f}.class: unknown class '{}' (not in [[classes]])", d.class))
+        })?)
+    };
+    if let Some(rule) = class_rule {
+        let served = engines.iter().any(|e| e.model == model && allows(&file.classes[rule], e));
+        if !served {
+            return err(format!("{f}.class: no engine of model '{}' satisfies class '{}'", d.model, d.class));
+        }
+    }
+    if !pairs.insert((d.model.as_str(), d.class.as_str())) {
+        return err(format!("{f}: model '{}' class '{}' listed twice in this cluster", d.model, d.class));
+    }
+    if !PRIORITIES.contains(&d.priority.as_str()) {
+        return err(format!("{f}.priority: unknown priority '{}' (low, normal, high, critical)", d.priority));
+    }
+    non_negative(&format!("{f}.rps"), d.rps)?;
+    if !(0.0..=1.0).contains(&d.amplitude) {
+        return err(format!("{f}.amplitude: must be in [0, 1], got {}", d.amplitude));
+    }
+    for (s, step) in d.steps.iter().enumerate() {
+        non_negative(&format!("{f}.steps[{s}].at_s"), step.at_s)?;
+        non_negative(&format!("{f}.steps[{s}].factor"), step.factor)?;
+    }
+    Ok((model, class_rule))
+}
+
+/// Round trips between every two regions, ms, row-major.
+fn region_latencies(file: &ScenarioFile, regions: &[String]) -> Vec<f64> {
+    let latency_config = FleetConfig {
+        control_plane: ControlPlaneSettings::default(),
+        regions: file.regions.iter().map(|r| Region { id: r.id.clone(), lat: r.lat, lon: r.lon }).collect(),
+        network: file.network.clone(),
+        clusters: Vec::new(),
+        classes: Vec::new(),
+        profiles: Default::default(),
+        engines: Vec::new(),
+        engine_groups: Vec::new(),
+    };
+    let mut net_ms = Vec::with_capacity(regions.len() * regions.len());
+    for from in regions {
+        for to in regions {
+            net_ms.push(latency_config.region_latency_ms(from, to));
+        }
+    }
+    net_ms
 }
 
 fn validate_regions(file: &ScenarioFile) -> Result<Vec<String>, ScenarioError> {

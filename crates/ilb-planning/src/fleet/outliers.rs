@@ -208,6 +208,16 @@ fn mean_and_sigma(values: &[f64]) -> (f64, f64) {
     (mean, variance.max(0.0).sqrt())
 }
 
+/// What one engine of a model is judged against: its peers' success rate (mean, σ) when enough
+/// of them have the volume, their median TTFT over its profile (at least 1), the threshold
+/// that makes, and whether the objective counts TBOT.
+struct Peers {
+    rate: Option<(f64, f64)>,
+    median_ratio: f64,
+    latency_threshold: f64,
+    uses_tbot: bool,
+}
+
 impl Fleet {
     /// Judges every engine whose window has enough requests, once per
     /// `control_plane.outliers.interval_ms`, and updates penalties and their reasons. Calls in
@@ -308,77 +318,86 @@ impl Fleet {
         } else {
             1.0
         };
-        let latency_threshold = s.latency_ratio * median_ratio;
-        engine_idx
-            .iter()
-            .zip(&fitted)
-            .map(|(&j, fitted)| {
-                // Down engines (marked disturbed by the caller) get no capacity through health; a
-                // penalty would only take budget from engines that are up.
-                let w = &self.engines[j].outlier_window;
-                if w.disturbed {
-                    return Verdict::Expired;
-                }
-                let penalised = self.engines[j].penalty > 0.0;
-                let required = if penalised { s.probe_requests.min(s.min_requests) } else { s.min_requests };
-                let required = required as f64;
-                if w.volume() < required {
-                    return Verdict::Insufficient;
-                }
-                let mut severity: f64 = 0.0;
-                let mut reasons = Vec::new();
-                if let (Some((rate, source)), Some((mean, sigma))) = (success_rate(w, required), fleet_rate) {
-                    let threshold = mean - (s.success_rate_stdev_factor * sigma).max(s.success_rate_min_gap);
-                    if rate < threshold {
-                        severity =
-                            severity.max(if mean > 0.0 { (1.0 - rate / mean).clamp(0.0, 1.0) } else { 0.0 });
-                        reasons.push(format!(
-                            "success rate {:.0} % vs fleet {:.0} % ± {:.0} % ({source})",
-                            rate * 100.0,
-                            mean * 100.0,
-                            sigma * 100.0
-                        ));
-                    }
-                }
-                let ratios = self.latency_ratios(j, required, fitted);
-                // A slow first token alone may be the workload (prompts that lost their cached
-                // prefix after traffic moved); a slow engine is slow between tokens too.
-                let decode_agrees =
-                    ratios.iter().find(|r| r.signal == "tbot").is_none_or(|r| r.fitted >= s.latency_ratio);
-                // TBOT convicts on its own only when the objective counts it: otherwise its
-                // offline profile is not something the operator had to get right (its defaults
-                // are placeholders).
-                for r in ratios.into_iter().filter(|r| uses_tbot || r.signal == "ttft") {
-                    if r.offline >= latency_threshold
-                        && r.fitted >= s.latency_ratio
-                        && (r.signal != "ttft" || decode_agrees)
-                    {
-                        severity = severity.max((1.0 - median_ratio / r.offline).min(1.0 - 1.0 / r.fitted));
-                        let peers = if median_ratio > 1.0 {
-                            format!(" (fleet median {median_ratio:.1}×)")
-                        } else {
-                            String::new()
-                        };
-                        reasons.push(format!(
-                            "{} {:.1}× its profile at {:.0} req/s{peers}, {:.1}× its fitted curve",
-                            r.signal, r.offline, r.load, r.fitted
-                        ));
-                    }
-                }
-                // Attempts seen by the proxies are not evidence of speed: a slow engine has many
-                // requests in flight and few first tokens. Only an engine that finishes
-                // requests without exposing TTFT at all is judged on errors alone.
-                let latency_evidence =
-                    w.ttft_count >= required || (w.ttft_count == 0.0 && w.finished >= required);
-                if reasons.is_empty() && !latency_evidence {
-                    Verdict::Insufficient
-                } else if reasons.is_empty() {
-                    Verdict::Healthy
+        let peers = Peers {
+            rate: fleet_rate,
+            median_ratio,
+            latency_threshold: s.latency_ratio * median_ratio,
+            uses_tbot,
+        };
+        engine_idx.iter().zip(&fitted).map(|(&j, fitted)| self.judge_engine(j, fitted, s, &peers)).collect()
+    }
+
+    /// Engine `j`'s verdict against its peers (`fitted`: its fitted TTFT and TBOT curves).
+    fn judge_engine(
+        &self,
+        j: usize,
+        fitted: &(LatencyProfile, LatencyProfile),
+        s: &OutlierSettings,
+        peers: &Peers,
+    ) -> Verdict {
+        let median_ratio = peers.median_ratio;
+        // Down engines (marked disturbed by the caller) get no capacity through health; a
+        // penalty would only take budget from engines that are up.
+        let w = &self.engines[j].outlier_window;
+        if w.disturbed {
+            return Verdict::Expired;
+        }
+        let penalised = self.engines[j].penalty > 0.0;
+        let required = if penalised { s.probe_requests.min(s.min_requests) } else { s.min_requests };
+        let required = required as f64;
+        if w.volume() < required {
+            return Verdict::Insufficient;
+        }
+        let mut severity: f64 = 0.0;
+        let mut reasons = Vec::new();
+        if let (Some((rate, source)), Some((mean, sigma))) = (success_rate(w, required), peers.rate) {
+            let threshold = mean - (s.success_rate_stdev_factor * sigma).max(s.success_rate_min_gap);
+            if rate < threshold {
+                severity = severity.max(if mean > 0.0 { (1.0 - rate / mean).clamp(0.0, 1.0) } else { 0.0 });
+                reasons.push(format!(
+                    "success rate {:.0} % vs fleet {:.0} % ± {:.0} % ({source})",
+                    rate * 100.0,
+                    mean * 100.0,
+                    sigma * 100.0
+                ));
+            }
+        }
+        let ratios = self.latency_ratios(j, required, fitted);
+        // A slow first token alone may be the workload (prompts that lost their cached
+        // prefix after traffic moved); a slow engine is slow between tokens too.
+        let decode_agrees =
+            ratios.iter().find(|r| r.signal == "tbot").is_none_or(|r| r.fitted >= s.latency_ratio);
+        // TBOT convicts on its own only when the objective counts it: otherwise its
+        // offline profile is not something the operator had to get right (its defaults
+        // are placeholders).
+        for r in ratios.into_iter().filter(|r| peers.uses_tbot || r.signal == "ttft") {
+            if r.offline >= peers.latency_threshold
+                && r.fitted >= s.latency_ratio
+                && (r.signal != "ttft" || decode_agrees)
+            {
+                severity = severity.max((1.0 - median_ratio / r.offline).min(1.0 - 1.0 / r.fitted));
+                let peers = if median_ratio > 1.0 {
+                    format!(" (fleet median {median_ratio:.1}×)")
                 } else {
-                    Verdict::Outlier { severity, reason: reasons.join("; ") }
-                }
-            })
-            .collect()
+                    String::new()
+                };
+                reasons.push(format!(
+                    "{} {:.1}× its profile at {:.0} req/s{peers}, {:.1}× its fitted curve",
+                    r.signal, r.offline, r.load, r.fitted
+                ));
+            }
+        }
+        // Attempts seen by the proxies are not evidence of speed: a slow engine has many
+        // requests in flight and few first tokens. Only an engine that finishes
+        // requests without exposing TTFT at all is judged on errors alone.
+        let latency_evidence = w.ttft_count >= required || (w.ttft_count == 0.0 && w.finished >= required);
+        if reasons.is_empty() && !latency_evidence {
+            Verdict::Insufficient
+        } else if reasons.is_empty() {
+            Verdict::Healthy
+        } else {
+            Verdict::Outlier { severity, reason: reasons.join("; ") }
+        }
     }
 
     /// Observed TTFT and TBOT over engine `j`'s window against its offline profiles and its
