@@ -35,11 +35,13 @@ use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
 };
 use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
 use ilb_dataplane::Router;
+use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio::sync::watch;
+use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
 /// The name of the ext_proc service, as health checks ask for it.
@@ -78,7 +80,9 @@ impl Epp {
         let server = tonic::transport::Server::builder()
             .add_service(health_service)
             .add_service(service)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+            // No Nagle: the answers are small writes that must leave at once (with it, a pick
+            // waited ~40 ms for the gateway's delayed ACK).
+            .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), async move {
                 let _ = shutdown_rx.wait_for(|stop| *stop).await;
             });
         let server = tokio::spawn(server);
@@ -154,59 +158,71 @@ async fn follow_readiness(
     }
 }
 
-/// The ext_proc service: one task per stream.
+/// The ext_proc service: each stream's answers are a stream that reads Envoy's next message
+/// when the last answers have gone out (no task or channel of its own: hyper already runs one
+/// task per HTTP/2 stream).
 struct ExtProc {
     router: Arc<Router>,
 }
 
+type Answers = Pin<Box<dyn futures_util::Stream<Item = Result<ProcessingResponse, Status>> + Send>>;
+
 #[tonic::async_trait]
 impl ExternalProcessor for ExtProc {
-    type ProcessStream = ReceiverStream<Result<ProcessingResponse, Status>>;
+    type ProcessStream = Answers;
 
     async fn process(
         &self,
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<Self::ProcessStream>, Status> {
-        let inbound = request.into_inner();
-        let (tx, rx) = mpsc::channel(16);
-        tokio::spawn(run_stream(Arc::clone(&self.router), inbound, tx));
-        Ok(Response::new(ReceiverStream::new(rx)))
+        let exchange = Exchange {
+            stream: stream::Stream::new(Arc::clone(&self.router)),
+            inbound: request.into_inner(),
+            pending: VecDeque::new(),
+            ended: false,
+        };
+        Ok(Response::new(Box::pin(futures_util::stream::unfold(exchange, Exchange::next))))
     }
 }
 
-/// Reads the stream's messages and sends the answers, until Envoy closes it, an immediate
-/// response went out, or a malformed message ends it with `INVALID_ARGUMENT`.
-async fn run_stream(
-    router: Arc<Router>,
-    mut inbound: Streaming<ProcessingRequest>,
-    tx: mpsc::Sender<Result<ProcessingResponse, Status>>,
-) {
-    let mut stream = stream::Stream::new(router);
-    loop {
-        let message = match inbound.message().await {
-            Ok(Some(message)) => message,
-            Ok(None) => return,
-            Err(status) => {
-                tracing::debug!(%status, "ext_proc stream ended");
-                return;
+/// One ext_proc stream in progress: Envoy's messages in, the answers not yet sent.
+struct Exchange {
+    stream: stream::Stream,
+    inbound: Streaming<ProcessingRequest>,
+    pending: VecDeque<ProcessingResponse>,
+    /// No message is read any more: an immediate response went out, or a malformed message
+    /// ended the stream.
+    ended: bool,
+}
+
+impl Exchange {
+    /// The next answer, reading Envoy's messages until there is one; `None` when Envoy closed
+    /// the stream or it ended (after `INVALID_ARGUMENT` for a malformed message).
+    async fn next(mut self) -> Option<(Result<ProcessingResponse, Status>, Exchange)> {
+        loop {
+            if let Some(answer) = self.pending.pop_front() {
+                return Some((Ok(answer), self));
             }
-        };
-        match stream.handle(message).await {
-            Ok(answers) => {
-                for answer in answers {
-                    if tx.send(Ok(answer)).await.is_err() {
-                        return;
-                    }
+            if self.ended {
+                return None;
+            }
+            let message = match self.inbound.message().await {
+                Ok(Some(message)) => message,
+                Ok(None) => return None,
+                Err(status) => {
+                    tracing::debug!(%status, "ext_proc stream ended");
+                    return None;
+                }
+            };
+            match self.stream.handle(message).await {
+                Ok(answers) => self.pending.extend(answers),
+                Err(error) => {
+                    tracing::debug!(%error, "malformed ext_proc stream");
+                    self.ended = true;
+                    return Some((Err(Status::invalid_argument(error.to_string())), self));
                 }
             }
-            Err(error) => {
-                tracing::debug!(%error, "malformed ext_proc stream");
-                let _ = tx.send(Err(Status::invalid_argument(error.to_string()))).await;
-                return;
-            }
-        }
-        if stream.done() {
-            return;
+            self.ended = self.stream.done();
         }
     }
 }
