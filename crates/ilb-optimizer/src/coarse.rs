@@ -11,9 +11,10 @@
 //! cold start is used.
 
 use crate::curve::Curve;
+use crate::newton::Run;
+use crate::options::SolverOptions;
 use crate::pass::{Model, PrevRoutes};
 use crate::problem::NetworkMatrix;
-use crate::solver::{Run, SolverOptions};
 use crate::warm::cold_prices;
 
 /// Engines whose normalised columns agree within this many ms share a cluster: measured

@@ -16,6 +16,8 @@ mod curve;
 mod disaggregate;
 pub mod gen;
 mod linalg;
+mod newton;
+mod options;
 mod pass;
 mod problem;
 mod solution;
@@ -24,6 +26,7 @@ mod stability;
 mod warm;
 
 pub use curve::Curve;
+pub use options::SolverOptions;
 pub use problem::{Class, Engine, Latency, NetworkMatrix, ParseError, Problem, ProblemError};
 pub use solution::{EnginePlan, Route, Solution, WarmStart};
-pub use solver::{solve, Solver, SolverOptions};
+pub use solver::{solve, Solver};

@@ -3,9 +3,6 @@
 pub mod control_plane;
 pub mod data_plane;
 pub mod demo;
-mod demo_engines;
-mod demo_fleet;
-mod demo_scenario;
 pub mod engine_sim;
 pub mod epp;
 pub mod explain;

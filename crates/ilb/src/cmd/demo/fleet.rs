@@ -3,7 +3,8 @@
 //! leaves at 80 s (deregisters, finishes its requests, stops); `engine-d` (region b) joins at
 //! 30 s. The console says when, and the plan lines show the split following.
 
-use crate::cmd::demo::{spawn_engine, DemoArgs};
+use super::args::DemoArgs;
+use super::stack::spawn_engine;
 use crate::cmd::engine_sim::{leave, registration};
 use ilb_controlplane::Registrar;
 use ilb_engine_sim::HardwareProfile;

@@ -5,7 +5,8 @@
 //! and `openai` snippets send the user's own. A summary of the plan and every engine's live
 //! signals is printed every few seconds until Ctrl-C or `--seconds`.
 
-use super::demo::{addr, DemoArgs};
+use super::args::DemoArgs;
+use super::stack::addr;
 use anyhow::Context;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};

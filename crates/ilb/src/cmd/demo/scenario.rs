@@ -8,7 +8,8 @@
 //! fault), demand is multiplied by `scale`, and the control plane's profiles follow; the
 //! routing problem keeps its shape, latencies stretch by `1/scale`.
 
-use super::demo::{addr, serve_stack, spawn_engine, DemoArgs};
+use super::args::DemoArgs;
+use super::stack::{addr, serve_stack, spawn_engine};
 use crate::traffic::Target;
 use anyhow::{bail, Context};
 use ilb_engine_sim::Faults;
