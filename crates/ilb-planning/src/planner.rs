@@ -15,7 +15,7 @@
 //! make real traffic burstier than that. Re-planning on every wiggle would move traffic for
 //! nothing, and where an engine's capacity binds every wiggle changes the spill. So each class
 //! has a band around its demand, `control_plane.demand_band_sigmas` standard deviations wide on
-//! each side (default 3), centred on a held value that moves only when the measurement leaves
+//! each side (default 3), centred on a value (the band's centre) that moves only when the measurement leaves
 //! the band:
 //!
 //! - above the band, the centre rises only as far as it takes to hold the measurement on the
@@ -43,7 +43,7 @@
 //! lifted, replicas down or back). The model is then solved without the strength (the tolerance
 //! still applies) for three smoothing time constants, while the measurement settles. So a surge
 //! spills as soon as it is seen and a recovered engine gets its traffic back, while a demand that
-//! drifts out of its band by a little stays held.
+//! drifts out of its band by a little keeps its weights.
 //!
 //! **Each model warm, each solve guarded.** Every model keeps its own solver, warm-started from
 //! its previous solve. A solve that panics is caught and logged with its model, the snapshots
@@ -69,7 +69,7 @@ pub struct Planner {
     solvers: BTreeMap<String, Solver>,
     options: SolverOptions,
     /// The centre of each class's demand band, per (model, problem class id).
-    held: HashMap<(String, String), f64>,
+    band_centres: HashMap<(String, String), f64>,
     /// Per model: until when it is solved without the stability strength, after a real
     /// change of its demand or its engines.
     free_until: HashMap<String, Now>,
@@ -106,7 +106,7 @@ impl Planner {
         Planner {
             solvers: BTreeMap::new(),
             options,
-            held: HashMap::new(),
+            band_centres: HashMap::new(),
             free_until: HashMap::new(),
             capacities: HashMap::new(),
         }
@@ -149,13 +149,13 @@ impl Planner {
         let cp = &fleet.config.control_plane;
         let tau_s = (cp.smoothing_ms as f64 / 1000.0).max(1e-3);
         let band = |rps: f64| demand_band(rps, tau_s, cp.demand_band_sigmas);
-        let mut held = HashMap::with_capacity(self.held.len());
+        let mut band_centres = HashMap::with_capacity(self.band_centres.len());
         for (plan, changed) in problems.plans.iter_mut().zip(&mut problems.changed) {
             *changed = false;
             for class in &mut plan.problem.classes {
                 let key = (plan.model.clone(), class.id.clone());
                 let measured = class.demand_rps;
-                let centre = match self.held.get(&key) {
+                let centre = match self.band_centres.get(&key) {
                     Some(&centre) => {
                         let (off, width) = (measured - centre, band(measured.max(centre)));
                         *changed |= off.abs() > REAL_CHANGE_BANDS * width;
@@ -181,7 +181,7 @@ impl Planner {
                 };
                 class.headroom_rps = band(centre);
                 class.demand_rps = centre + class.headroom_rps;
-                held.insert(key, centre);
+                band_centres.insert(key, centre);
             }
             // Headroom is for bursts the fleet has room for: it takes at most a share of the
             // usable capacity the centres leave (shrinking smoothly as demand nears capacity),
@@ -216,7 +216,7 @@ impl Planner {
                 *changed = self.free_until.get(&plan.model).is_some_and(|&until| now < until);
             }
         }
-        self.held = held;
+        self.band_centres = band_centres;
         problems
     }
 
