@@ -116,12 +116,12 @@ start_envoy() { # config
   ENVOY_PID=$!
 }
 
-measure() { # contender run pid... (the router processes, whose CPU is counted)
-  local name=$1 run=$2; shift 2
+measure() { # contender run port pid... (the port the clients use; the router processes, whose CPU is counted)
+  local name=$1 run=$2 port=$3; shift 3
   local small big before=() after=() out requests errors
-  small=$(taskset -c 0 python3 bench/epp_ttft.py --port "$GATEWAY_PORT" --n "$N_TTFT" --prompt-bytes 100)
-  big=$(taskset -c 0 python3 bench/epp_ttft.py --port "$GATEWAY_PORT" --n "$N_BIG" --warmup 5 --prompt-bytes 200000)
-  local url="http://127.0.0.1:$GATEWAY_PORT/v1/chat/completions"
+  small=$(taskset -c 0 python3 bench/epp_ttft.py --port "$port" --n "$N_TTFT" --prompt-bytes 100)
+  big=$(taskset -c 0 python3 bench/epp_ttft.py --port "$port" --n "$N_BIG" --warmup 5 --prompt-bytes 200000)
+  local url="http://127.0.0.1:$port/v1/chat/completions"
   taskset -c 0 wrk -t1 -c"$CONNS" -d2s -s "$REPO/bench/chat.lua" "$url" >/dev/null
   for p in "$@"; do before+=("$(cpu_ticks "$p")"); done
   out=$(taskset -c 0 wrk -t1 -c"$CONNS" -d"${DURATION}s" -s "$REPO/bench/chat.lua" "$url")
@@ -144,24 +144,22 @@ PY
 printf "contender\trun\tttft_p50_ms\tttft_p99_ms\tttft_200k_p50_ms\tttft_200k_p99_ms\treq_per_s\tbad_status\tttft_errors\tcpu_us_per_req (per process)\n" | tee "$OUT/results.tsv"
 for run in $(seq 1 "$RUNS"); do
   # Direct to one engine: the floor.
-  GATEWAY_PORT_SAVED=$GATEWAY_PORT GATEWAY_PORT=$ENGINE_PORT
-  measure direct "$run"
-  GATEWAY_PORT=$GATEWAY_PORT_SAVED
+  measure direct "$run" "$ENGINE_PORT"
 
   start_envoy "$OUT/envoy-alone.yaml"; wait_chat "$GATEWAY_PORT"
-  measure envoy "$run" "$ENVOY_PID"
+  measure envoy "$run" "$GATEWAY_PORT" "$ENVOY_PID"
   kill "$ENVOY_PID"; wait "$ENVOY_PID" 2>/dev/null || true
 
   taskset -c 1 "$ILB" --log warn epp --listen "127.0.0.1:$EPP_PORT" --threads 1 "${engine_flags[@]}" >>"$OUT/epp.log" 2>&1 &
   pids+=($!); EPP_PID=$!
   start_envoy "$OUT/envoy-epp.yaml"; wait_chat "$GATEWAY_PORT"
-  measure envoy+epp "$run" "$ENVOY_PID" "$EPP_PID"
+  measure envoy+epp "$run" "$GATEWAY_PORT" "$ENVOY_PID" "$EPP_PID"
   kill "$ENVOY_PID" "$EPP_PID"; wait "$ENVOY_PID" "$EPP_PID" 2>/dev/null || true
 
   taskset -c 1 "$ILB" --log warn data-plane --listen "127.0.0.1:$GATEWAY_PORT" --threads 1 "${engine_flags[@]}" >>"$OUT/dp.log" 2>&1 &
   pids+=($!); DP_PID=$!
   wait_chat "$GATEWAY_PORT"
-  measure ilb "$run" "$DP_PID"
+  measure ilb "$run" "$GATEWAY_PORT" "$DP_PID"
   kill "$DP_PID"; wait "$DP_PID" 2>/dev/null || true
 done
 echo "results: $OUT/results.tsv"

@@ -157,19 +157,23 @@ async fn gateway(envoy: PathBuf, name: &str) -> Gateway {
     gateway
 }
 
+/// A chat completion for the gateway at `url`, in `session` if given.
+fn chat_request(url: &str, session: Option<&str>, content: &str, stream: bool) -> http::Request<Full<Bytes>> {
+    let body = format!(
+        r#"{{"model":"m","messages":[{{"role":"user","content":"{content}"}}],"max_tokens":4,"stream":{stream}}}"#
+    );
+    let mut request =
+        http::Request::post(format!("{url}/v1/chat/completions")).header("content-type", "application/json");
+    if let Some(session) = session {
+        request = request.header("x-session-id", session);
+    }
+    request.body(Full::new(Bytes::from(body))).unwrap()
+}
+
 impl Gateway {
     /// POSTs a chat completion through Envoy: status and body.
     async fn chat(&self, session: Option<&str>, content: &str, stream: bool) -> (u16, String) {
-        let body = format!(
-            r#"{{"model":"m","messages":[{{"role":"user","content":"{content}"}}],"max_tokens":4,"stream":{stream}}}"#
-        );
-        let mut request = http::Request::post(format!("{}/v1/chat/completions", self.url))
-            .header("content-type", "application/json");
-        if let Some(session) = session {
-            request = request.header("x-session-id", session);
-        }
-        let response =
-            self.client.request(request.body(Full::new(Bytes::from(body))).unwrap()).await.unwrap();
+        let response = self.client.request(chat_request(&self.url, session, content, stream)).await.unwrap();
         let status = response.status().as_u16();
         let body = response.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
         (status, String::from_utf8_lossy(&body).into_owned())
@@ -240,48 +244,15 @@ async fn chat_streaming_and_sessions_through_envoy() {
 async fn an_engine_killed_under_load_fails_no_request() {
     let Some(envoy) = envoy_binary() else { return };
     let mut gateway = gateway(envoy, "failover").await;
-    let gateway_ref = std::sync::Arc::new(tokio::sync::Semaphore::new(6));
-    let total = 90;
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let gateway_shared = std::sync::Arc::new((gateway.url.clone(), gateway.client.clone()));
-    let mut tasks = tokio::task::JoinSet::new();
-    for n in 0..total {
-        let permit = std::sync::Arc::clone(&gateway_ref).acquire_owned().await.unwrap();
-        let shared = std::sync::Arc::clone(&gateway_shared);
-        let done = std::sync::Arc::clone(&done);
-        tasks.spawn(async move {
-            let (url, client) = &*shared;
-            let body = format!(
-                r#"{{"model":"m","messages":[{{"role":"user","content":"req {n}"}}],"max_tokens":4}}"#
-            );
-            let request = http::Request::post(format!("{url}/v1/chat/completions"))
-                .header("content-type", "application/json")
-                .header("x-session-id", format!("load-{n}"))
-                .body(Full::new(Bytes::from(body)))
-                .unwrap();
-            let response = client.request(request).await.unwrap();
-            let status = response.status().as_u16();
-            let body = response.into_body().collect().await.unwrap().to_bytes();
-            drop(permit);
-            done.fetch_add(1, Relaxed);
-            (n, status, String::from_utf8_lossy(&body).into_owned())
-        });
-        if n == 20 {
-            // Kill one engine under load: its listener and every connection close at once.
-            let killed = gateway.engines[1].take().unwrap();
-            killed.shutdown().await;
-        }
-    }
-    let mut failed = Vec::new();
-    while let Some(result) = tasks.join_next().await {
-        let (n, status, body) = result.unwrap();
-        if status != 200 {
-            failed.push((n, status, body));
-        }
-    }
+    let load = Load::start(&gateway, 6);
+    load.wait_for(20, "before the kill").await;
+    // Kill one engine under load: its listener and every connection close at once.
+    gateway.engines[1].take().unwrap().shutdown().await;
+    load.wait_for(70, "after the kill").await;
+    let (done, failed) = load.stop().await;
     assert!(
         failed.is_empty(),
-        "{} failed: {:?}\nenvoy log:\n{}",
+        "{} of {done} failed: {:?}\nenvoy log:\n{}",
         failed.len(),
         &failed[..failed.len().min(3)],
         gateway.log()
@@ -317,15 +288,8 @@ impl Load {
                 let mut n = 0;
                 while !stop.load(Relaxed) {
                     n += 1;
-                    let body = format!(
-                        r#"{{"model":"m","messages":[{{"role":"user","content":"w{worker} {n}"}}],"max_tokens":4,"stream":{}}}"#,
-                        n % 2 == 0
-                    );
-                    let request = http::Request::post(format!("{url}/v1/chat/completions"))
-                        .header("content-type", "application/json")
-                        .header("x-session-id", format!("w{worker}-{}", n % 5))
-                        .body(Full::new(Bytes::from(body)))
-                        .unwrap();
+                    let session = format!("w{worker}-{}", n % 5);
+                    let request = chat_request(&url, Some(&session), &format!("w{worker} {n}"), n % 2 == 0);
                     let (status, body) = match client.request(request).await {
                         Ok(response) => {
                             let status = response.status().as_u16();

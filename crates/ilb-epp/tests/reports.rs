@@ -72,17 +72,7 @@ async fn the_epp_reports_what_it_routed_to_the_control_plane() {
         stream.send(request_headers(&chat_headers(Some(&format!("s{n}"))), false, DUPLEX)).await;
         stream.send(request_body(&chat_body("m", "hello"), true)).await;
         let answer = stream.recv().await.unwrap();
-        let metadata = answer.dynamic_metadata.expect("a pick");
-        let Some(envoy_types::pb::google::protobuf::value::Kind::StructValue(lb)) =
-            &metadata.fields["envoy.lb"].kind
-        else {
-            panic!("no envoy.lb in {metadata:?}")
-        };
-        let Some(envoy_types::pb::google::protobuf::value::Kind::StringValue(endpoints)) =
-            &lb.fields["x-gateway-destination-endpoint"].kind
-        else {
-            panic!("no endpoints in {lb:?}")
-        };
+        let endpoints = support::metadata_endpoints(&answer).expect("a pick in envoy.lb");
         let served = endpoints.split(',').next().unwrap().to_owned();
         stream.send(response_headers("200", "application/json", Some(&served))).await;
         stream.send(response_body(b"{}", true)).await;

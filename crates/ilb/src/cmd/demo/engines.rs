@@ -6,7 +6,7 @@
 //! signals is printed every few seconds until Ctrl-C or `--seconds`.
 
 use super::args::DemoArgs;
-use super::stack::addr;
+use super::stack::{addr, report_until_stopped};
 use anyhow::Context;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
@@ -91,25 +91,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!("stop with Ctrl-C");
     println!();
 
-    let every = args.report_every.max(1);
-    let deadline = args.seconds.map(|s| crate::clock::now() + Duration::from_secs(s));
-    let mut ticker = tokio::time::interval(Duration::from_secs(every));
-    ticker.tick().await;
-    let stop_signal = crate::cmd::stop_signal();
-    tokio::pin!(stop_signal);
-    loop {
-        let until_deadline = async {
-            match deadline {
-                Some(d) => tokio::time::sleep_until(d).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = &mut stop_signal => break,
-            _ = until_deadline => break,
-            _ = ticker.tick() => print_summary(&cp, &dp),
-        }
-    }
+    report_until_stopped(&args, || print_summary(&cp, &dp)).await;
     println!("stopping");
     dp.shutdown().await;
     cp.shutdown().await;

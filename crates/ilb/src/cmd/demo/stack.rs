@@ -104,6 +104,26 @@ pub(crate) async fn serve_stack(
         tokio::spawn(traffic::run(config, Arc::clone(&stats), stop_rx))
     });
 
+    let every = args.report_every.max(1);
+    report_until_stopped(args, || print_summary(&cp, &engines, &stats.take(), every)).await;
+    println!("stopping");
+    let _ = stop.send(true);
+    if let Some(task) = traffic_task {
+        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+    }
+    for dp in data_planes {
+        dp.shutdown().await;
+    }
+    cp.shutdown().await;
+    for engine in engines {
+        engine.shutdown().await;
+    }
+    Ok(())
+}
+
+/// Calls `report` every `--report-every` seconds until `--seconds` have passed (if given), Ctrl-C
+/// or SIGTERM.
+pub async fn report_until_stopped(args: &DemoArgs, mut report: impl FnMut()) {
     let deadline = args.seconds.map(|s| crate::clock::now() + Duration::from_secs(s));
     let mut ticker = tokio::time::interval(Duration::from_secs(args.report_every.max(1)));
     ticker.tick().await;
@@ -119,22 +139,9 @@ pub(crate) async fn serve_stack(
         tokio::select! {
             _ = &mut stop_signal => break,
             _ = until_deadline => break,
-            _ = ticker.tick() => print_summary(&cp, &engines, &stats.take(), args.report_every.max(1)),
+            _ = ticker.tick() => report(),
         }
     }
-    println!("stopping");
-    let _ = stop.send(true);
-    if let Some(task) = traffic_task {
-        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
-    }
-    for dp in data_planes {
-        dp.shutdown().await;
-    }
-    cp.shutdown().await;
-    for engine in engines {
-        engine.shutdown().await;
-    }
-    Ok(())
 }
 
 fn print_summary(cp: &ControlPlane, engines: &[EngineHandle], window: &traffic::Window, seconds: u64) {
