@@ -59,6 +59,7 @@ struct Gateway {
     url: String,
     client: HttpClient,
     log: PathBuf,
+    admin: u16,
 }
 
 async fn gateway(envoy: PathBuf, name: &str) -> Gateway {
@@ -132,6 +133,7 @@ async fn gateway(envoy: PathBuf, name: &str) -> Gateway {
         url: format!("http://127.0.0.1:{listen}"),
         client,
         log,
+        admin,
     };
     // Ready when Envoy's admin says so (polled with a deadline).
     #[allow(clippy::disallowed_methods)] // the hang guard's deadline
@@ -185,6 +187,14 @@ impl Gateway {
 
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Envoy's counters for the engine pool's requests and retries (admin `/stats`).
+    async fn engine_stats(&self) -> String {
+        let url = format!("http://127.0.0.1:{}/stats?filter=cluster.engines.upstream_(rq|cx)_", self.admin);
+        let Ok(response) = self.client.get(url.parse().unwrap()).await else { return "no admin".into() };
+        let body = response.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+        String::from_utf8_lossy(&body).lines().filter(|l| !l.ends_with(": 0")).collect::<Vec<_>>().join("\n")
     }
 
     async fn stop(mut self) {
@@ -252,9 +262,10 @@ async fn an_engine_killed_under_load_fails_no_request() {
     let (done, failed) = load.stop().await;
     assert!(
         failed.is_empty(),
-        "{} of {done} failed: {:?}\nenvoy log:\n{}",
+        "{} of {done} failed: {:?}\nenvoy stats:\n{}\nenvoy log:\n{}",
         failed.len(),
         &failed[..failed.len().min(3)],
+        gateway.engine_stats().await,
         gateway.log()
     );
     let installed = gateway.epp.router().installed().unwrap();
