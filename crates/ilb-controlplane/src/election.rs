@@ -27,9 +27,18 @@
 //! The engine holds (`guard.rs`) stay per replica: each follows its own scrapes.
 
 use crate::api::ApiState;
+use crate::etcd::etcdserverpb::kv_client::KvClient;
+use crate::etcd::etcdserverpb::lease_client::LeaseClient;
+use crate::etcd::etcdserverpb::watch_client::WatchClient;
+use crate::etcd::etcdserverpb::{compare, request_op, watch_request};
+use crate::etcd::etcdserverpb::{
+    Compare, LeaseGrantRequest, LeaseKeepAliveRequest, LeaseKeepAliveResponse, PutRequest, RangeRequest,
+    RangeResponse, RequestOp, TxnRequest, WatchCreateRequest, WatchRequest, WatchResponse,
+};
+use crate::etcd::v3electionpb::election_client::ElectionClient;
+use crate::etcd::v3electionpb::{CampaignRequest, LeaderKey};
 use crate::events::Event;
 use bytes::Bytes;
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, Txn, TxnOp, WatchOptions};
 use ilb_core::snapshot::Snapshot;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -37,6 +46,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
+use tokio_stream::{Stream, StreamExt};
+use tonic::codec::Streaming;
+use tonic::transport::{Channel, Endpoint};
+use tonic::Status;
 
 /// Versions under etcd start here, above every wall-clock (Unix ms) version.
 pub const VERSION_BASE: u64 = 1 << 52;
@@ -201,19 +214,13 @@ impl Session<'_> {
 
     /// One lease: campaign, keep it alive, write rounds while leading, follow the rounds.
     async fn run(&self, rounds: &mut watch::Receiver<Option<Bytes>>) -> Result<(), String> {
-        let connect = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(2))
-            .with_timeout(self.options.lease_ttl.max(Duration::from_secs(2)));
-        let mut client =
-            Client::connect(&self.options.endpoints, Some(connect)).await.map_err(|e| e.to_string())?;
+        let etcd = Etcd::connect(self.options)?;
         let ttl = self.options.lease_ttl;
-        let lease = client.lease_grant(ttl.as_secs() as i64, None).await.map_err(|e| e.to_string())?.id();
-        let (mut keeper, mut answers) = client.lease_keep_alive(lease).await.map_err(|e| e.to_string())?;
-        let mut campaign_client = client.clone();
-        let name = self.election_name();
-        let campaign = campaign_client.campaign(name, self.options.name.clone(), lease);
+        let lease = etcd.grant(ttl).await.map_err(|e| e.to_string())?;
+        let (keeper, mut answers) = etcd.keep_alive(lease).await.map_err(|e| e.to_string())?;
+        let campaign = etcd.campaign(self.election_name(), self.options.name.clone(), lease);
         let mut campaign = std::pin::pin!(campaign);
-        let mut follower = std::pin::pin!(self.follow(client.clone()));
+        let mut follower = std::pin::pin!(self.follow(&etcd));
         let mut elected = false;
         let mut tick = tokio::time::interval(ttl / 3);
         let mut sent_at = crate::clock::now();
@@ -222,10 +229,11 @@ impl Session<'_> {
             tokio::select! {
                 _ = tick.tick() => {
                     sent_at = crate::clock::now();
-                    keeper.keep_alive().await.map_err(|e| format!("lease keep-alive: {e}"))?;
+                    let renew = LeaseKeepAliveRequest { id: lease };
+                    keeper.send(renew).await.map_err(|e| format!("lease keep-alive: {e}"))?;
                 }
                 answer = answers.message() => match answer {
-                    Ok(Some(a)) if a.ttl() > 0 => {
+                    Ok(Some(a)) if a.ttl > 0 => {
                         confirmed_until = sent_at + ttl;
                         self.leadership.confirm(confirmed_until);
                     }
@@ -235,10 +243,10 @@ impl Session<'_> {
                 _ = tokio::time::sleep_until(confirmed_until) => return Err("lease not confirmed within its ttl".into()),
                 won = &mut campaign, if !elected => {
                     let won = won.map_err(|e| format!("campaign: {e}"))?;
-                    let leader = won.leader().ok_or("campaign answered without a leader key")?;
+                    let leader = won.ok_or("campaign answered without a leader key")?;
                     elected = true;
-                    self.leadership.lead(leader.rev() as u64, leader.key().to_vec(), confirmed_until);
-                    tracing::info!(term = leader.rev(), name = %self.options.name, "elected the planning leader");
+                    self.leadership.lead(leader.rev as u64, leader.key, confirmed_until);
+                    tracing::info!(term = leader.rev, name = %self.options.name, "elected the planning leader");
                     // Plan at once rather than at the next tick.
                     let _ = self.events.send(Event::Elected).await;
                 }
@@ -246,7 +254,7 @@ impl Session<'_> {
                     changed.map_err(|_| "the control loop stopped".to_string())?;
                     let round = rounds.borrow_and_update().clone();
                     if let Some(round) = round {
-                        self.write(&mut client, round).await?;
+                        self.write(&etcd, round).await?;
                     }
                 }
                 ended = &mut follower => return ended,
@@ -255,17 +263,17 @@ impl Session<'_> {
     }
 
     /// Writes the leader's round, only while its leader key is the one it was elected with.
-    async fn write(&self, client: &mut Client, round: Bytes) -> Result<(), String> {
+    async fn write(&self, etcd: &Etcd, round: Bytes) -> Result<(), String> {
         let Some((term, leader_key)) = self.leadership.leader_key() else { return Ok(()) };
         if round.len() > MAX_ROUND_BYTES {
             tracing::error!(bytes = round.len(), "round too large for etcd; followers keep the previous one");
             return Ok(());
         }
-        let txn = Txn::new()
-            .when([Compare::create_revision(leader_key, CompareOp::Equal, term as i64)])
-            .and_then([TxnOp::put(self.round_key(), round.to_vec(), None)]);
-        let answer = client.txn(txn).await.map_err(|e| format!("writing the round: {e}"))?;
-        if !answer.succeeded() {
+        let written = etcd
+            .put_if_leader(leader_key, term as i64, self.round_key(), round.to_vec())
+            .await
+            .map_err(|e| format!("writing the round: {e}"))?;
+        if !written {
             self.leadership.step_down();
             return Err("deposed: the leader key is gone".into());
         }
@@ -273,21 +281,25 @@ impl Session<'_> {
     }
 
     /// Publishes every round the leader writes (this replica's own too, which changes nothing).
-    async fn follow(&self, mut client: Client) -> Result<(), String> {
+    async fn follow(&self, etcd: &Etcd) -> Result<(), String> {
         let key = self.round_key();
-        let current = client.get(key.clone(), None).await.map_err(|e| format!("reading the round: {e}"))?;
-        let mut from = current.header().map_or(0, |h| h.revision()) + 1;
-        if let Some(kv) = current.kvs().first() {
-            self.adopt(kv.value());
+        let current = etcd.get(key.clone()).await.map_err(|e| format!("reading the round: {e}"))?;
+        let mut from = current.header.map_or(0, |h| h.revision) + 1;
+        if let Some(kv) = current.kvs.first() {
+            self.adopt(&kv.value);
         }
-        let options = WatchOptions::new().with_start_revision(from);
-        let mut stream =
-            client.watch(key, Some(options)).await.map_err(|e| format!("watching the round: {e}"))?;
-        while let Some(answer) = stream.message().await.map_err(|e| format!("watching the round: {e}"))? {
-            for event in answer.events() {
-                if let Some(kv) = event.kv().filter(|kv| !kv.value().is_empty()) {
-                    from = from.max(kv.mod_revision() + 1);
-                    self.adopt(kv.value());
+        // The watch lasts while `_requests` (its request stream) is open.
+        let (_requests, mut answers) =
+            etcd.watch(key, from).await.map_err(|e| format!("watching the round: {e}"))?;
+        while let Some(answer) = answers.message().await.map_err(|e| format!("watching the round: {e}"))? {
+            if answer.canceled {
+                tracing::warn!(reason = %answer.cancel_reason, "etcd canceled the round's watch");
+                break;
+            }
+            for event in answer.events {
+                if let Some(kv) = event.kv.filter(|kv| !kv.value.is_empty()) {
+                    from = from.max(kv.mod_revision + 1);
+                    self.adopt(&kv.value);
                 }
             }
         }
@@ -304,6 +316,117 @@ impl Session<'_> {
             Err(e) => tracing::error!(error = %e, "the round in etcd is not a round; ignored"),
         }
     }
+}
+
+/// The etcd calls of a session, over one channel balanced across the endpoints (it connects
+/// lazily, with a connect timeout of 2 s and a request timeout of the lease ttl, at least 2 s).
+struct Etcd {
+    kv: KvClient<Channel>,
+    lease: LeaseClient<Channel>,
+    watch: WatchClient<Channel>,
+    election: ElectionClient<Channel>,
+}
+
+impl Etcd {
+    /// The clients of the endpoints' channel (nothing connects before the first call).
+    fn connect(options: &EtcdOptions) -> Result<Etcd, String> {
+        if options.endpoints.is_empty() {
+            return Err("no etcd endpoints".into());
+        }
+        let timeout = options.lease_ttl.max(Duration::from_secs(2));
+        let mut endpoints = Vec::with_capacity(options.endpoints.len());
+        for url in &options.endpoints {
+            let endpoint =
+                Endpoint::from_shared(url.clone()).map_err(|e| format!("etcd endpoint '{url}': {e}"))?;
+            endpoints.push(endpoint.connect_timeout(Duration::from_secs(2)).timeout(timeout));
+        }
+        let channel = Channel::balance_list(endpoints.into_iter());
+        Ok(Etcd {
+            kv: KvClient::new(channel.clone()),
+            lease: LeaseClient::new(channel.clone()),
+            watch: WatchClient::new(channel.clone()),
+            election: ElectionClient::new(channel),
+        })
+    }
+
+    /// A new lease of `ttl` (whole seconds); its id.
+    async fn grant(&self, ttl: Duration) -> Result<i64, Status> {
+        let request = LeaseGrantRequest { ttl: ttl.as_secs() as i64, id: 0 };
+        Ok(self.lease.clone().lease_grant(request).await?.into_inner().id)
+    }
+
+    /// The lease's keep-alive stream, its first request sent: each `LeaseKeepAliveRequest` sent
+    /// on the sender renews the lease, and etcd answers each with the lease's ttl (0 or less: the
+    /// lease has expired).
+    async fn keep_alive(
+        &self,
+        lease: i64,
+    ) -> Result<(mpsc::Sender<LeaseKeepAliveRequest>, Streaming<LeaseKeepAliveResponse>), Status> {
+        let (requests, stream) = request_stream(LeaseKeepAliveRequest { id: lease });
+        let answers = self.lease.clone().lease_keep_alive(stream).await?.into_inner();
+        Ok((requests, answers))
+    }
+
+    /// Campaigns for `name` with the lease, until elected: the leader key then held (its `rev`
+    /// is the term).
+    async fn campaign(&self, name: String, value: String, lease: i64) -> Result<Option<LeaderKey>, Status> {
+        let request = CampaignRequest { name: name.into_bytes(), lease, value: value.into_bytes() };
+        Ok(self.election.clone().campaign(request).await?.into_inner().leader)
+    }
+
+    /// Puts `value` at `key` if the leader key still has the create revision `term`; whether it
+    /// did.
+    async fn put_if_leader(
+        &self,
+        leader_key: Vec<u8>,
+        term: i64,
+        key: String,
+        value: Vec<u8>,
+    ) -> Result<bool, Status> {
+        let still_leader = Compare {
+            result: compare::CompareResult::Equal as i32,
+            target: compare::CompareTarget::Create as i32,
+            key: leader_key,
+            range_end: Vec::new(),
+            target_union: Some(compare::TargetUnion::CreateRevision(term)),
+        };
+        let put = PutRequest { key: key.into_bytes(), value, ..PutRequest::default() };
+        let request = TxnRequest {
+            compare: vec![still_leader],
+            success: vec![RequestOp { request: Some(request_op::Request::RequestPut(put)) }],
+            failure: Vec::new(),
+        };
+        Ok(self.kv.clone().txn(request).await?.into_inner().succeeded)
+    }
+
+    /// The key's value, if any, and the store's revision.
+    async fn get(&self, key: String) -> Result<RangeResponse, Status> {
+        let request = RangeRequest { key: key.into_bytes(), ..RangeRequest::default() };
+        Ok(self.kv.clone().range(request).await?.into_inner())
+    }
+
+    /// Watches the key from `start_revision`. etcd ends the watch when the request stream
+    /// closes: keep the returned sender while watching.
+    async fn watch(
+        &self,
+        key: String,
+        start_revision: i64,
+    ) -> Result<(mpsc::Sender<WatchRequest>, Streaming<WatchResponse>), Status> {
+        let create =
+            WatchCreateRequest { key: key.into_bytes(), start_revision, ..WatchCreateRequest::default() };
+        let (requests, stream) = request_stream(WatchRequest {
+            request_union: Some(watch_request::RequestUnion::CreateRequest(create)),
+        });
+        let answers = self.watch.clone().watch(stream).await?.into_inner();
+        Ok((requests, answers))
+    }
+}
+
+/// A gRPC request stream that starts with `first`, goes on with what is sent on the sender, and
+/// ends when the sender is dropped.
+fn request_stream<T: Send + 'static>(first: T) -> (mpsc::Sender<T>, impl Stream<Item = T> + Send + 'static) {
+    let (sender, receiver) = mpsc::channel(16);
+    (sender, tokio_stream::once(first).chain(tokio_stream::wrappers::ReceiverStream::new(receiver)))
 }
 
 #[cfg(test)]

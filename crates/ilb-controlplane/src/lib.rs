@@ -12,6 +12,7 @@
 //! - [`discovery`]: engines from DNS; `registrar`: the client side of registration
 //!   ([`Registrar`]).
 //! - `api`: the HTTP API (`engines.rs`: registration).
+//! - `etcd`: etcd's v3 gRPC client, generated ahead of time from its protos.
 //! - `election`: with etcd, one replica plans and publishes, the others publish its rounds.
 //! - `run`: the control loop ([`ControlPlane`], [`Reloader`]).
 //!
@@ -27,6 +28,7 @@ mod clock;
 mod dashboard;
 pub mod discovery;
 mod election;
+mod etcd;
 mod events;
 mod guard;
 mod publish;
