@@ -319,12 +319,14 @@ impl Session<'_> {
 }
 
 /// The etcd calls of a session, over one channel balanced across the endpoints (it connects
-/// lazily, with a connect timeout of 2 s and a request timeout of the lease ttl, at least 2 s).
+/// lazily, with a connect timeout of 2 s). Every call but the campaign, which waits until this
+/// replica is elected, must answer within the lease ttl (at least 2 s).
 struct Etcd {
     kv: KvClient<Channel>,
     lease: LeaseClient<Channel>,
     watch: WatchClient<Channel>,
     election: ElectionClient<Channel>,
+    timeout: Duration,
 }
 
 impl Etcd {
@@ -333,12 +335,11 @@ impl Etcd {
         if options.endpoints.is_empty() {
             return Err("no etcd endpoints".into());
         }
-        let timeout = options.lease_ttl.max(Duration::from_secs(2));
         let mut endpoints = Vec::with_capacity(options.endpoints.len());
         for url in &options.endpoints {
             let endpoint =
                 Endpoint::from_shared(url.clone()).map_err(|e| format!("etcd endpoint '{url}': {e}"))?;
-            endpoints.push(endpoint.connect_timeout(Duration::from_secs(2)).timeout(timeout));
+            endpoints.push(endpoint.connect_timeout(Duration::from_secs(2)));
         }
         let channel = Channel::balance_list(endpoints.into_iter());
         Ok(Etcd {
@@ -346,13 +347,14 @@ impl Etcd {
             lease: LeaseClient::new(channel.clone()),
             watch: WatchClient::new(channel.clone()),
             election: ElectionClient::new(channel),
+            timeout: options.lease_ttl.max(Duration::from_secs(2)),
         })
     }
 
     /// A new lease of `ttl` (whole seconds); its id.
     async fn grant(&self, ttl: Duration) -> Result<i64, Status> {
         let request = LeaseGrantRequest { ttl: ttl.as_secs() as i64, id: 0 };
-        Ok(self.lease.clone().lease_grant(request).await?.into_inner().id)
+        Ok(self.answer(self.lease.clone().lease_grant(request)).await?.id)
     }
 
     /// The lease's keep-alive stream, its first request sent: each `LeaseKeepAliveRequest` sent
@@ -363,12 +365,11 @@ impl Etcd {
         lease: i64,
     ) -> Result<(mpsc::Sender<LeaseKeepAliveRequest>, Streaming<LeaseKeepAliveResponse>), Status> {
         let (requests, stream) = request_stream(LeaseKeepAliveRequest { id: lease });
-        let answers = self.lease.clone().lease_keep_alive(stream).await?.into_inner();
-        Ok((requests, answers))
+        Ok((requests, self.answer(self.lease.clone().lease_keep_alive(stream)).await?))
     }
 
-    /// Campaigns for `name` with the lease, until elected: the leader key then held (its `rev`
-    /// is the term).
+    /// Campaigns for `name` with the lease, until elected (no timeout: a follower waits here
+    /// while the leader's lease lives): the leader key then held (its `rev` is the term).
     async fn campaign(&self, name: String, value: String, lease: i64) -> Result<Option<LeaderKey>, Status> {
         let request = CampaignRequest { name: name.into_bytes(), lease, value: value.into_bytes() };
         Ok(self.election.clone().campaign(request).await?.into_inner().leader)
@@ -396,13 +397,13 @@ impl Etcd {
             success: vec![RequestOp { request: Some(request_op::Request::RequestPut(put)) }],
             failure: Vec::new(),
         };
-        Ok(self.kv.clone().txn(request).await?.into_inner().succeeded)
+        Ok(self.answer(self.kv.clone().txn(request)).await?.succeeded)
     }
 
     /// The key's value, if any, and the store's revision.
     async fn get(&self, key: String) -> Result<RangeResponse, Status> {
         let request = RangeRequest { key: key.into_bytes(), ..RangeRequest::default() };
-        Ok(self.kv.clone().range(request).await?.into_inner())
+        self.answer(self.kv.clone().range(request)).await
     }
 
     /// Watches the key from `start_revision`. etcd ends the watch when the request stream
@@ -417,8 +418,18 @@ impl Etcd {
         let (requests, stream) = request_stream(WatchRequest {
             request_union: Some(watch_request::RequestUnion::CreateRequest(create)),
         });
-        let answers = self.watch.clone().watch(stream).await?.into_inner();
-        Ok((requests, answers))
+        Ok((requests, self.answer(self.watch.clone().watch(stream)).await?))
+    }
+
+    /// A call's answer (for a stream: once it starts), or DEADLINE_EXCEEDED after the timeout.
+    async fn answer<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+    ) -> Result<T, Status> {
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(answer) => Ok(answer?.into_inner()),
+            Err(_) => Err(Status::deadline_exceeded(format!("etcd did not answer within {:?}", self.timeout))),
+        }
     }
 }
 
