@@ -164,3 +164,38 @@ fn unreachable_engines_are_held_unless_most_of_the_fleet_is() {
     fleet.on_scrape(0, now, Ok(ok));
     assert_eq!(fleet.holds(), vec![("e1".to_owned(), HoldReason::Unreachable)]);
 }
+
+#[test]
+fn a_restarted_engine_learns_its_capacity_afresh() {
+    let mut fleet = fleet(1);
+    // Its queue grows every second while it finishes 3 req/s of its nominal 10: the learned
+    // capacity comes down.
+    let sample = |finished: f64, waiting: f64| {
+        let sample = EngineSample {
+            flavor: EngineFlavor::Vllm,
+            requests_finished: Some(finished),
+            generation_tokens: Some(finished * 20.0),
+            running: Some(8.0),
+            waiting: Some(waiting),
+            ..EngineSample::default()
+        };
+        vec![(ModelName::new("m"), sample)]
+    };
+    for s in 0..8u64 {
+        fleet.on_scrape(0, Duration::from_secs(s), Ok(sample(3.0 * s as f64, 2.0 + s as f64)));
+    }
+    let cut = fleet.learned_capacity(0);
+    assert!(cut < 6.0, "a runaway queue cuts the capacity: {cut}");
+    // Killed and started again: scrapes fail, then its counters start from zero.
+    fleet.on_scrape(0, Duration::from_secs(9), Err("connect failed: connection refused".into()));
+    fleet.on_scrape(0, Duration::from_secs(10), Ok(sample(1.0, 0.0)));
+    assert_eq!(fleet.learned_capacity(0), 10.0, "a new process starts from its nominal capacity");
+    // A scrape that merely failed in between changes nothing.
+    for s in 11..19u64 {
+        fleet.on_scrape(0, Duration::from_secs(s), Ok(sample(1.0 + 3.0 * (s - 10) as f64, 2.0 + s as f64)));
+    }
+    let cut = fleet.learned_capacity(0);
+    fleet.on_scrape(0, Duration::from_secs(19), Err("scrape timed out after 1s".into()));
+    fleet.on_scrape(0, Duration::from_secs(20), Ok(sample(1.0 + 3.0 * 10.0, 2.0 + 19.0)));
+    assert!(fleet.learned_capacity(0) <= cut, "no restart, no reset");
+}

@@ -492,7 +492,10 @@ async fn real_engines_behind_ilb() {
         let state = get_json(&http, &format!("{}/v1/state", cp.url())).await;
         match weight(&state, &victim_model, &victim.name) {
             Some(w) if w > 0.0 => Ok(()),
-            other => Err(format!("weight {other:?}")),
+            other => Err(format!(
+                "weight {other:?}; the engines as the control plane sees them: {:?}",
+                candidates.iter().map(|e| engine_view(&state, &victim_model, &e.name)).collect::<Vec<_>>()
+            )),
         }
     })
     .await;

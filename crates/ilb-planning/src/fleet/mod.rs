@@ -320,6 +320,14 @@ impl Fleet {
         e.kv_usage = sample.kv_usage.unwrap_or(0.0);
         if let Some((then, previous)) = e.previous.take() {
             if let Some(w) = window(&previous, &sample, now.saturating_sub(then)) {
+                if w.counter_reset {
+                    // A new process: what was learned of the old one (a capacity cut while its
+                    // queue ran away, its latencies) does not describe it. It starts from its
+                    // nominal capacity and its twins' curves, and learns afresh.
+                    tracing::info!(engine = %self.config.engines[idx].id, "engine restarted (its counters went down): its learned capacity and latencies start afresh");
+                    e.saturation = Saturation::default();
+                    e.observations = LoadHistory::default();
+                }
                 e.outlier_window.add_scrape(&w);
                 e.outlier_window.disturbed |= resumed;
                 let waiting = (previous.waiting.unwrap_or(0.0), sample.waiting.unwrap_or(0.0));
