@@ -428,7 +428,9 @@ impl Etcd {
     ) -> Result<T, Status> {
         match tokio::time::timeout(self.timeout, call).await {
             Ok(answer) => Ok(answer?.into_inner()),
-            Err(_) => Err(Status::deadline_exceeded(format!("etcd did not answer within {:?}", self.timeout))),
+            Err(_) => {
+                Err(Status::deadline_exceeded(format!("etcd did not answer within {:?}", self.timeout)))
+            }
         }
     }
 }
