@@ -18,6 +18,9 @@
 //! GOAWAY, so the gateway opens its next streams to the new process while the open ones finish.
 //! (Linux allows this only between processes of one user.)
 //!
+//! **TLS.** With the data plane's listener TLS (`--tls-cert`/`--tls-key`, `[data_plane.tls]`)
+//! the gRPC listener serves TLS with ALPN `h2` ([`tls`]), its certificate rotating in place.
+//!
 //! **Invariant:** response bodies pass through unchanged, chunk by chunk as the gateway sent
 //! them; request bodies are read whole (the pick needs the model and the prompt) and sent back
 //! unchanged.
@@ -26,6 +29,7 @@
 #![cfg_attr(not(test), warn(clippy::too_many_lines))]
 
 mod stream;
+mod tls;
 pub mod wire;
 
 pub use stream::{Stream, StreamError};
@@ -72,20 +76,32 @@ impl Epp {
         for service in ["readiness", EXT_PROC_SERVICE, ""] {
             health.set_service_status(service, tonic_health::ServingStatus::NotServing).await;
         }
-        let (shutdown, mut shutdown_rx) = watch::channel(false);
+        let (shutdown, shutdown_rx) = watch::channel(false);
         let readiness =
             tokio::spawn(follow_readiness(Arc::clone(&router), health.clone(), shutdown_rx.clone()));
         let service = ExternalProcessorServer::new(ExtProc { router: Arc::clone(&router) })
             .max_decoding_message_size(router.config().max_body_bytes.saturating_add(64 << 10));
-        let server = tonic::transport::Server::builder()
-            .add_service(health_service)
-            .add_service(service)
-            // No Nagle: the answers are small writes that must leave at once (with it, a pick
-            // waited ~40 ms for the gateway's delayed ACK).
-            .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), async move {
-                let _ = shutdown_rx.wait_for(|stop| *stop).await;
-            });
-        let server = tokio::spawn(server);
+        let routes = tonic::transport::Server::builder().add_service(health_service).add_service(service);
+        let stopped = {
+            let mut shutdown = shutdown_rx.clone();
+            async move {
+                let _ = shutdown.wait_for(|stop| *stop).await;
+            }
+        };
+        let server =
+            match &router.config().listener_tls {
+                // No Nagle: the answers are small writes that must leave at once (with it, a pick
+                // waited ~40 ms for the gateway's delayed ACK).
+                None => tokio::spawn(routes.serve_with_incoming_shutdown(
+                    TcpIncoming::from(listener).with_nodelay(Some(true)),
+                    stopped,
+                )),
+                Some(tls) => {
+                    let timeout = router.config().timeouts.header_read;
+                    let incoming = tls::incoming(listener, tls.with_alpn(&[b"h2"]), timeout, shutdown_rx);
+                    tokio::spawn(routes.serve_with_incoming_shutdown(incoming, stopped))
+                }
+            };
         Ok(Epp { local_addr, router, shutdown, server, readiness, health })
     }
 

@@ -206,6 +206,20 @@ impl ServerTls {
         })
     }
 
+    /// The same listener config (and certificate rotation) offering `alpn` instead, e.g.
+    /// `h2` for a gRPC listener.
+    pub fn with_alpn(&self, alpn: &[&[u8]]) -> ServerTls {
+        let mut config = (*self.config).clone();
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        let config = Arc::new(config);
+        ServerTls {
+            acceptor: TlsAcceptor::from(Arc::clone(&config)),
+            config,
+            resolver: Arc::clone(&self.resolver),
+            client_auth: self.client_auth,
+        }
+    }
+
     /// Serves `identity` to every handshake from now on; connections already established keep
     /// theirs. The identity was checked when it was built, so this cannot fail.
     pub fn reload(&self, identity: &Identity) -> Result<(), TlsError> {

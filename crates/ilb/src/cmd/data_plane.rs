@@ -49,8 +49,8 @@ pub struct DataPlaneArgs {
     /// TOML config file; its `[data_plane]` table sets everything the flags set, and more.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Terminate TLS on the client listener with this PEM certificate chain (with --tls-key);
-    /// the files are watched and reloaded when they change.
+    /// Terminate TLS on the client listener (ilb epp: its gRPC listener) with this PEM
+    /// certificate chain (with --tls-key); the files are watched and reloaded when they change.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
     /// PEM private key of --tls-cert.
@@ -107,8 +107,6 @@ impl DataPlaneArgs {
             Some("--admin-listen")
         } else if self.route_header.is_some() {
             Some("--route-header")
-        } else if self.tls_cert.is_some() {
-            Some("--tls-cert")
         } else if !self.peers.is_empty() {
             // Peers post their deltas to the HTTP listener, which `ilb epp` does not have.
             Some("--peer")
@@ -254,7 +252,7 @@ pub async fn follow_snapshot_file(
 }
 
 /// Stops a background task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
