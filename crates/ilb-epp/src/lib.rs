@@ -19,7 +19,7 @@
 //! (Linux allows this only between processes of one user.)
 //!
 //! **TLS.** With the data plane's listener TLS (`--tls-cert`/`--tls-key`, `[data_plane.tls]`)
-//! the gRPC listener serves TLS with ALPN `h2` ([`tls`]), its certificate rotating in place.
+//! the gRPC listener serves TLS with ALPN `h2` (`tls.rs`), its certificate rotating in place.
 //!
 //! **Invariant:** response bodies pass through unchanged, chunk by chunk as the gateway sent
 //! them; request bodies are read whole (the pick needs the model and the prompt) and sent back
