@@ -66,25 +66,22 @@ pub async fn serve(
         let shared = Arc::clone(&shared);
         let shutdown = shutdown.clone();
         let tls = shared.config.listener_tls.as_ref().filter(|_| role == Role::Client);
-        match tls.map(|tls| tls.acceptor().clone()) {
+        match tls.cloned() {
             None => {
                 tokio::spawn(async move {
                     let _permit = permit;
                     serve_connection(stream, shared, role, shutdown).await;
                 });
             }
-            Some(acceptor) => {
+            Some(tls) => {
                 tokio::spawn(async move {
                     let _permit = permit;
                     // The handshake gets the time a client has for its request head.
-                    let handshake = acceptor.accept(stream);
-                    match tokio::time::timeout(shared.config.timeouts.header_read, handshake).await {
-                        Ok(Ok(tls)) => serve_connection(tls, shared, role, shutdown).await,
-                        Ok(Err(error)) => {
-                            let reason = ilb_tls::classify_io(&error).map_or("transport", |f| f.label());
-                            tracing::debug!(%error, reason, "client tls handshake failed");
+                    match tls.handshake(stream, shared.config.timeouts.header_read).await {
+                        Ok(tls) => serve_connection(tls, shared, role, shutdown).await,
+                        Err(error) => {
+                            tracing::debug!(%error, reason = error.reason(), "client tls handshake failed")
                         }
-                        Err(_) => tracing::debug!("client tls handshake timed out"),
                     }
                 });
             }

@@ -87,17 +87,13 @@ pub(crate) fn incoming(
                 _ = connections.closed() => return,
             };
             let _ = stream.set_nodelay(true);
-            let (acceptor, connections) = (tls.acceptor().clone(), connections.clone());
+            let (tls, connections) = (tls.clone(), connections.clone());
             tokio::spawn(async move {
-                match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                    Ok(Ok(tls)) => {
+                match tls.handshake(stream, handshake_timeout).await {
+                    Ok(tls) => {
                         let _ = connections.send(TlsConn(tls)).await;
                     }
-                    Ok(Err(error)) => {
-                        let reason = ilb_tls::classify_io(&error).map_or("transport", |f| f.label());
-                        tracing::warn!(%error, reason, "epp tls handshake failed");
-                    }
-                    Err(_) => tracing::warn!("epp tls handshake timed out"),
+                    Err(error) => tracing::warn!(%error, reason = error.reason(), "epp tls handshake failed"),
                 }
             });
         }

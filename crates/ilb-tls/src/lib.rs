@@ -7,6 +7,8 @@
 //! - [`ServerTls`]: a listener's config whose certificate can be replaced while it serves
 //!   ([`ServerTls::reload`]): live connections keep the session they negotiated, new handshakes
 //!   get the new certificate. An optional client CA makes it verify client certificates.
+//!   [`ServerTls::handshake`] is every listener's accept: within a timeout, and a failure
+//!   comes back with its reason ([`HandshakeError::reason`]).
 //! - [`Failure`]: why a handshake failed, as a short label for metrics (`unknown_issuer`,
 //!   `name_mismatch`, `expired`, ...) and a sentence a person can act on.
 //!
@@ -33,6 +35,27 @@ use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+/// Why a client's handshake with a [`ServerTls`] listener did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    #[error("tls handshake not finished within {0:?}")]
+    TimedOut(Duration),
+    #[error("tls handshake failed ({reason}): {error}")]
+    Failed { reason: &'static str, error: std::io::Error },
+}
+
+impl HandshakeError {
+    /// A short label for logs and metrics: `timeout`, a [`Failure`] label, or `transport`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            HandshakeError::TimedOut(_) => "timeout",
+            HandshakeError::Failed { reason, .. } => reason,
+        }
+    }
+}
 
 /// Why a TLS setting could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -217,6 +240,23 @@ impl ServerTls {
             config,
             resolver: Arc::clone(&self.resolver),
             client_auth: self.client_auth,
+        }
+    }
+
+    /// Completes a client's handshake on `stream` within `timeout` (a client that stalls its
+    /// handshake holds a listener's task no longer than that).
+    pub async fn handshake<IO: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        stream: IO,
+        timeout: Duration,
+    ) -> Result<tokio_rustls::server::TlsStream<IO>, HandshakeError> {
+        match tokio::time::timeout(timeout, self.acceptor.accept(stream)).await {
+            Ok(Ok(tls)) => Ok(tls),
+            Ok(Err(error)) => {
+                let reason = classify_io(&error).map_or("transport", |f| f.label());
+                Err(HandshakeError::Failed { reason, error })
+            }
+            Err(_) => Err(HandshakeError::TimedOut(timeout)),
         }
     }
 

@@ -156,16 +156,13 @@ pub async fn serve_tls(
                 let peer = Peer { identity: None, verifies_clients: false };
                 return serve_connection(stream, state, peer).await;
             };
-            let stream =
-                match tokio::time::timeout(Duration::from_secs(10), tls.acceptor().accept(stream)).await {
-                    Ok(Ok(stream)) => stream,
-                    Ok(Err(error)) => {
-                        let reason = ilb_tls::classify_io(&error).map_or("transport", |f| f.label());
-                        tracing::debug!(%error, reason, "tls handshake with a client failed");
-                        return;
-                    }
-                    Err(_) => return,
-                };
+            let stream = match tls.handshake(stream, Duration::from_secs(10)).await {
+                Ok(stream) => stream,
+                Err(error) => {
+                    tracing::debug!(%error, reason = error.reason(), "tls handshake with a client failed");
+                    return;
+                }
+            };
             let identity =
                 stream.get_ref().1.peer_certificates().and_then(|c| c.first()).map(ilb_tls::peer_identity);
             let peer = Peer { identity: identity.map(Arc::from), verifies_clients: tls.verifies_clients() };

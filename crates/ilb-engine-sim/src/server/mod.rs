@@ -367,7 +367,7 @@ fn serve_connection(shared: &Arc<Shared>, stream: TcpStream) {
         let shared = service_shared.clone();
         async move { Ok::<_, std::convert::Infallible>(api::handle(request, shared).await) }
     });
-    let tls = shared.config.tls.as_ref().map(|tls| tls.acceptor().clone());
+    let tls = shared.config.tls.clone();
     tokio::spawn(async move {
         match tls {
             None => {
@@ -381,15 +381,14 @@ fn serve_connection(shared: &Arc<Shared>, stream: TcpStream) {
                     _ = close.changed() => {}
                 }
             }
-            Some(acceptor) => {
+            Some(tls) => {
                 let stream = tokio::select! {
-                    accepted = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream)) => match accepted {
-                        Ok(Ok(stream)) => stream,
-                        Ok(Err(error)) => {
-                            tracing::debug!(%error, "tls handshake failed");
+                    accepted = tls.handshake(stream, Duration::from_secs(10)) => match accepted {
+                        Ok(stream) => stream,
+                        Err(error) => {
+                            tracing::debug!(%error, reason = error.reason(), "tls handshake failed");
                             return;
                         }
-                        Err(_) => return,
                     },
                     _ = close.changed() => return,
                 };
