@@ -131,7 +131,8 @@ pub struct PolicyResult {
     pub utilisation_mean: f64,
     pub utilisation_spread: f64,
     /// ilb: the optimizer's predicted mean latency of admitted traffic, mean over the plans
-    /// made after the warm-up (each for the demand measured then), ms.
+    /// made after the warm-up (each for the demand measured then), each weighted by the
+    /// requests completed while it was the latest, as the delivered mean is, ms.
     pub predicted_e2e_ms: Option<f64>,
     /// ilb: the optimizer's prediction at the simulated steady state (the final fleet state
     /// with each class's mean measured demand), ms. Compare with `e2e_ms.mean`.
@@ -475,7 +476,7 @@ impl Recorder {
         let series = &mut self.result.series;
         series.t_s.push(t_s);
         series.e2e_ms.push(if self.bin.1 > 0 { self.bin.0 / self.bin.1 as f64 } else { f64::NAN });
-        self.bin = (0.0, 0);
+        let completed = std::mem::take(&mut self.bin).1;
         series.in_flight.push(in_flight.iter().map(|&x| x as f32).collect());
         let total: f64 = demand.iter().sum();
         let mut share = vec![0f32; n];
@@ -514,9 +515,10 @@ impl Recorder {
                 *sum += u;
             }
             self.util_samples += 1;
+            // Weighted by the requests completed in the period, as the delivered mean is.
             if let Some(p) = predicted_ms {
-                self.predicted.0 += p;
-                self.predicted.1 += 1;
+                self.predicted.0 += p * completed as f64;
+                self.predicted.1 += completed;
             }
         }
         self.previous_weights = Some(weights);

@@ -106,8 +106,10 @@ impl ModelPlan {
         }
     }
 
-    /// Sets class `k`'s planned demand, split over its parts as they are split now.
+    /// Sets class `k`'s demand, measured and planned, split over its parts as they are split
+    /// now.
     pub fn set_demand(&mut self, k: usize, rps: f64) {
+        self.classes[k].measured_demand_rps = rps;
         let parts: Vec<usize> = self.parts_of(k).collect();
         let total: f64 = parts.iter().map(|&i| self.problem.classes[i].demand_rps).sum();
         for i in parts {

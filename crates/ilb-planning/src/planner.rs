@@ -271,21 +271,28 @@ impl Round {
     }
 
     /// The mean latency the solved plans expect for the traffic they admit, ms: each class's
-    /// expected demand (without the headroom the plan keeps above it), less what it sheds,
-    /// sent by the published weights, at the engines' loads that gives. The solver's objective
-    /// prices the demand with its headroom, which on the fleet simulator's random fleets put
-    /// the prediction 3 % above the delivered mean on average (up to 9 %). `None` when
-    /// nothing is admitted.
+    /// demand as measured, less the share the plan sheds, sent by the published weights, at
+    /// the engines' loads that gives. Neither the solver's objective (it prices the demand
+    /// with the headroom kept above the band's centre) nor the centre itself (it lags a
+    /// rising measurement by up to a band) is what arrives. `None` when nothing is admitted.
     pub fn predicted_latency_ms(&self) -> Option<f64> {
         let (mut cost, mut admitted) = (0.0, 0.0);
         for (plan, solution) in self.plans.iter().zip(self.solutions()) {
             let Some(solution) = solution else { continue };
             let problem = &plan.problem;
-            let sent: Vec<f64> = problem
-                .classes
-                .iter()
-                .zip(&solution.shed_rps)
-                .map(|(c, shed)| (c.demand_rps - c.headroom_rps.clamp(0.0, c.demand_rps) - shed).max(0.0))
+            // The data planes shed each class's planned share of whatever arrives: scale every
+            // part's admitted demand by the class's measured demand over its band's centre.
+            let centre = |i: usize| {
+                let c = &problem.classes[i];
+                c.demand_rps - c.headroom_rps.clamp(0.0, c.demand_rps)
+            };
+            let sent: Vec<f64> = (0..problem.classes.len())
+                .map(|i| {
+                    let k = plan.parts[i].0;
+                    let centres: f64 = plan.parts_of(k).map(centre).sum();
+                    let scale = if centres > 0.0 { plan.classes[k].measured_demand_rps / centres } else { 0.0 };
+                    (centre(i) - solution.shed_rps[i]).max(0.0) * scale
+                })
                 .collect();
             let mut load = vec![0.0; problem.engines.len()];
             for r in &solution.routes {

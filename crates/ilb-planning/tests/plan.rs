@@ -280,6 +280,31 @@ fn demand_is_planned_at_the_top_of_a_band_that_rises_only_as_far_as_the_measurem
     near(planned(&mut fleet, 7, 70.0), 70.0, "beyond twice the band: re-centred");
 }
 
+/// The prediction is for the traffic that arrives: a demand that rises within its band leaves
+/// the plan as it was (the band's centre holds) but loads the engines more, and the predicted
+/// latency says so.
+#[test]
+fn the_prediction_follows_the_measured_demand_within_the_band() {
+    let mut config: FleetConfig = toml::from_str(&worked_example()).unwrap();
+    config.control_plane.signal_stale_ms = 3_600_000;
+    let mut fleet = Fleet::new(config);
+    let mut planner = ilb_planning::planner::Planner::for_config(&fleet.config);
+    for r in [report("a", 90.0), report("c", 40.0)] {
+        fleet.on_report(Duration::from_secs(1), r).unwrap();
+    }
+    let mut round_at = |sequence: u64, rps: f64| {
+        let problems = build_after_b_reports(&mut planner, &mut fleet, sequence, rps);
+        planner.solve(problems)
+    };
+    let (held, risen) = (round_at(1, 120.0), round_at(2, 128.0));
+    let demand = |round: &ilb_planning::planner::Round| -> Vec<f64> {
+        round.plans[0].problem.classes.iter().map(|c| c.demand_rps).collect()
+    };
+    assert_eq!(demand(&held), demand(&risen), "within the band: the same problem");
+    let (before, after) = (held.predicted_latency_ms().unwrap(), risen.predicted_latency_ms().unwrap());
+    assert!(after > before * 1.001, "8 req/s more on the same plan: {before} ms → {after} ms");
+}
+
 /// Headroom is for bursts the fleet has room for: it takes at most a share of the usable
 /// capacity left over by the demand expected, so a model beyond its capacity is planned without
 /// any and the headroom does not displace traffic the plan would admit (300 req/s of normal
