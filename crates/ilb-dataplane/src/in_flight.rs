@@ -40,6 +40,7 @@ impl InFlight {
         engine.counters.attempts.fetch_add(1, Relaxed);
         class.in_flight.fetch_add(1, Relaxed);
         class_engine.fetch_add(1, Relaxed);
+        shared.load_changed();
         InFlight {
             shared: Arc::clone(shared),
             engine,
@@ -102,5 +103,6 @@ impl Drop for InFlight {
         self.class.in_flight.fetch_sub(1, Relaxed);
         self.class_engine.fetch_sub(1, Relaxed);
         self.shared.waiters.slot_freed();
+        self.shared.load_changed();
     }
 }

@@ -4,14 +4,20 @@
 //! them. Each one's affinity table, stored-response table and in-flight counts cover only the
 //! requests it saw, so a follow-up that reaches another replica than the one that placed its
 //! conversation lands where that replica's hash and counts say, away from its KV cache, and
-//! each replica places new conversations by a quarter of the load. So every `peer_interval`
-//! (200 ms by default) each data plane sends its peers ([`ilb_core::deltas::Deltas`]):
+//! each replica places new conversations by a quarter of the load. So each data plane sends its
+//! peers ([`ilb_core::deltas::Deltas`]), whenever a request starts or ends (at most once per
+//! [`MIN_GAP`]) and at least every `peer_interval` (200 ms by default):
 //!
 //! - the affinity keys it placed or moved, and the response ids whose engine it learned, from
 //!   the tables' journals (`ilb_core::affinity`), each with the engine it names now;
 //! - its requests in flight per engine, which each peer adds to its own counts when it picks
 //!   (`EngineState::peer_in_flight`, `ClassState::peer_in_flight`) until the sender falls
 //!   silent for [`stale_after`].
+//!
+//! Sending on every change, not once a period, is for conversations that start together: with
+//! four replicas in front of two real engines, two conversations starting 2 ms apart at two
+//! replicas both went to the same engine when each counted the other's load only from the
+//! last period's message. A peer folds a message into its counts when it arrives.
 //!
 //! No consensus: the last writer wins, and a lost delta costs one cache miss, never a failed
 //! request. The request path only pays for its table writes (one swap, and for a new or moved
@@ -47,6 +53,9 @@ const MAX_PEERS: usize = 256;
 
 /// How often peer host names are resolved again.
 pub(crate) const RESOLVE_EVERY: Duration = Duration::from_secs(5);
+
+/// The shortest time between two messages: under constant change, 200 a second to each peer.
+pub const MIN_GAP: Duration = Duration::from_millis(5);
 
 /// How long a peer's in-flight figures count after its last message.
 pub fn stale_after(shared: &Shared) -> Duration {
@@ -122,23 +131,23 @@ pub(crate) fn learn(shared: &Shared, deltas: &Deltas) -> Result<(), String> {
     let learned = (deltas.affinity.len() + deltas.responses.len()) as u64;
     shared.peers.entries_learned.fetch_add(learned, Relaxed);
     shared.peers.messages_received.fetch_add(1, Relaxed);
+    fold_loads(shared);
     Ok(())
 }
 
 /// Sets the installed engines' and classes' peer counts from the peers' latest messages
-/// (those older than [`stale_after`] count no more).
+/// (those older than [`stale_after`] count no more). Under the loads' lock, so that of two
+/// folds at once the later one's figures stay.
 pub(crate) fn fold_loads(shared: &Shared) {
     let Some(installed) = shared.routing.current() else { return };
     let now_ms = shared.now_ms();
     let stale = stale_after(shared).as_millis() as u64;
     let mut by_tag: HashMap<u32, u32> = HashMap::new();
-    {
-        let mut loads = shared.peers.loads.lock().unwrap_or_else(|p| p.into_inner());
-        loads.retain(|_, load| now_ms.saturating_sub(load.at_ms) <= stale);
-        for (tag, count) in loads.values().flat_map(|load| load.in_flight.iter()) {
-            let sum = by_tag.entry(*tag).or_default();
-            *sum = sum.saturating_add(*count);
-        }
+    let mut loads = shared.peers.loads.lock().unwrap_or_else(|p| p.into_inner());
+    loads.retain(|_, load| now_ms.saturating_sub(load.at_ms) <= stale);
+    for (tag, count) in loads.values().flat_map(|load| load.in_flight.iter()) {
+        let sum = by_tag.entry(*tag).or_default();
+        *sum = sum.saturating_add(*count);
     }
     for engine in &installed.engines {
         let count = by_tag.get(&affinity_tag(engine.id.as_str())).copied().unwrap_or(0);
@@ -195,8 +204,9 @@ struct Target {
     failing: AtomicBool,
 }
 
-/// Sends deltas to `peers` every `peer_interval` and folds the peers' loads into the installed
-/// state, until shutdown.
+/// Sends deltas to `peers` when this data plane's load changes (at most once per [`MIN_GAP`])
+/// and at least every `peer_interval`, until shutdown; drops the loads of peers that fell
+/// silent.
 pub async fn run(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
     let peers = shared.config.peers.clone();
     let mut targets: HashMap<String, Arc<Target>> = HashMap::new();
@@ -209,6 +219,7 @@ pub async fn run(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
     loop {
         tokio::select! {
             _ = tick.tick() => {}
+            () = shared.peers.changed.notified() => {}
             _ = shutdown.changed() => return,
         }
         if resolved_at.is_none_or(|at| crate::clock::since(at) >= RESOLVE_EVERY) {
@@ -230,6 +241,11 @@ pub async fn run(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
             Err(e) => tracing::error!(error = %e, "replica deltas not serialised"),
         }
         fold_loads(&shared);
+        // Changes meanwhile leave the notification's permit: they go out after the gap.
+        tokio::select! {
+            () = tokio::time::sleep(MIN_GAP) => {}
+            _ = shutdown.changed() => return,
+        }
     }
 }
 

@@ -170,6 +170,16 @@ impl Shared {
         self.requests.load(Relaxed)
     }
 
+    /// This data plane's requests in flight changed (one started or ended, with whatever it
+    /// noted in the affinity and response tables): with peers, their sender sends it now (at
+    /// most once per `replicas::MIN_GAP`). One atomic operation while the sender is busy or
+    /// resting.
+    pub fn load_changed(&self) {
+        if !self.config.peers.is_empty() {
+            self.peers.changed.notify_one();
+        }
+    }
+
     /// A failed attempt: the local guard may eject the engine.
     pub fn engine_failed(&self, engine: &EngineState) {
         let max_fraction = self.config.guard.max_ejected_fraction;
@@ -195,6 +205,8 @@ pub struct Peers {
     /// Each peer's last in-flight figures by instance name. Taken by the receiving handler
     /// and the folding task, never by a request.
     pub(crate) loads: Mutex<HashMap<String, PeerLoad>>,
+    /// Wakes the sender ([`Shared::load_changed`]).
+    pub(crate) changed: tokio::sync::Notify,
     pub messages_received: AtomicU64,
     pub messages_refused: AtomicU64,
     pub messages_sent: AtomicU64,

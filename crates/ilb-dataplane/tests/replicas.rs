@@ -152,6 +152,51 @@ async fn replicas_place_new_conversations_by_the_load_all_of_them_cause() {
     );
 }
 
+/// A change goes out when it happens, not at the end of the period: with a period far longer
+/// than the test's deadline, a held stream, its end and a new conversation all reach the other
+/// replica.
+#[tokio::test]
+async fn changes_reach_the_peers_before_the_period_is_up() {
+    let (a, b) = (MockEngine::start("a").await, MockEngine::start("b").await);
+    let client = client();
+    let weights = [("a", a.url(), 0.5), ("b", b.url(), 0.5)];
+    let slow = |peers| DataPlaneConfig { peer_interval: Duration::from_secs(3600), ..replica_config(peers) };
+    let admin_two = reserved_addr().await;
+    let one = data_plane(slow(vec![format!("http://{admin_two}")]), &snapshot(1, &weights)).await;
+    let config_two = DataPlaneConfig { admin_listen: Some(admin_two), ..slow(vec![one.admin_url().unwrap()]) };
+    let two = data_plane(config_two, &snapshot(1, &weights)).await;
+    let peer_load = |engine: &str| format!("ilb_dataplane_engine_peer_in_flight{{engine=\"{engine}\"}}");
+    let peers_in_flight = || async {
+        metric(&client, &two, &peer_load("a")).await + metric(&client, &two, &peer_load("b")).await
+    };
+    let req = post(
+        &one.url(),
+        "/v1/chat/completions",
+        &chat_body("held"),
+        &[("x-session-id", "held"), ("x-mock-chunks", "2"), ("x-mock-gate", "1")],
+    );
+    let held = tokio::spawn({
+        let client = client.clone();
+        async move { send(&client, req).await }
+    });
+    assert!(until(|| async { peers_in_flight().await == 1.0 }).await, "the held stream's load");
+    let learned = "ilb_dataplane_replica_entries_learned_total";
+    assert!(until(|| async { metric(&client, &two, learned).await >= 1.0 }).await, "its conversation");
+    let placed = engine_for(&client, &one, "new").await;
+    assert!(until(|| async { metric(&client, &two, learned).await >= 2.0 }).await, "a new conversation");
+    assert_eq!(engine_for(&client, &two, "new").await, placed, "the new conversation keeps its engine");
+    assert!(
+        until(|| async {
+            a.gate.notify_waiters();
+            b.gate.notify_waiters();
+            held.is_finished()
+        })
+        .await
+    );
+    assert_eq!(held.await.unwrap().0, 200);
+    assert!(until(|| async { peers_in_flight().await == 0.0 }).await, "the stream's end");
+}
+
 /// Malformed and oversized messages get 400 and 413 and change nothing; a peer that accepts
 /// connections and never answers has its deliveries skipped while requests are served.
 #[tokio::test]
