@@ -78,7 +78,8 @@ pub struct DataPlaneConfig {
     /// (else client listener). An `http://` host name stands for every address it resolves to.
     /// Empty: this data plane decides alone.
     pub peers: Vec<String>,
-    /// How often deltas go to the peers.
+    /// The longest time between two messages to the peers (they also go out, at most every
+    /// `replicas::MIN_GAP`, whenever a request starts or ends).
     pub peer_interval: Duration,
     /// Longest a delivery to one peer may take; a peer still busy with the previous one is
     /// skipped.
@@ -293,15 +294,17 @@ pub struct DataPlaneSection {
     pub https_only: Option<bool>,
     /// The other data planes of this front-end cluster, e.g. `["http://ilb-dp:9090"]` (flag
     /// `--peer`, repeatable): base URLs of their admin listener (their client listener when
-    /// they have none). Each data plane sends them, every `peer_interval_ms`, the conversations
-    /// it placed or moved, the engines that stored its Responses API responses and its
+    /// they have none). Each data plane sends them, whenever one of its requests starts or ends
+    /// (at most every 5 ms) and at least every `peer_interval_ms`, the conversations it placed
+    /// or moved, the engines that stored its Responses API responses and its
     /// requests in flight per engine, so that a follow-up reaching any replica finds its
     /// engine and all replicas place by the load all of them cause. An `http://` host name
     /// counts as every address it resolves to (a headless Service names all replicas); this
     /// data plane's own messages are recognised and ignored. Default: none.
     #[serde(default)]
     pub peers: Vec<String>,
-    /// How often deltas go to the peers, ms; default 200 (at least 20; flag `--peer-interval-ms`).
+    /// The longest time between two messages to the peers, ms; default 200 (at least 20; flag
+    /// `--peer-interval-ms`).
     pub peer_interval_ms: Option<u64>,
 }
 

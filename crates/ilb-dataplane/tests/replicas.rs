@@ -163,7 +163,8 @@ async fn changes_reach_the_peers_before_the_period_is_up() {
     let slow = |peers| DataPlaneConfig { peer_interval: Duration::from_secs(3600), ..replica_config(peers) };
     let admin_two = reserved_addr().await;
     let one = data_plane(slow(vec![format!("http://{admin_two}")]), &snapshot(1, &weights)).await;
-    let config_two = DataPlaneConfig { admin_listen: Some(admin_two), ..slow(vec![one.admin_url().unwrap()]) };
+    let config_two =
+        DataPlaneConfig { admin_listen: Some(admin_two), ..slow(vec![one.admin_url().unwrap()]) };
     let two = data_plane(config_two, &snapshot(1, &weights)).await;
     let peer_load = |engine: &str| format!("ilb_dataplane_engine_peer_in_flight{{engine=\"{engine}\"}}");
     let peers_in_flight = || async {

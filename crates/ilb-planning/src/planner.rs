@@ -290,7 +290,8 @@ impl Round {
                 .map(|i| {
                     let k = plan.parts[i].0;
                     let centres: f64 = plan.parts_of(k).map(centre).sum();
-                    let scale = if centres > 0.0 { plan.classes[k].measured_demand_rps / centres } else { 0.0 };
+                    let scale =
+                        if centres > 0.0 { plan.classes[k].measured_demand_rps / centres } else { 0.0 };
                     (centre(i) - solution.shed_rps[i]).max(0.0) * scale
                 })
                 .collect();

@@ -43,7 +43,8 @@ pub struct DataPlaneArgs {
     /// placements, stored-response engines and load.
     #[arg(long = "peer", value_name = "URL")]
     peers: Vec<String>,
-    /// How often deltas go to the peers, ms (default 200).
+    /// The longest time between two messages to the peers, ms (default 200); they also go out
+    /// whenever a request starts or ends, at most every 5 ms.
     #[arg(long, value_name = "MS")]
     peer_interval_ms: Option<u64>,
     /// TOML config file; its `[data_plane]` table sets everything the flags set, and more.
