@@ -119,19 +119,14 @@ impl UpstreamBody {
     /// until the id is found.
     pub fn learn_response_id(&mut self, store: ResponseStore) {
         if !self.done {
-            self.response_id = Some(Box::new(ResponseIdReader { store, sse: self.sse, seen: Vec::new() }));
+            self.response_id = Some(ResponseIdReader::new(store, self.sse));
         }
     }
 
     fn read_response_id(&mut self, data: &[u8], ended: bool) {
         let Some(reader) = self.response_id.as_mut() else { return };
-        match reader.push(data, ended) {
-            Found::Id(id) => {
-                self.in_flight.remember_response(&id, reader.store.tag, reader.store.now_s);
-                self.response_id = None;
-            }
-            Found::Never => self.response_id = None,
-            Found::NotYet => {}
+        if !reader.read(data, ended, &self.in_flight) {
+            self.response_id = None;
         }
     }
 
@@ -258,8 +253,9 @@ impl UpstreamBody {
 /// the JSON body, or the `response.created` event that opens a stream).
 pub const RESPONSE_ID_WINDOW: usize = 64 * 1024;
 
-/// The search for a response's id in the bytes of its body.
-struct ResponseIdReader {
+/// The search for a response's id in the bytes of its body (the proxy's, and `ilb-epp`'s
+/// through [`crate::Routing`]).
+pub(crate) struct ResponseIdReader {
     store: ResponseStore,
     sse: bool,
     seen: Vec<u8>,
@@ -282,6 +278,25 @@ struct NamesResponse {
 }
 
 impl ResponseIdReader {
+    /// A search for the id of a response `store` names, in an event stream if `sse`.
+    pub(crate) fn new(store: ResponseStore, sse: bool) -> Box<ResponseIdReader> {
+        Box::new(ResponseIdReader { store, sse, seen: Vec::new() })
+    }
+
+    /// Reads the next `data` of the body (`ended`: the body's last); remembers the id for
+    /// `in_flight`'s engine once it is found. False once the search is over (found, or never
+    /// to be).
+    pub(crate) fn read(&mut self, data: &[u8], ended: bool, in_flight: &InFlight) -> bool {
+        match self.push(data, ended) {
+            Found::Id(id) => {
+                in_flight.remember_response(&id, self.store.tag, self.store.now_s);
+                false
+            }
+            Found::Never => false,
+            Found::NotYet => true,
+        }
+    }
+
     fn push(&mut self, data: &[u8], ended: bool) -> Found {
         let room = RESPONSE_ID_WINDOW.saturating_sub(self.seen.len());
         self.seen.extend_from_slice(&data[..data.len().min(room)]);

@@ -12,6 +12,7 @@
 //! reports exactly as the proxy's own attempts do (`in_flight::InFlight`).
 
 use crate::admission;
+use crate::body::{ResponseIdReader, ResponseStore};
 use crate::config::DataPlaneConfig;
 use crate::config::SnapshotSource;
 use crate::engines::{EngineState, Outcome};
@@ -237,6 +238,8 @@ impl Router {
             status: None,
             streamed: false,
             last_chunk: None,
+            stores_response: classified.endpoint == Endpoint::Responses,
+            response_id: None,
             installed,
         })
     }
@@ -316,6 +319,10 @@ pub struct Routing {
     status: Option<StatusCode>,
     streamed: bool,
     last_chunk: Option<Instant>,
+    /// A Responses API request: the engine that answers it stores the response.
+    stores_response: bool,
+    /// The search for that response's id in the body passing through.
+    response_id: Option<Box<ResponseIdReader>>,
 }
 
 impl Routing {
@@ -381,14 +388,25 @@ impl Routing {
         if let Some(in_flight) = &self.in_flight {
             in_flight.first_byte();
         }
+        // A stored response: a follow-up naming its id (`previous_response_id`) must reach
+        // this engine, so its id is read from the body as it passes.
+        if self.stores_response && status.is_success() && self.in_flight.is_some() {
+            if let Some(class) = self.class() {
+                let store = ResponseStore { tag: class.affinity_tag(self.picks[index]), now_s: self.now_s };
+                self.response_id = Some(ResponseIdReader::new(store, streamed));
+            }
+        }
     }
 
-    /// A chunk of the response body passed through.
-    pub fn chunk(&mut self) {
-        if !self.streamed {
-            return;
+    /// `data`, a piece of the response body, passed through.
+    pub fn body(&mut self, data: &[u8]) {
+        let Some(in_flight) = &self.in_flight else { return };
+        if let Some(reader) = self.response_id.as_mut() {
+            if !reader.read(data, false, in_flight) {
+                self.response_id = None;
+            }
         }
-        if let Some(in_flight) = &self.in_flight {
+        if self.streamed && !data.is_empty() {
             let now = crate::clock::now();
             in_flight.stream_chunk(self.last_chunk, now);
             self.last_chunk = Some(now);
@@ -398,6 +416,9 @@ impl Routing {
     /// The response ended: the engine's in-flight count drops and the attempt is judged.
     pub fn finish(&mut self) {
         let Some(mut in_flight) = self.in_flight.take() else { return };
+        if let Some(mut reader) = self.response_id.take() {
+            reader.read(&[], true, &in_flight);
+        }
         let status = self.status.unwrap_or(StatusCode::OK);
         if let Some(class) = self.class() {
             let class_state = &self.installed.classes[class.seq];

@@ -274,9 +274,7 @@ impl Stream {
 
     fn response_body(&mut self, body: HttpBody) -> Vec<ProcessingResponse> {
         if let Some(routing) = &mut self.routing {
-            if !body.body.is_empty() {
-                routing.chunk();
-            }
+            routing.body(&body.body);
         }
         if body.end_of_stream {
             self.finish();

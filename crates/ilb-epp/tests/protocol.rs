@@ -270,3 +270,67 @@ async fn malformed_streams_end_with_invalid_argument_and_the_server_goes_on() {
     assert!(!endpoints.is_empty());
     epp.shutdown().await;
 }
+
+/// Sends a Responses API request (`/v1/responses`, full duplex, one body chunk) and returns
+/// the endpoints picked.
+async fn pick_responses(stream: &mut Stream, body: &str) -> Vec<String> {
+    let headers = [
+        (":method", "POST"),
+        (":path", "/v1/responses"),
+        (":authority", "gw"),
+        ("content-type", "application/json"),
+    ];
+    stream.send(request_headers(&headers, false, DUPLEX)).await;
+    stream.send(request_body(body.as_bytes(), true)).await;
+    let common = headers_common(stream.answer().await);
+    let endpoints = set_header(&common, "x-gateway-destination-endpoint").expect("the destination header");
+    loop {
+        match stream.answer().await {
+            Response::RequestBody(b) => {
+                if streamed_body(&b.response.unwrap_or_default()).1 {
+                    break;
+                }
+            }
+            other => panic!("expected the request body back, got {other:?}"),
+        }
+    }
+    endpoints.split(',').map(str::to_owned).collect()
+}
+
+/// A Responses API answer names the response its engine stored; a follow-up naming it
+/// (`previous_response_id`) must reach that engine, which alone has it. The EPP reads the id
+/// from the body passing through (a JSON body or the stream's `response.created` event, split
+/// across chunks), from the engine the gateway says served (here a fallback).
+#[tokio::test]
+async fn a_follow_up_reaches_the_engine_that_stored_its_previous_response() {
+    let (epp, mut client) = start(Some(&snapshot(&ENGINES))).await;
+    for i in 0..6 {
+        let mut stream = Stream::open(&mut client).await;
+        let endpoints =
+            pick_responses(&mut stream, &format!(r#"{{"model":"m","input":"question {i}"}}"#)).await;
+        assert!(endpoints.len() >= 2, "a primary and a fallback: {endpoints:?}");
+        let (stored_by, id) = (&endpoints[endpoints.len() - 1], format!("resp_{i}"));
+        let body = if i % 2 == 0 {
+            stream.send(response_headers("200", "text/event-stream", Some(stored_by))).await;
+            format!(
+                "event: response.created\ndata: {{\"type\":\"response.created\",\"response\":{{\"id\":\"{id}\"}}}}\n\n\
+                 event: response.completed\ndata: {{}}\n\n"
+            )
+        } else {
+            stream.send(response_headers("200", "application/json", Some(stored_by))).await;
+            format!(r#"{{"id":"{id}","object":"response","output":[]}}"#)
+        };
+        assert!(matches!(stream.answer().await, Response::ResponseHeaders(_)));
+        let (a, b) = body.as_bytes().split_at(20);
+        stream.send(response_body(a, false)).await;
+        stream.answer().await;
+        stream.send(response_body(b, true)).await;
+        stream.answer().await;
+
+        let mut follow_up = Stream::open(&mut client).await;
+        let body = format!(r#"{{"model":"m","input":"and then {i}?","previous_response_id":"{id}"}}"#);
+        let again = pick_responses(&mut follow_up, &body).await;
+        assert_eq!(&again[0], stored_by, "{id} was stored by {stored_by}");
+    }
+    epp.shutdown().await;
+}
