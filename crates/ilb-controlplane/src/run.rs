@@ -88,6 +88,7 @@ impl ControlPlane {
             holds: crate::guard::HoldsPublisher::new(crate::clock::unix_ms()),
             identities: Mutex::default(),
             https: tls.listener.is_some(),
+            relay: Default::default(),
         });
         let mut tasks = JoinSet::new();
         let client = match &tls.scrape {

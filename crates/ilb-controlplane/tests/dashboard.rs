@@ -71,6 +71,7 @@ async fn report_demand(client: HttpClient, base: String, mut stop: watch::Receiv
     for sequence in 1.. {
         for (cluster, rps) in DEMAND {
             let report = Report {
+                replica: None,
                 cluster: ClusterId::new(cluster),
                 instance: format!("{cluster}-dp-1"),
                 sequence,

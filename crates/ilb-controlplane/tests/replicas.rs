@@ -48,6 +48,7 @@ fn weight(dp: &DataPlane, engine: &str) -> f64 {
 
 async fn post_report(cp: &str, demand_rps: f64, sequence: u64) {
     let report = Report {
+        replica: None,
         cluster: ClusterId::new("a"),
         instance: "extra-demand".into(),
         sequence,

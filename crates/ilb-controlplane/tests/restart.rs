@@ -201,6 +201,7 @@ async fn restart_never_publishes_an_older_version() {
 
 fn report_body() -> String {
     let report = Report {
+        replica: None,
         cluster: ClusterId::new("a"),
         instance: "dp-1".into(),
         sequence: 1,

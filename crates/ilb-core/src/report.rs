@@ -20,6 +20,20 @@ pub struct Report {
     pub snapshot_version: u64,
     pub demand: Vec<ClassDemand>,
     pub engines: Vec<EngineObservation>,
+    /// What this instance decided since its previous report, for the other data planes of its
+    /// cluster: the control plane answers each report with the others' (see
+    /// [`ReportAnswer`]). Absent from data planes older than the field and from those that
+    /// exchange deltas directly (`--peer`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<crate::deltas::Deltas>,
+}
+
+/// The control plane's answer to a report: what the other data planes of the reporter's
+/// cluster decided since its previous report (their [`Report::replica`]), oldest first.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReportAnswer {
+    #[serde(default)]
+    pub replicas: Vec<crate::deltas::Deltas>,
 }
 
 /// Demand of one traffic class as seen by this data plane.
@@ -102,6 +116,9 @@ impl Report {
     pub fn from_json(bytes: &[u8]) -> Result<Report, String> {
         let report: Report = serde_json::from_slice(bytes).map_err(|e| format!("malformed report: {e}"))?;
         report.validate().map_err(|e| format!("invalid report: {e}"))?;
+        if let Some(deltas) = &report.replica {
+            deltas.validate().map_err(|e| format!("invalid report: replica: {e}"))?;
+        }
         Ok(report)
     }
 

@@ -512,13 +512,19 @@ impl DataPlaneSection {
         self.control_plane.as_ref().map(UrlList::urls).unwrap_or_default()
     }
 
-    /// Reports go to every control-plane replica, under an instance name of the cluster and
-    /// this process's id.
+    /// Reports go to every control-plane replica, under an instance name of the cluster, this
+    /// process's id and a random part: containers of one Deployment all run as process 1, and
+    /// the control plane keeps one report per instance name (a second replica's reports under
+    /// the same name were refused as not newer, its demand lost).
     fn reports(&self) -> Option<ReportConfig> {
+        use std::hash::BuildHasher;
         let control_planes = self.control_planes();
         let reports_url = |cp: &String| format!("{}/v1/reports", cp.trim_end_matches('/'));
         let first = control_planes.first()?;
-        let instance = format!("{}-{}", self.cluster.as_deref().unwrap_or("local"), std::process::id());
+        let pid = std::process::id();
+        // `RandomState` is seeded at random per process.
+        let random = std::collections::hash_map::RandomState::new().hash_one(pid) as u32;
+        let instance = format!("{}-{pid}-{random:08x}", self.cluster.as_deref().unwrap_or("local"));
         let mut reports = ReportConfig::new(reports_url(first), instance);
         reports.also = control_planes[1..].iter().map(reports_url).collect();
         reports.token = self.token.clone();

@@ -167,13 +167,13 @@ pub(crate) fn fold_loads(shared: &Shared) {
 
 /// Where the next message starts in each table's journal.
 #[derive(Default)]
-struct Cursors {
+pub(crate) struct Cursors {
     affinity: u64,
     responses: u64,
 }
 
 /// This data plane's message: what changed since the previous one, and its load now.
-fn collect(shared: &Shared, cursors: &mut Cursors, scratch: &mut Vec<Change>) -> Deltas {
+pub(crate) fn collect(shared: &Shared, cursors: &mut Cursors, scratch: &mut Vec<Change>) -> Deltas {
     let now_s = (shared.pool_clock.ms() / 1000) as u32;
     scratch.clear();
     shared.affinity.changes_since(&mut cursors.affinity, now_s, scratch);

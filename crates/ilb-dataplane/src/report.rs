@@ -4,6 +4,11 @@
 //! between their chunks (the latency the control plane plans on for engines that expose no
 //! latency histograms, such as llama.cpp), in-flight count and a measured round-trip time.
 //!
+//! Without `--peer`, each report also carries what this data plane decided since the previous
+//! one (new and moved conversations, stored responses, its requests in flight: `replicas`),
+//! and the control plane's answer carries what the cluster's other data planes reported, which
+//! this one learns as it would a peer's message (`ilb_controlplane::api::relay`).
+//!
 //! Reporting is best effort and off the request path: a control plane that is down only means
 //! reports are dropped; routing goes on with the installed snapshot.
 
@@ -13,9 +18,9 @@ use crate::shared::Shared;
 use crate::state::Installed;
 use bytes::Bytes;
 use http::{header, Request};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full, Limited};
 use ilb_core::priority::{PerPriority, Priority};
-use ilb_core::report::{ClassDemand, EngineObservation, PriorityRps, Report};
+use ilb_core::report::{ClassDemand, EngineObservation, PriorityRps, Report, ReportAnswer};
 use ilb_core::{ClassId, EngineId, ModelName};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
@@ -69,6 +74,9 @@ struct Marks {
 /// Runs until shutdown.
 pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch::Receiver<bool>) {
     let mut marks = Marks::default();
+    let mut cursors = crate::replicas::Cursors::default();
+    let mut scratch = Vec::new();
+    let relay = shared.config.peers.is_empty();
     let mut sequence = 0u64;
     let mut last = clock::now();
     let mut interval = tokio::time::interval(config.interval);
@@ -95,13 +103,21 @@ pub async fn run(shared: Arc<Shared>, config: ReportConfig, mut shutdown: watch:
             snapshot_version: installed.table.version.0,
             demand: marks.demand(&installed, secs, alpha),
             engines: marks.observations(&installed),
+            replica: relay.then(|| crate::replicas::collect(&shared, &mut cursors, &mut scratch)),
         };
         // To every replica at once: one that hangs must not delay the others.
         let sends = std::iter::once(&config.url).chain(&config.also).map(|url| {
             let (shared, config, report) = (&shared, &config, &report);
             async move {
-                if let Err(e) = send(shared, url, config, report).await {
-                    tracing::debug!(%url, error = %e, "report not delivered");
+                match send(shared, url, config, report).await {
+                    Ok(answer) => {
+                        for deltas in &answer.replicas {
+                            if let Err(e) = crate::replicas::learn(shared, deltas) {
+                                tracing::debug!(%url, error = %e, "relayed deltas not learned");
+                            }
+                        }
+                    }
+                    Err(e) => tracing::debug!(%url, error = %e, "report not delivered"),
                 }
             }
         });
@@ -231,7 +247,14 @@ impl EngineMark {
     }
 }
 
-async fn send(shared: &Shared, url: &str, config: &ReportConfig, report: &Report) -> Result<(), String> {
+/// Posts `report`; the control plane's answer (the other data planes' deltas), which an older
+/// control plane that answers without them leaves empty.
+async fn send(
+    shared: &Shared,
+    url: &str,
+    config: &ReportConfig,
+    report: &Report,
+) -> Result<ReportAnswer, String> {
     let body = serde_json::to_vec(report).map_err(|e| e.to_string())?;
     let mut request = Request::post(url)
         .header(header::CONTENT_TYPE, "application/json")
@@ -248,8 +271,23 @@ async fn send(shared: &Shared, url: &str, config: &ReportConfig, report: &Report
     if !response.status().is_success() {
         return Err(format!("status {}", response.status()));
     }
-    Ok(())
+    let body = tokio::time::timeout(
+        Duration::from_secs(5),
+        Limited::new(response.into_body(), MAX_ANSWER_BYTES).collect(),
+    )
+    .await
+    .map_err(|_| "answer timed out".to_owned())?
+    .map_err(|e| format!("reading the answer: {e}"))?
+    .to_bytes();
+    let answer: ReportAnswer = serde_json::from_slice(&body).unwrap_or_default();
+    for deltas in &answer.replicas {
+        deltas.validate().map_err(|e| format!("relayed deltas: {e}"))?;
+    }
+    Ok(answer)
 }
+
+/// Largest answer to a report read: the deltas of many replicas.
+const MAX_ANSWER_BYTES: usize = 16 << 20;
 
 /// Round trip of `GET /health`, ms.
 async fn measure_rtt(shared: &Shared, base_url: &str) -> Option<f64> {

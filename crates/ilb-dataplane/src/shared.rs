@@ -72,8 +72,9 @@ impl Shared {
         let control_plane_tls = config.control_plane_tls.clone().unwrap_or_else(untrusting);
         let client = http_client(&config, &engine_tls);
         let control_plane_client = http_client(&config, &control_plane_tls);
-        // With peers, the tables note their changes for them (`replicas`).
-        let journal = if config.peers.is_empty() { 0 } else { JOURNAL_LEN };
+        // The tables note their changes for the other data planes of the cluster (`replicas`),
+        // whether they go to peers or ride on the reports.
+        let journal = JOURNAL_LEN;
         let affinity = ilb_core::affinity::AffinityTable::with_journal(
             config.affinity_entries,
             config.affinity_ttl.as_secs().min(u64::from(u32::MAX)) as u32,
@@ -195,7 +196,7 @@ impl Shared {
 }
 
 /// Changes each table's journal keeps between two sends: far more than a replica decides in
-/// one `peer_interval` (16,384 new conversations in 200 ms).
+/// one `peer_interval` or report period (16,384 new conversations).
 pub const JOURNAL_LEN: usize = 1 << 14;
 
 /// What the other data planes of the cluster said, and the exchange's counters (for

@@ -55,6 +55,7 @@ fn observation(engine: &str, requests: u64, first_chunk_ms: f64, chunk_gap_ms: f
 
 fn report(sequence: u64, engines: Vec<EngineObservation>) -> Report {
     Report {
+        replica: None,
         cluster: ClusterId::new("a"),
         instance: "a-1".into(),
         sequence,

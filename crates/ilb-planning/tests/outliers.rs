@@ -176,6 +176,7 @@ impl Sim {
                 })
                 .collect();
             let report = Report {
+                replica: None,
                 cluster: ClusterId::new("a"),
                 instance: "a-1".into(),
                 sequence: self.sequence,

@@ -26,6 +26,7 @@ fn worked_example() -> String {
 
 fn report(cluster: &str, rps: f64) -> Report {
     Report {
+        replica: None,
         cluster: ClusterId::new(cluster),
         instance: format!("{cluster}-1"),
         sequence: 1,

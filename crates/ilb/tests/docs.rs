@@ -55,9 +55,12 @@ const FLEET_CHANGES: &str = "
   `ilb engine-sim --register URL [--token T] [--region R] [--register-profile P] [--ttl-s S]`
   registers its engines, renews every `ttl_s / 3`, and deregisters and drains on Ctrl-C.
 - **Discovery.** `[[engine_groups]]` are resolved by DNS; see the table above.
-- **Data-plane replicas.** Several data planes of one cluster name each other with `peers`
-  (`--peer URL`): they share conversation placements, stored-response engines and load every
-  `peer_interval_ms` ([deploy.md](deploy.md)).
+- **Data-plane replicas.** Several data planes of one cluster share conversation placements,
+  stored-response engines and load. With a control plane they do so through it: each report
+  carries what its data plane decided and the answer what the cluster's others did (about a
+  report period late). Naming each other with `peers` (`--peer URL`) is faster: they post
+  each other as requests start and end, and at least every `peer_interval_ms`
+  ([deploy.md](deploy.md)).
 - **Control-plane replicas.** Run several `ilb control-plane` from the same file. Give each
   data plane all of them (`--control-plane URL` repeated, or `control_plane = [..]`): it pulls
   snapshots from one, moves to the next when it stops answering, and reports to all. Give

@@ -22,6 +22,7 @@
 //! if one is set), and the certificate's name is logged and shown in `/v1/state`.
 
 mod engines;
+pub mod relay;
 
 use crate::events::Event;
 use crate::publish::Publisher;
@@ -61,6 +62,8 @@ pub struct ApiState {
     pub identities: Mutex<BTreeMap<(String, String), String>>,
     /// Whether the listener serves https.
     pub https: bool,
+    /// What each cluster's data planes decided, from their reports to their answers.
+    pub relay: relay::Relay,
 }
 
 /// TLS settings of a control plane.
@@ -409,8 +412,15 @@ async fn report(state: &ApiState, peer: &Peer, req: Request<Incoming>) -> Respon
     if let Some(identity) = &peer.identity {
         state.note_identity(&report, identity);
     }
+    let mut report = report;
+    let (cluster, instance, deltas) =
+        (report.cluster.to_string(), report.instance.clone(), report.replica.take());
     match state.events.try_send(Event::Report(Box::new(report))) {
-        Ok(()) => json(StatusCode::ACCEPTED, &serde_json::json!({"status": "accepted"})),
+        Ok(()) => {
+            let replicas = state.relay.exchange(&cluster, &instance, deltas, crate::clock::now());
+            let replicas: Vec<&ilb_core::deltas::Deltas> = replicas.iter().map(|d| &**d).collect();
+            json(StatusCode::ACCEPTED, &serde_json::json!({"status": "accepted", "replicas": replicas}))
+        }
         Err(_) => {
             error(StatusCode::SERVICE_UNAVAILABLE, "busy", "control loop is busy, report again next period")
         }

@@ -412,6 +412,7 @@ impl Sim<'_> {
                 });
             }
             let report = Report {
+                replica: None,
                 cluster: ClusterId::new(cluster),
                 instance: format!("{cluster}-sim"),
                 sequence: self.report_seq,
