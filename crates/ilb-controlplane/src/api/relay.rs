@@ -6,7 +6,7 @@
 //! does the same directly, faster).
 //!
 //! No consensus and no durable state: messages are kept in memory, per cluster, for
-//! [`KEEP`] and at most [`MAX_KEPT`] of them. A data plane that reports to several
+//! [`KEEP`], at most [`MAX_KEPT`] of them and [`MAX_KEPT_ENTRIES`] entries. A data plane that reports to several
 //! control-plane replicas hears the same message from each (learning one twice changes
 //! nothing); one whose answer is lost, or that reports less often than [`KEEP`], misses some,
 //! which costs a cache miss, never a failed request.
@@ -23,6 +23,10 @@ pub const KEEP: Duration = Duration::from_secs(10);
 /// Most messages kept per cluster.
 pub const MAX_KEPT: usize = 1024;
 
+/// Most entries (conversations, responses, engine loads) kept per cluster, over all its
+/// messages: a few MB, and an answer that fits the data plane's limit.
+pub const MAX_KEPT_ENTRIES: usize = 1 << 19;
+
 /// Most clusters relayed for; a report from a further one is relayed nothing.
 const MAX_CLUSTERS: usize = 4096;
 
@@ -35,6 +39,8 @@ pub struct Relay {
 struct Cluster {
     /// Messages in arrival order: (number, arrival, reporting instance, message).
     kept: VecDeque<(u64, Instant, String, Arc<Deltas>)>,
+    /// Entries in `kept`.
+    entries: usize,
     /// The number the next message gets.
     next: u64,
     /// Per reporting instance: the first number it has not been given yet, and when it last
@@ -63,11 +69,7 @@ impl Relay {
             }
         }
         let c = clusters.entry(cluster.to_owned()).or_default();
-        while c.kept.front().is_some_and(|(_, at, _, _)| now.duration_since(*at) > KEEP)
-            || c.kept.len() > MAX_KEPT
-        {
-            c.kept.pop_front();
-        }
+        c.drop_old(now);
         c.given.retain(|_, &mut (_, at)| now.duration_since(at) <= KEEP);
         let from = c.given.get(instance).map_or(0, |&(from, _)| from);
         let out = c
@@ -78,14 +80,32 @@ impl Relay {
             .collect();
         // Kept even when nothing changed: an empty in-flight list says the load went to zero.
         if let Some(deltas) = deltas {
+            c.entries += entries(&deltas);
             c.kept.push_back((c.next, now, instance.to_owned(), Arc::new(deltas)));
             c.next += 1;
-            if c.kept.len() > MAX_KEPT {
-                c.kept.pop_front();
-            }
+            c.drop_old(now);
         }
         c.given.insert(instance.to_owned(), (c.next, now));
         out
+    }
+}
+
+fn entries(deltas: &Deltas) -> usize {
+    deltas.affinity.len() + deltas.responses.len() + deltas.in_flight.len()
+}
+
+impl Cluster {
+    /// Drops the messages older than [`KEEP`], then the oldest while more than [`MAX_KEPT`]
+    /// messages or [`MAX_KEPT_ENTRIES`] entries are kept.
+    fn drop_old(&mut self, now: Instant) {
+        while let Some((_, at, _, deltas)) = self.kept.front() {
+            let full = self.kept.len() > MAX_KEPT || self.entries > MAX_KEPT_ENTRIES;
+            if !full && now.duration_since(*at) <= KEEP {
+                break;
+            }
+            self.entries -= entries(deltas);
+            self.kept.pop_front();
+        }
     }
 }
 
@@ -129,5 +149,22 @@ mod tests {
         let got = relay.exchange("c", "new", None, t + KEEP);
         assert_eq!(got.len(), MAX_KEPT);
         assert_eq!(keys(&got)[0], 10, "the oldest went first");
+    }
+
+    #[test]
+    fn the_entries_kept_are_bounded() {
+        let relay = Relay::default();
+        let t = crate::clock::now();
+        let big = |instance: &str| Deltas {
+            instance: instance.into(),
+            affinity: (0..MAX_KEPT_ENTRIES as u64 / 3).map(|k| (k, 7)).collect(),
+            ..Default::default()
+        };
+        for _ in 0..5 {
+            relay.exchange("c", "a", Some(big("a")), t);
+        }
+        let got = relay.exchange("c", "b", None, t);
+        assert_eq!(got.len(), 3, "three of the five fit");
+        assert!(got.iter().map(|d| entries(d)).sum::<usize>() <= MAX_KEPT_ENTRIES);
     }
 }
