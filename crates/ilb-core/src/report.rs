@@ -23,7 +23,8 @@ pub struct Report {
     /// What this instance decided since its previous report, for the other data planes of its
     /// cluster: the control plane answers each report with the others' (see
     /// [`ReportAnswer`]). Absent from data planes older than the field and from those that
-    /// exchange deltas directly (`--peer`).
+    /// exchange deltas directly (`--peer`). (Control planes older than the field refuse
+    /// reports that carry it: upgrade control planes first.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replica: Option<crate::deltas::Deltas>,
 }
