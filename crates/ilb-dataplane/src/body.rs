@@ -124,10 +124,7 @@ impl UpstreamBody {
     }
 
     fn read_response_id(&mut self, data: &[u8], ended: bool) {
-        let Some(reader) = self.response_id.as_mut() else { return };
-        if !reader.read(data, ended, &self.in_flight) {
-            self.response_id = None;
-        }
+        ResponseIdReader::read(&mut self.response_id, data, ended, &self.in_flight);
     }
 
     /// The engine's body ended cleanly: count the success and free its connection for reuse.
@@ -283,18 +280,22 @@ impl ResponseIdReader {
         Box::new(ResponseIdReader { store, sse, seen: Vec::new() })
     }
 
-    /// Reads the next `data` of the body (`ended`: the body's last); remembers the id for
-    /// `in_flight`'s engine once it is found. False once the search is over (found, or never
-    /// to be).
-    pub(crate) fn read(&mut self, data: &[u8], ended: bool, in_flight: &InFlight) -> bool {
-        match self.push(data, ended) {
-            Found::Id(id) => {
-                in_flight.remember_response(&id, self.store.tag, self.store.now_s);
-                false
-            }
-            Found::Never => false,
-            Found::NotYet => true,
+    /// Reads the next `data` of the body (`ended`: the body's last) into the search in `slot`,
+    /// if one is under way; remembers the id for `in_flight`'s engine once it is found, and
+    /// empties `slot` once the search is over (found, or never to be).
+    pub(crate) fn read(
+        slot: &mut Option<Box<ResponseIdReader>>,
+        data: &[u8],
+        ended: bool,
+        in_flight: &InFlight,
+    ) {
+        let Some(reader) = slot.as_mut() else { return };
+        match reader.push(data, ended) {
+            Found::Id(id) => in_flight.remember_response(&id, reader.store.tag, reader.store.now_s),
+            Found::Never => {}
+            Found::NotYet => return,
         }
+        *slot = None;
     }
 
     fn push(&mut self, data: &[u8], ended: bool) -> Found {

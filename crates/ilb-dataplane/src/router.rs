@@ -401,11 +401,7 @@ impl Routing {
     /// `data`, a piece of the response body, passed through.
     pub fn body(&mut self, data: &[u8]) {
         let Some(in_flight) = &self.in_flight else { return };
-        if let Some(reader) = self.response_id.as_mut() {
-            if !reader.read(data, false, in_flight) {
-                self.response_id = None;
-            }
-        }
+        ResponseIdReader::read(&mut self.response_id, data, false, in_flight);
         if self.streamed && !data.is_empty() {
             let now = crate::clock::now();
             in_flight.stream_chunk(self.last_chunk, now);
@@ -416,9 +412,7 @@ impl Routing {
     /// The response ended: the engine's in-flight count drops and the attempt is judged.
     pub fn finish(&mut self) {
         let Some(mut in_flight) = self.in_flight.take() else { return };
-        if let Some(mut reader) = self.response_id.take() {
-            reader.read(&[], true, &in_flight);
-        }
+        ResponseIdReader::read(&mut self.response_id, &[], true, &in_flight);
         let status = self.status.unwrap_or(StatusCode::OK);
         if let Some(class) = self.class() {
             let class_state = &self.installed.classes[class.seq];

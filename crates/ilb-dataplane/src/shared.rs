@@ -74,16 +74,15 @@ impl Shared {
         let control_plane_client = http_client(&config, &control_plane_tls);
         // The tables note their changes for the other data planes of the cluster (`replicas`),
         // whether they go to peers or ride on the reports.
-        let journal = JOURNAL_LEN;
         let affinity = ilb_core::affinity::AffinityTable::with_journal(
             config.affinity_entries,
             config.affinity_ttl.as_secs().min(u64::from(u32::MAX)) as u32,
-            journal,
+            JOURNAL_LEN,
         );
         let responses = ilb_core::affinity::AffinityTable::with_journal(
             config.affinity_entries,
             config.response_ttl.as_secs().min(u64::from(u32::MAX)) as u32,
-            journal,
+            JOURNAL_LEN,
         );
         Shared {
             responses,

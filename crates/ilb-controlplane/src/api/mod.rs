@@ -405,14 +405,14 @@ async fn report(state: &ApiState, peer: &Peer, req: Request<Incoming>) -> Respon
             return error(StatusCode::PAYLOAD_TOO_LARGE, "invalid_body", &format!("cannot read report: {e}"))
         }
     };
-    let report = match Report::from_json(&body) {
+    let mut report = match Report::from_json(&body) {
         Ok(r) => r,
         Err(why) => return error(StatusCode::BAD_REQUEST, "invalid_report", &why),
     };
     if let Some(identity) = &peer.identity {
         state.note_identity(&report, identity);
     }
-    let mut report = report;
+    // What this data plane decided goes to the relay, not to the planner.
     let (cluster, instance, deltas) =
         (report.cluster.to_string(), report.instance.clone(), report.replica.take());
     match state.events.try_send(Event::Report(Box::new(report))) {
