@@ -59,6 +59,10 @@ pub struct Options {
     pub policies: Option<Vec<String>>,
     /// Seconds per calibration run.
     pub calibration_s: Option<f64>,
+    /// Data planes per cluster and how they share (`[control] data_planes`,
+    /// `data_plane_sharing`).
+    pub data_planes: Option<u32>,
+    pub sharing: Option<scenario::Sharing>,
 }
 
 /// The results of every policy on one scenario.
@@ -148,6 +152,8 @@ pub fn topology(scenario: &Scenario, capacity_rps: &[f64]) -> Topology {
             })
             .collect(),
         place_new_keys_by_load: scenario.file.control.place_new_keys_by_load,
+        data_planes: scenario.file.control.data_planes as usize,
+        sharing: scenario.file.control.data_plane_sharing,
     }
 }
 
@@ -169,6 +175,12 @@ pub fn with_options(scenario: &Scenario, options: &Options) -> Result<Scenario, 
     }
     if let Some(c) = options.calibration_s {
         file.control.calibration_s = c;
+    }
+    if let Some(n) = options.data_planes {
+        file.control.data_planes = n;
+    }
+    if let Some(sharing) = options.sharing {
+        file.control.data_plane_sharing = sharing;
     }
     Ok(Scenario::new(file)?)
 }

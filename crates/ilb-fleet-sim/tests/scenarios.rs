@@ -131,6 +131,7 @@ fn same_seed_gives_the_same_json_byte_for_byte() {
         seed: Some(99),
         policies: Some(vec!["random".into(), "ilb".into()]),
         calibration_s: Some(30.0),
+        ..Options::default()
     };
     let other = ilb_fleet_sim::report::json(&simulate(&scenario, &options).expect("runs")).expect("json");
     assert_ne!(once, other, "the seed matters");
@@ -156,6 +157,7 @@ fn few_slots_placement_by_load_beats_blind_hashing() {
                 seed: Some(seed),
                 policies: Some(vec!["ilb".into()]),
                 calibration_s: Some(60.0),
+                ..Options::default()
             };
             simulate(&scenario, &options).expect("simulation runs").policies["ilb"].clone()
         };

@@ -4,7 +4,7 @@
 //! engine counts as less loaded than a small one with the same queue. These baselines read the
 //! fleet-wide in-flight count (more than one data plane really knows), which flatters them.
 
-use super::{uniform_row, Decision, Load, Policy, Topology};
+use super::{uniform_row, Arrival, Decision, Load, Policy, Topology};
 use ilb_engine_sim::Nanos;
 use rand::Rng;
 use rand_pcg::Pcg64Mcg;
@@ -47,10 +47,10 @@ impl Policy for Baseline {
         _now: Nanos,
         topology: &Topology,
         load: &Load,
-        stream: usize,
-        _key: u64,
+        arrival: Arrival,
         rng: &mut Pcg64Mcg,
     ) -> Decision {
+        let stream = arrival.stream;
         let allowed = &topology.allowed[stream];
         if allowed.is_empty() {
             return Decision::NoEngine;

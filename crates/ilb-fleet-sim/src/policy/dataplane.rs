@@ -8,10 +8,14 @@
 //! hashing under the bounded-load rule. Planned shedding is the data plane's own
 //! ([`ilb_core::admission`]): each class's per-priority arrival rates, re-planned every
 //! [`SHED_PLAN_PERIOD`], turn its `shed_fraction` into shed probabilities, lowest priority first.
+//!
+//! A cluster may run several data planes (`super::replicas`): they share its installed tables
+//! and its shedding (each real one sheds by its own arrivals, which a uniform split makes the
+//! same rates in proportion), and each has its own affinity table and in-flight counts.
 
-use super::{Decision, Load, Topology};
+use super::replicas::Replicas;
+use super::{Arrival, Decision, Load, Topology};
 use ilb_core::admission::{self, ClassShedding, SHED_PLAN_PERIOD};
-use ilb_core::affinity::{self, AffinityTable};
 use ilb_core::priority::PerPriority;
 use ilb_core::snapshot::Snapshot;
 use ilb_core::table::{Constraints, RoutingTable};
@@ -35,8 +39,9 @@ pub struct DataPlanes {
     engine_index: HashMap<String, usize>,
     /// Snapshots that failed to compile (kept out, as a data plane keeps its last good one).
     pub rejected: u64,
-    /// Per cluster: the data plane's memory of which engine served each key.
-    affinity: Vec<AffinityTable>,
+    /// Per cluster and data plane: its memory of which engine served each key, and what the
+    /// cluster's other data planes told it.
+    replicas: Replicas,
     /// Per stream: its traffic class (cluster, model, class), an index into `shedding`.
     stream_group: Vec<usize>,
     shedding: Vec<Shedding>,
@@ -80,9 +85,7 @@ impl DataPlanes {
                 .map(|(j, e)| (e.id.to_string(), j))
                 .collect(),
             rejected: 0,
-            affinity: (0..topology.n_clusters)
-                .map(|_| AffinityTable::new(affinity::DEFAULT_ENTRIES, affinity::DEFAULT_TTL_S))
-                .collect(),
+            replicas: Replicas::new(topology),
             stream_group,
             shedding: (0..groups.len())
                 .map(|_| Shedding {
@@ -180,7 +183,8 @@ impl DataPlanes {
     /// last while it is within its load bound, else (a new key, with `place_new_keys_by_load`)
     /// the less loaded per unit of weight of the hash's first two candidates, else hashing
     /// within `ilb_core::table::within_load_bound` (the stream's in-flight count on each), then
-    /// without the bound.
+    /// without the bound. The table and the counts are those of the data plane the request
+    /// reached, its counts plus what the others of its cluster last said they have in flight.
     /// Candidates that are down or violate the stream's constraints are never admitted.
     /// Requests are first shed as the data plane sheds them (lowest priority first). Hot path.
     pub fn route(
@@ -188,10 +192,10 @@ impl DataPlanes {
         now: Nanos,
         topology: &Topology,
         load: &Load,
-        stream: usize,
-        key_hash: u64,
+        arrival: Arrival,
         rng: &mut Pcg64Mcg,
     ) -> Decision {
+        let Arrival { stream, key_hash, data_plane } = arrival;
         let c = topology.stream_cluster[stream];
         let Some(installed) = &self.installed[c] else { return Decision::NoEngine };
         let Some(model) = installed.table.model(&topology.stream_model[stream]) else {
@@ -213,7 +217,15 @@ impl DataPlanes {
         };
         let n = topology.n_engines;
         let mask = &topology.allowed_mask[stream];
-        let class_load = f64::from(load.stream_in_flight[stream]);
+        let own = data_plane * topology.stream_cluster.len() + stream;
+        let peers = self.replicas.peer_in_flight(c, data_plane);
+        let peer = |j: usize| peers.map_or(0, |p| p[j]);
+        // As the data plane's `pick::choose`: the class's peer figure sums its candidates'.
+        let peer_class = peers.map_or(0, |_| {
+            let engines = class.candidates.iter().map(|cand| peer(installed.engine_map[cand.engine_idx]));
+            engines.fold(0u32, u32::saturating_add)
+        });
+        let class_load = f64::from(load.data_plane_stream_in_flight[own].saturating_add(peer_class));
         let usable = |candidate: usize| {
             let j = installed.engine_map[class.candidates[candidate].engine_idx];
             load.up[j] && mask[j]
@@ -221,7 +233,7 @@ impl DataPlanes {
         // As the data plane's `pick::choose`: the stream's (class's) requests on the candidate.
         let in_flight = |candidate: usize| {
             let j = installed.engine_map[class.candidates[candidate].engine_idx];
-            f64::from(load.stream_engine_in_flight[stream * n + j])
+            f64::from(load.data_plane_stream_engine_in_flight[own * n + j].saturating_add(peer(j)))
         };
         let bounded = |candidate: usize| {
             ilb_core::table::within_load_bound(
@@ -230,7 +242,7 @@ impl DataPlanes {
                 class_load,
             ) && usable(candidate)
         };
-        let affinity = &self.affinity[c];
+        let affinity = self.replicas.affinity(c, data_plane);
         let now_s = (now / 1_000_000_000) as u32;
         let new_by_load: Option<&dyn Fn(usize) -> f64> =
             topology.place_new_keys_by_load.then_some(&in_flight);
@@ -241,6 +253,11 @@ impl DataPlanes {
             }
             None => Decision::NoEngine,
         }
+    }
+
+    /// Data plane `data_plane` of every cluster (`None`: all of them) shares what it decided.
+    pub fn share(&mut self, now: Nanos, topology: &Topology, load: &Load, data_plane: Option<usize>) {
+        self.replicas.share(now, topology, load, data_plane);
     }
 
     /// Installed weights, stream-major.

@@ -9,7 +9,7 @@
 //! overshoots: moving traffic off an engine makes it look fast, and the traffic comes back.
 
 use super::dataplane::DataPlanes;
-use super::{Decision, Load, Policy, Topology};
+use super::{Arrival, Decision, Load, Policy, Topology};
 use crate::scenario::FeedbackSpec;
 use ilb_core::snapshot::{ClassRoutes, EngineWeight, ModelRoutes, Snapshot, FORMAT};
 use ilb_core::{ClassId, ClusterId, ModelName, SnapshotVersion};
@@ -138,11 +138,18 @@ impl Policy for Feedback {
         now: Nanos,
         topology: &Topology,
         load: &Load,
-        stream: usize,
-        key_hash: u64,
+        arrival: Arrival,
         rng: &mut Pcg64Mcg,
     ) -> Decision {
-        self.data_planes.route(now, topology, load, stream, key_hash, rng)
+        self.data_planes.route(now, topology, load, arrival, rng)
+    }
+
+    fn has_data_planes(&self) -> bool {
+        true
+    }
+
+    fn on_share(&mut self, now: Nanos, topology: &Topology, load: &Load, data_plane: Option<usize>) {
+        self.data_planes.share(now, topology, load, data_plane);
     }
 
     fn period_s(&self) -> Option<f64> {

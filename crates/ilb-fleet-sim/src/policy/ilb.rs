@@ -4,7 +4,7 @@
 //! planes' weighted consistent hashing with bounded load on the compiled snapshots.
 
 use super::dataplane::DataPlanes;
-use super::{Decision, Load, Policy, Topology};
+use super::{Arrival, Decision, Load, Policy, Topology};
 use ilb_core::report::Report;
 use ilb_core::ModelName;
 use ilb_engine_sim::Nanos;
@@ -96,11 +96,18 @@ impl Policy for Ilb {
         now: Nanos,
         topology: &Topology,
         load: &Load,
-        stream: usize,
-        key_hash: u64,
+        arrival: Arrival,
         rng: &mut Pcg64Mcg,
     ) -> Decision {
-        self.data_planes.route(now, topology, load, stream, key_hash, rng)
+        self.data_planes.route(now, topology, load, arrival, rng)
+    }
+
+    fn has_data_planes(&self) -> bool {
+        true
+    }
+
+    fn on_share(&mut self, now: Nanos, topology: &Topology, load: &Load, data_plane: Option<usize>) {
+        self.data_planes.share(now, topology, load, data_plane);
     }
 
     fn period_s(&self) -> Option<f64> {

@@ -10,10 +10,12 @@ mod baseline;
 mod dataplane;
 mod feedback;
 mod ilb;
+mod replicas;
 
 pub use baseline::Baseline;
 pub use feedback::Feedback;
 pub use ilb::Ilb;
+pub use replicas::PEER_GAP_NS;
 
 use ilb_core::report::Report;
 use ilb_core::ModelName;
@@ -50,6 +52,9 @@ pub struct Topology {
     pub engine_entries: Vec<ilb_core::snapshot::EngineEntry>,
     /// Whether data planes place new conversations by load (`[control]`).
     pub place_new_keys_by_load: bool,
+    /// Data planes per cluster, and how they share what they decide (`[control]`).
+    pub data_planes: usize,
+    pub sharing: crate::scenario::Sharing,
 }
 
 /// The fleet's load as data planes see it.
@@ -63,17 +68,51 @@ pub struct Load {
     pub stream_engine_in_flight: Vec<u32>,
     /// Requests in flight per stream (= per class of a data plane).
     pub stream_in_flight: Vec<u32>,
+    /// What each data plane counts itself: the requests it sent of each stream to each
+    /// engine, `[(data_plane * n_streams + stream) * n_engines + engine]` (with one data plane
+    /// per cluster, `stream_engine_in_flight`).
+    pub data_plane_stream_engine_in_flight: Vec<u32>,
+    /// The requests each data plane sent of each stream, `[data_plane * n_streams + stream]`.
+    pub data_plane_stream_in_flight: Vec<u32>,
 }
 
 impl Load {
     pub fn new(topology: &Topology, n_streams: usize) -> Load {
+        let data_planes = topology.data_planes.max(1);
         Load {
             up: vec![true; topology.n_engines],
             in_flight: vec![0; topology.n_engines],
             stream_engine_in_flight: vec![0; topology.n_engines * n_streams],
             stream_in_flight: vec![0; n_streams],
+            data_plane_stream_engine_in_flight: vec![0; data_planes * n_streams * topology.n_engines],
+            data_plane_stream_in_flight: vec![0; data_planes * n_streams],
         }
     }
+
+    /// Counts one request of `stream` sent by `data_plane` to `engine` (`add`), or finished.
+    pub fn count(&mut self, data_plane: usize, stream: usize, engine: usize, add: bool) {
+        let n_streams = self.stream_in_flight.len();
+        let n = self.in_flight.len();
+        let counts = [
+            &mut self.in_flight[engine],
+            &mut self.stream_engine_in_flight[stream * n + engine],
+            &mut self.stream_in_flight[stream],
+            &mut self.data_plane_stream_engine_in_flight[(data_plane * n_streams + stream) * n + engine],
+            &mut self.data_plane_stream_in_flight[data_plane * n_streams + stream],
+        ];
+        for count in counts {
+            *count = if add { *count + 1 } else { *count - 1 };
+        }
+    }
+}
+
+/// One request as a policy sees it: its stream, its affinity key, and the data plane of its
+/// cluster it reached (0 with one data plane per cluster).
+#[derive(Clone, Copy, Debug)]
+pub struct Arrival {
+    pub stream: usize,
+    pub key_hash: u64,
+    pub data_plane: usize,
 }
 
 /// Where a request goes.
@@ -89,15 +128,8 @@ pub enum Decision {
 /// A routing policy under simulation.
 pub trait Policy {
     /// Routes one request at virtual time `now`.
-    fn route(
-        &mut self,
-        now: Nanos,
-        topology: &Topology,
-        load: &Load,
-        stream: usize,
-        key_hash: u64,
-        rng: &mut Pcg64Mcg,
-    ) -> Decision;
+    fn route(&mut self, now: Nanos, topology: &Topology, load: &Load, arrival: Arrival, rng: &mut Pcg64Mcg)
+        -> Decision;
 
     /// Control period in seconds, for policies with a control loop.
     fn period_s(&self) -> Option<f64> {
@@ -111,6 +143,16 @@ pub trait Policy {
 
     /// Install whatever is due at `now`.
     fn on_wake(&mut self, _now: Nanos, _topology: &Topology) {}
+
+    /// Whether the policy routes through simulated data planes (that can be several per
+    /// cluster and share what they decide).
+    fn has_data_planes(&self) -> bool {
+        false
+    }
+
+    /// Data plane `data_plane` of every cluster shares what it decided since its last turn
+    /// with the others of its cluster (`None`: all of them at once, as peers do).
+    fn on_share(&mut self, _now: Nanos, _topology: &Topology, _load: &Load, _data_plane: Option<usize>) {}
 
     /// Whether scrapes and reports should be delivered.
     fn wants_signals(&self) -> bool {

@@ -309,6 +309,56 @@ pub struct ControlSpec {
     /// `ilb_core::table::ClassTable::select`). Default true, as in the data plane; false hashes
     /// new conversations blindly.
     pub place_new_keys_by_load: bool,
+    /// Data planes per front-end cluster (replicas behind one Service), from 1 to
+    /// [`MAX_DATA_PLANES`]. Each request reaches one of them uniformly at random, and each has
+    /// its own affinity table and in-flight counts (`feedback` and `ilb`; the baselines route
+    /// as one). Default 1. Example: 4.
+    pub data_planes: u32,
+    /// How a cluster's data planes share what they decide (new and moved conversations, their
+    /// requests in flight) when there are several: `none`, `peers` or `control-plane`. Default
+    /// `control-plane`, as the data plane does without `--peer`.
+    pub data_plane_sharing: Sharing,
+}
+
+/// Most data planes per cluster: each holds a 2 MiB affinity table.
+pub const MAX_DATA_PLANES: u32 = 32;
+
+/// `[control] data_plane_sharing`: how the data planes of one cluster learn each other's
+/// decisions (`ilb_core::deltas::Deltas`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Sharing {
+    /// Each data plane decides alone, from the requests it saw.
+    None,
+    /// Directly (`--peer`): every data plane's changes reach the others within the data
+    /// plane's shortest gap between two messages (5 ms).
+    Peers,
+    /// Through the control plane: each data plane's changes ride on its next report, and the
+    /// others learn them from the answers to their own next reports (every `report_period_s`).
+    #[default]
+    ControlPlane,
+}
+
+impl Sharing {
+    /// The name used in scenario files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Sharing::None => "none",
+            Sharing::Peers => "peers",
+            Sharing::ControlPlane => "control-plane",
+        }
+    }
+}
+
+impl std::str::FromStr for Sharing {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Sharing, String> {
+        [Sharing::None, Sharing::Peers, Sharing::ControlPlane]
+            .into_iter()
+            .find(|sharing| sharing.name() == name)
+            .ok_or_else(|| format!("unknown sharing '{name}' (none, peers, control-plane)"))
+    }
 }
 
 impl Default for ControlSpec {
@@ -330,6 +380,8 @@ impl Default for ControlSpec {
             sample_period_s: None,
             measured_curves: false,
             place_new_keys_by_load: true,
+            data_planes: 1,
+            data_plane_sharing: Sharing::default(),
         }
     }
 }

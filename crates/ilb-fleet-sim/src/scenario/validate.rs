@@ -414,6 +414,9 @@ fn validate_control(c: &ControlSpec, f: &FeedbackSpec) -> Result<(), ScenarioErr
     if let Some(k) = c.shed_penalty_ms.keys().find(|k| !PRIORITIES.contains(&k.as_str())) {
         return err(format!("control.shed_penalty_ms.{k}: unknown priority"));
     }
+    if !(1..=MAX_DATA_PLANES).contains(&c.data_planes) {
+        return err(format!("control.data_planes: {} is not in [1, {MAX_DATA_PLANES}]", c.data_planes));
+    }
     positive("feedback.period_s", f.period_s)?;
     non_negative("feedback.gain", f.gain)?;
     positive("feedback.min_weight", f.min_weight)?;

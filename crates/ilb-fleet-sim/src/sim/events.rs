@@ -20,6 +20,9 @@ pub enum Event {
     Tick,
     /// The policy installs what is due.
     PolicyWake,
+    /// A cluster's data planes share what they decided: this one of each cluster (through
+    /// the control plane), or all of them (peers).
+    Share(Option<usize>),
     Sample,
     /// The scenario's timed event with this index.
     Scenario(usize),

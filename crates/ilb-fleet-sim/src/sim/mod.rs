@@ -11,7 +11,8 @@ pub use events::{nanos, seconds};
 
 use crate::engines::SimEngine;
 use crate::metrics::{Completion, PolicyResult, Recorder, TRANSIENT_WINDOW_S};
-use crate::policy::{Decision, Load, Policy, Topology};
+use crate::policy::{Arrival, Decision, Load, Policy, Topology, PEER_GAP_NS};
+use crate::scenario::Sharing;
 use crate::scenario::{EventKind, Scenario};
 use crate::workload::{demand_rps, Session};
 use crate::SimError;
@@ -37,6 +38,8 @@ pub struct RunSpec {
 struct Live {
     session: Box<Session>,
     engine: usize,
+    /// The data plane of its cluster that sent it.
+    data_plane: usize,
     net_ms: f64,
 }
 
@@ -53,6 +56,8 @@ struct Sim<'a> {
     next_request: u64,
     arrival_rng: Vec<Pcg64Mcg>,
     policy_rng: Pcg64Mcg,
+    /// Which of its cluster's data planes each request reaches (drawn only with several).
+    data_plane_rng: Pcg64Mcg,
     sessions_started: Vec<u64>,
     period_requests: Vec<u64>,
     period_shed: Vec<u64>,
@@ -101,6 +106,7 @@ pub fn run(
             .map(|s| Pcg64Mcg::seed_from_u64(spec.seed ^ (s as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)))
             .collect(),
         policy_rng: Pcg64Mcg::seed_from_u64(spec.seed ^ 0x5eed_0f90_11c7),
+        data_plane_rng: Pcg64Mcg::seed_from_u64(spec.seed ^ 0xda7a_0000_91a4_e5),
         sessions_started: vec![0; n_streams],
         period_requests: vec![0; n_streams],
         period_shed: vec![0; n_streams],
@@ -145,6 +151,20 @@ impl Sim<'_> {
         }
         if let Some(period) = self.policy.period_s() {
             self.queue.push(nanos(period), Event::Tick);
+        }
+        let data_planes = self.topology.data_planes;
+        if self.policy.has_data_planes() && data_planes > 1 {
+            match self.topology.sharing {
+                Sharing::None => {}
+                Sharing::Peers => self.queue.push(PEER_GAP_NS, Event::Share(None)),
+                // Each data plane reports on its own phase, evenly spread over the period.
+                Sharing::ControlPlane => {
+                    for r in 0..data_planes {
+                        let at = control.report_period_s * (r + 1) as f64 / data_planes as f64;
+                        self.queue.push(nanos(at), Event::Share(Some(r)));
+                    }
+                }
+            }
         }
         self.queue.push(nanos(self.spec.sample_period_s), Event::Sample);
         for (i, e) in self.scenario.file.events.iter().enumerate() {
@@ -220,6 +240,14 @@ impl Sim<'_> {
                     self.policy.on_wake(now, self.topology);
                     self.watch_plans(now);
                 }
+                Event::Share(data_plane) => {
+                    self.policy.on_share(now, self.topology, &self.load, data_plane);
+                    let period = match data_plane {
+                        None => PEER_GAP_NS,
+                        Some(_) => nanos(self.scenario.file.control.report_period_s),
+                    };
+                    self.queue.push(now + period, Event::Share(data_plane));
+                }
                 Event::Sample => self.sample(now),
                 Event::Scenario(i) => self.scenario_event(now, i),
             }
@@ -255,8 +283,11 @@ impl Sim<'_> {
             self.measured_arrivals[s] += 1;
         }
         self.period_requests[s] += 1;
-        let decision =
-            self.policy.route(now, self.topology, &self.load, s, session.key_hash, &mut self.policy_rng);
+        // The Service in front of a cluster's data planes spreads requests uniformly.
+        let data_planes = self.topology.data_planes;
+        let data_plane = if data_planes > 1 { self.data_plane_rng.gen_range(0..data_planes) } else { 0 };
+        let arrival = Arrival { stream: s, key_hash: session.key_hash, data_plane };
+        let decision = self.policy.route(now, self.topology, &self.load, arrival, &mut self.policy_rng);
         let j = match decision {
             Decision::Engine(j) => j,
             Decision::Shed => {
@@ -294,15 +325,12 @@ impl Sim<'_> {
                 self.recorder.residency_violation();
             }
         }
-        let n = self.topology.n_engines;
-        self.load.in_flight[j] += 1;
-        self.load.stream_engine_in_flight[s * n + j] += 1;
-        self.load.stream_in_flight[s] += 1;
+        self.load.count(data_plane, s, j, true);
         if let Some(previous) = session.last_engine {
             self.recorder.follow_up(t_s, previous != j);
         }
         session.last_engine = Some(j);
-        self.live.insert(id, Live { session, engine: j, net_ms });
+        self.live.insert(id, Live { session, engine: j, data_plane, net_ms });
         self.reschedule(j, now);
     }
 
@@ -316,17 +344,11 @@ impl Sim<'_> {
         self.outcomes = outcomes;
     }
 
-    fn release(&mut self, engine: usize, stream: usize) {
-        let n = self.topology.n_engines;
-        self.load.in_flight[engine] -= 1;
-        self.load.stream_engine_in_flight[stream * n + engine] -= 1;
-        self.load.stream_in_flight[stream] -= 1;
-    }
 
     fn complete(&mut self, now: Nanos, o: &Outcome) {
         let Some(live) = self.live.remove(&o.id) else { return };
         let s = live.session.stream;
-        self.release(live.engine, s);
+        self.load.count(live.data_plane, s, live.engine, false);
         self.engines[live.engine].observe(o);
         let engine_ttft_ms = o.first_token_at.saturating_sub(o.arrival) as f64 / 1e6;
         let engine_e2e_ms = o.finished_at.saturating_sub(o.arrival) as f64 / 1e6;
@@ -496,7 +518,7 @@ impl Sim<'_> {
                 self.recorder.transient_lost(i, lost.len() as u64);
                 for id in lost {
                     if let Some(l) = self.live.remove(&id) {
-                        self.release(l.engine, l.session.stream);
+                        self.load.count(l.data_plane, l.session.stream, l.engine, false);
                     }
                 }
                 for &j in &failing {

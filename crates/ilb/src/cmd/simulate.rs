@@ -44,6 +44,13 @@ pub struct SimulateArgs {
     /// Random seed (default: the scenario's `seed`).
     #[arg(long)]
     seed: Option<u64>,
+    /// Data planes per front-end cluster (default: the scenario's `[control] data_planes`).
+    #[arg(long)]
+    data_planes: Option<u32>,
+    /// How a cluster's data planes share what they decide: `none`, `peers` or `control-plane`
+    /// (default: the scenario's `[control] data_plane_sharing`).
+    #[arg(long)]
+    sharing: Option<ilb_fleet_sim::scenario::Sharing>,
 }
 
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
@@ -60,6 +67,8 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         seed: args.seed,
         policies: args.policies,
         calibration_s: None,
+        data_planes: args.data_planes,
+        sharing: args.sharing,
     };
     let comparison = ilb_fleet_sim::simulate(&scenario, &options)?;
     print!("{}", ilb_fleet_sim::report::table(&comparison));
@@ -104,6 +113,8 @@ fn run_many(args: SimulateArgs) -> anyhow::Result<()> {
                 seed: Some(seed),
                 policies: args.policies.clone(),
                 calibration_s: None,
+                data_planes: args.data_planes,
+                sharing: args.sharing,
             };
             (&scenarios[i], options, format!("{} seed {seed}", args.scenarios[i].display()))
         })
@@ -179,6 +190,8 @@ fn run_random(args: &SimulateArgs, n: u64) -> anyhow::Result<()> {
         seed: None,
         policies: args.policies.clone(),
         calibration_s: None,
+        data_planes: args.data_planes,
+        sharing: args.sharing,
     };
     let runs: Vec<_> = scenarios.iter().map(|s| (s, options.clone(), s.file.name.clone())).collect();
     let results = simulate_all(&runs, args.jobs)?.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
