@@ -39,9 +39,15 @@ fn errors_name_the_field() {
     check(|t| t.replace("region = \"us\"\ndemand", "region = \"mars\"\ndemand"), "clusters.us.region");
     check(|t| t.replace("seed = 9", "seed = 9\nsurprise = 1"), "unknown field `surprise`");
     check(|t| t.replace("[control]", "[control]\nrho = 2.0"), "control.rho");
-    check(|t| t.replace("[control]", "[control]\ndata_planes = 0"), "control.data_planes: 0 is not in [1, 32]");
+    check(
+        |t| t.replace("[control]", "[control]\ndata_planes = 0"),
+        "control.data_planes: 0 is not in [1, 32]",
+    );
     check(|t| t.replace("[control]", "[control]\ndata_planes = 33"), "control.data_planes");
-    check(|t| t.replace("[control]", "[control]\ndata_plane_sharing = \"gossip\""), "unknown variant `gossip`");
+    check(
+        |t| t.replace("[control]", "[control]\ndata_plane_sharing = \"gossip\""),
+        "unknown variant `gossip`",
+    );
     check(|t| t.replace("turns_mean = 3.0", "turns_mean = 0.5"), "workload.turns_mean");
     check(
         |t| format!("{t}\n[[events]]\nat_s = 10.0\nkind = \"slowdown\"\ngroup = \"eu\"\n"),

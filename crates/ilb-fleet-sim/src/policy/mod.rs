@@ -128,8 +128,14 @@ pub enum Decision {
 /// A routing policy under simulation.
 pub trait Policy {
     /// Routes one request at virtual time `now`.
-    fn route(&mut self, now: Nanos, topology: &Topology, load: &Load, arrival: Arrival, rng: &mut Pcg64Mcg)
-        -> Decision;
+    fn route(
+        &mut self,
+        now: Nanos,
+        topology: &Topology,
+        load: &Load,
+        arrival: Arrival,
+        rng: &mut Pcg64Mcg,
+    ) -> Decision;
 
     /// Control period in seconds, for policies with a control loop.
     fn period_s(&self) -> Option<f64> {

@@ -89,7 +89,9 @@ impl Replicas {
             latest: (0..topology.n_clusters).map(|_| vec![(0, Deltas::default()); n_planes]).collect(),
             sharing: if n_planes > 1 { topology.sharing } else { Sharing::None },
             cluster_streams: (0..topology.n_clusters)
-                .map(|c| (0..topology.stream_cluster.len()).filter(|&s| topology.stream_cluster[s] == c).collect())
+                .map(|c| {
+                    (0..topology.stream_cluster.len()).filter(|&s| topology.stream_cluster[s] == c).collect()
+                })
                 .collect(),
             engine_by_tag: engine_tags.iter().enumerate().map(|(j, &tag)| (tag, j)).collect(),
             engine_tags,
@@ -173,7 +175,10 @@ impl Replicas {
             known.0 = *number;
             known.1.clear();
             known.1.extend(
-                deltas.in_flight.iter().filter_map(|&(tag, count)| Some((*self.engine_by_tag.get(&tag)?, count))),
+                deltas
+                    .in_flight
+                    .iter()
+                    .filter_map(|&(tag, count)| Some((*self.engine_by_tag.get(&tag)?, count))),
             );
             learned = true;
         }

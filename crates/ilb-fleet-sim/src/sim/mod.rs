@@ -106,7 +106,7 @@ pub fn run(
             .map(|s| Pcg64Mcg::seed_from_u64(spec.seed ^ (s as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)))
             .collect(),
         policy_rng: Pcg64Mcg::seed_from_u64(spec.seed ^ 0x5eed_0f90_11c7),
-        data_plane_rng: Pcg64Mcg::seed_from_u64(spec.seed ^ 0xda7a_0000_91a4_e5),
+        data_plane_rng: Pcg64Mcg::seed_from_u64(spec.seed ^ 0xda7a_0000_91a4_00e5),
         sessions_started: vec![0; n_streams],
         period_requests: vec![0; n_streams],
         period_shed: vec![0; n_streams],
@@ -343,7 +343,6 @@ impl Sim<'_> {
         }
         self.outcomes = outcomes;
     }
-
 
     fn complete(&mut self, now: Nanos, o: &Outcome) {
         let Some(live) = self.live.remove(&o.id) else { return };
