@@ -1,6 +1,6 @@
 //! The data planes of one cluster share what they decide through the control plane: each
 //! report carries what its data plane decided since the previous one (`Report::replica`: new
-//! and moved conversations, stored responses, its requests in flight), and the answer carries
+//! and moved conversations and stored responses), and the answer carries
 //! what the cluster's other data planes reported since (`ReportAnswer`). So replicas behind a
 //! Service that report to a control plane route as one without naming each other (`--peer`
 //! does the same directly, faster).
@@ -78,8 +78,12 @@ impl Relay {
             .filter(|(n, _, from_instance, _)| *n >= from && from_instance != instance)
             .map(|(_, _, _, d)| Arc::clone(d))
             .collect();
-        // Kept even when nothing changed: an empty in-flight list says the load went to zero.
-        if let Some(deltas) = deltas {
+        // A message that says nothing is not kept. Data planes no longer relay their requests
+        // in flight (`ilb_dataplane::report`); an older one's are still passed on, and its
+        // "none in flight" lapses at the receivers after `replicas::stale_after` instead.
+        let says_something =
+            |d: &Deltas| !(d.affinity.is_empty() && d.responses.is_empty() && d.in_flight.is_empty());
+        if let Some(deltas) = deltas.filter(says_something) {
             c.entries += entries(&deltas);
             c.kept.push_back((c.next, now, instance.to_owned(), Arc::new(deltas)));
             c.next += 1;
@@ -135,6 +139,17 @@ mod tests {
         assert_eq!(keys(&relay.exchange("c", "a", None, t)), vec![3]);
         assert!(relay.exchange("c", "b", None, t).is_empty(), "nothing new");
         assert!(relay.exchange("other", "x", None, t).is_empty(), "clusters apart");
+    }
+
+    #[test]
+    fn a_message_that_says_nothing_is_not_kept() {
+        let relay = Relay::default();
+        let t = crate::clock::now();
+        relay.exchange("c", "a", Some(Deltas { instance: "a".into(), ..Default::default() }), t);
+        relay.exchange("c", "a", Some(deltas("a", 1)), t);
+        let given = relay.exchange("c", "b", None, t);
+        assert_eq!(given.len(), 1, "the empty message was kept: {given:?}");
+        assert_eq!(keys(&given), vec![1]);
     }
 
     #[test]

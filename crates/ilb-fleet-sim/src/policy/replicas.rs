@@ -21,8 +21,9 @@
 //!   data plane of a cluster sends what changed and all the others learn it at once (a
 //!   network transit of well under a millisecond left out);
 //! - `control-plane`: each data plane reports once per `report_period_s`, the cluster's data
-//!   planes at evenly spread phases; a report carries the reporter's message and its answer the
-//!   latest message of each other data plane that it has not learned yet, as the relay does.
+//!   planes at evenly spread phases; a report carries the reporter's message without its counts
+//!   (as `ilb_dataplane::report` sends it) and its answer the latest message of each other data
+//!   plane that it has not learned yet, as the relay does.
 //!
 //! Messages are not serialised (the wire format has its own tests), and a peer's load never
 //! goes stale: no data plane of the simulator falls silent.
@@ -143,7 +144,7 @@ impl Replicas {
                     .sum::<u32>();
                 (self.engine_tags[j], count)
             })
-            .filter(|&(_, count)| count > 0)
+            .filter(|&(_, count)| count > 0 && self.sharing == Sharing::Peers)
             .take(ilb_core::deltas::MAX_ENTRIES)
             .collect();
         let deltas = Deltas {
