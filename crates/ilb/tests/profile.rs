@@ -32,13 +32,16 @@ fn profile_prints_a_profile_block_the_fleet_config_accepts() {
     let (_engine, url) = engine();
     let output = Command::new(env!("CARGO_BIN_EXE_ilb"))
         .args(["profile", "--engine", &url, "--name", "l4", "--seconds", "8", "--step-seconds", "1"])
-        .args(["--prompt-words", "100", "--max-tokens", "16"])
+        .args(["--prompt-words", "100", "--max-tokens", "16", "--min-requests", "2"])
         .output()
         .expect("ilb profile runs");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "ilb profile failed:\n{stderr}");
-    assert!(stderr.contains("step 1/8"), "no progress on stderr:\n{stderr}");
+    assert!(
+        stderr.contains("step 1: ") && stderr.contains("of 8 s spent"),
+        "no progress on stderr:\n{stderr}"
+    );
     let fleet = format!(
         "[[clusters]]\nid = \"a\"\nregion = \"a\"\n[[engines]]\nid = \"e\"\nurl = \"{url}\"\nmodel = \"m\"\n\
          region = \"a\"\nprofile = \"l4\"\n{stdout}"
@@ -87,7 +90,7 @@ fn profile_at_given_rates_measures_exactly_those_steps() {
     let run = |rates: &str| {
         Command::new(env!("CARGO_BIN_EXE_ilb"))
             .args(["profile", "--engine", &url, "--step-seconds", "2", "--seconds", "2", "--rates", rates])
-            .args(["--prompt-words", "50", "--max-tokens", "8"])
+            .args(["--prompt-words", "50", "--max-tokens", "8", "--min-requests", "1"])
             .output()
             .expect("ilb profile runs")
     };
@@ -105,4 +108,62 @@ fn profile_at_given_rates_measures_exactly_those_steps() {
     let output = run("1,-2");
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("--rates takes positive rates"));
+}
+
+#[test]
+fn a_profile_checked_at_other_rates_predicts_what_they_measure() {
+    let (_engine, url) = engine();
+    let ilb = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_ilb"))
+            .args([
+                "profile",
+                "--engine",
+                &url,
+                "--name",
+                "l4",
+                "--prompt-words",
+                "100",
+                "--max-tokens",
+                "16",
+            ])
+            .args(args)
+            .output()
+            .expect("ilb profile runs")
+    };
+    let output = ilb(&["--seconds", "8", "--step-seconds", "1", "--min-requests", "2"]);
+    assert!(output.status.success(), "ilb profile failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    let dir = std::env::temp_dir().join(format!("ilb-profile-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("l4.toml");
+    std::fs::write(&file, &output.stdout).expect("profile written");
+    let file = file.to_str().expect("utf-8 path");
+
+    let output = ilb(&["--step-seconds", "2", "--min-requests", "1", "--rates", "2,5", "--check", file]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "ilb profile --check failed:\n{stderr}");
+    let rows: Vec<Vec<&str>> =
+        stdout.lines().filter(|l| !l.starts_with('#')).map(|l| l.split(' ').collect()).collect();
+    assert_eq!(rows.len(), 2, "{stdout}");
+    for row in &rows {
+        // load, TTFT measured / predicted / error, TBOT measured / predicted / error, past knee.
+        assert_eq!(row.len(), 8, "{row:?}");
+        let number = |i: usize| row[i].parse::<f64>().unwrap_or_else(|_| panic!("{row:?}"));
+        let (measured, predicted) = (number(1), number(2));
+        // A loaded test machine moves TTFT a little; a misread profile would be far off.
+        assert!(
+            predicted > 0.5 * measured && predicted < 2.0 * measured,
+            "TTFT predicted {predicted} against {measured} measured:\n{stdout}"
+        );
+        assert!(row[3].ends_with('%') && row[6].ends_with('%'), "{row:?}");
+    }
+
+    let output = Command::new(env!("CARGO_BIN_EXE_ilb"))
+        .args(["profile", "--engine", &url, "--name", "h100", "--rates", "1", "--check", file])
+        .output()
+        .expect("ilb profile runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("has no [profiles.h100]"), "{stderr}");
+    assert!(!stderr.contains("idle:"), "the file is read before the engine is loaded:\n{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

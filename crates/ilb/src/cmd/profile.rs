@@ -9,10 +9,16 @@
 //! budget lasts. Each step records the rate it sent, the mean time to first token and the
 //! mean time between output tokens, and the engine drains before the next step starts.
 //!
+//! A step lasts `--step-seconds` or until `--min-requests` arrivals past its warm-up,
+//! whichever is longer: on a slow engine (seconds per request) a mean over a handful of
+//! arrivals is noise. The first [`WARM_UP_SHARE`] of a step's arrivals meet an engine that
+//! drained after the previous step, so they load it but are not counted.
+//!
 //! The printed block has the queueing profile (`[profiles.NAME]`: capacity, where TTFT's
 //! fitted queueing curve has its pole, and t0 / b of TTFT and TBOT) and the measured points
 //! as `[control_plane.measured_curves.NAME]`, both per replica. The control plane refines
-//! either online from what it sees.
+//! either online from what it sees. `--rates R1,R2 --check FILE` measures other loads and sets
+//! each beside what FILE's block predicts there, as the planner reads it.
 
 use crate::traffic::read_stream;
 use anyhow::{bail, Context};
@@ -21,6 +27,7 @@ use http::Request;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
+use ilb_planning::config::{MeasuredCurves, Profile};
 use ilb_planning::profile::{fit_queueing, LatencyProfile, Observation, QueueingPrior};
 use rand::{Rng, SeedableRng};
 use std::sync::{Arc, Mutex};
@@ -40,9 +47,13 @@ pub struct ProfileArgs {
     /// Time budget of the load steps, seconds (the idle probe and draining come on top).
     #[arg(long, default_value_t = 120.0)]
     seconds: f64,
-    /// Length of one load step, seconds.
+    /// Shortest load step, seconds.
     #[arg(long, default_value_t = 10.0)]
     step_seconds: f64,
+    /// Counted arrivals per load step at least: a step lasts until this many were sent after
+    /// its warm-up, if that takes longer than `--step-seconds`.
+    #[arg(long, default_value_t = 20)]
+    min_requests: u32,
     /// Words of each prompt (about as many tokens); use the fleet's typical prompt.
     #[arg(long, default_value_t = 200)]
     prompt_words: u32,
@@ -62,6 +73,11 @@ pub struct ProfileArgs {
     /// separated): to check a profile's curves at loads it was not measured at.
     #[arg(long, value_delimiter = ',')]
     rates: Option<Vec<f64>>,
+    /// With `--rates`: a file holding a block this command printed (or a whole fleet TOML);
+    /// each measured step is set beside the TTFT and TBOT that profile `--name` predicts at
+    /// its load.
+    #[arg(long, requires = "rates")]
+    check: Option<std::path::PathBuf>,
 }
 
 /// One load step's outcome.
@@ -88,8 +104,10 @@ type HttpClient = Client<HttpConnector, Full<Bytes>>;
 const KNEE_TTFT_FACTOR: f64 = 8.0;
 /// … or when fewer than this share of its arrivals completed within the step and the drain.
 const KNEE_COMPLETED_SHARE: f64 = 0.9;
-/// The first step's rate brings at least this many arrivals.
-const MIN_ARRIVALS_PER_STEP: f64 = 4.0;
+/// … or when its last arrivals waited this many times as long for a first token as its first.
+const KNEE_GROWTH: f64 = 3.0;
+/// The share of a step's first arrivals not counted: the engine's queue is still filling.
+const WARM_UP_SHARE: f64 = 0.25;
 /// Longest wait for one request (a hung engine fails the profile instead of stalling it).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -125,11 +143,16 @@ async fn profile(args: ProfileArgs) -> anyhow::Result<()> {
         model,
         args: Arc::new(args),
     };
+    // A bad file fails before the engine is loaded, not after.
+    let predicted = match &probe.args.check {
+        Some(path) => Some(Prediction::read(path, &probe.args.name)?),
+        None => None,
+    };
     let idle = probe.idle().await?;
     eprintln!("idle: TTFT {:.0} ms, whole answer {:.0} ms", idle.ttft_ms, idle.e2e_ms);
     let steps = probe.sweep(idle).await?;
     if probe.args.rates.is_some() {
-        print!("{}", measurements(&probe, &steps));
+        print!("{}", measurements(&probe, &steps, predicted.as_ref()));
     } else {
         print!("{}", render(&probe, &steps)?);
     }
@@ -178,6 +201,9 @@ struct Probe {
 /// One request's measurements: TTFT and time between tokens, ms.
 type Timing = (f64, Option<f64>);
 
+/// One request of a step: its arrival's sequence number in the step, and how it went.
+type Outcome = (u64, Result<Timing, String>);
+
 impl Probe {
     /// Five requests one at a time; the medians.
     async fn idle(&self) -> anyhow::Result<Idle> {
@@ -197,22 +223,35 @@ impl Probe {
         if let Some(rates) = &self.args.rates {
             let mut steps = Vec::new();
             for (k, &rate) in rates.iter().enumerate() {
-                eprint!("step {}/{}: {rate:.2} req/s … ", k + 1, rates.len());
+                eprint!(
+                    "step {}/{}: {rate:.2} req/s for {:.0} s … ",
+                    k + 1,
+                    rates.len(),
+                    self.step_length(rate)
+                );
                 let step = self.step(rate, k as u64, idle).await?;
                 report(&step);
                 steps.push(step);
             }
             return Ok(steps);
         }
-        let budget = (self.args.seconds / self.args.step_seconds).floor().max(1.0) as usize;
-        // Half the rate one request at a time sustains, but at least a few arrivals per step.
-        let mut rate =
-            (0.5 * 1000.0 / idle.e2e_ms.max(1.0)).max(MIN_ARRIVALS_PER_STEP / self.args.step_seconds);
+        // Half the rate one request at a time sustains, or the rate that counts
+        // `--min-requests` in one `--step-seconds` if that is higher: below it steps only get
+        // longer, and latency hardly changes there.
+        let mut rate = (0.5 * 1000.0 / idle.e2e_ms.max(1.0))
+            .max(f64::from(self.args.min_requests) / ((1.0 - WARM_UP_SHARE) * self.args.step_seconds));
         let mut steps: Vec<Step> = Vec::new();
         let (mut good, mut bad): (Option<f64>, Option<f64>) = (None, None);
-        for k in 0..budget {
-            eprint!("step {}/{budget}: {rate:.2} req/s … ", k + 1);
-            let step = self.step(rate, k as u64, idle).await?;
+        let mut spent = 0.0;
+        while spent < self.args.seconds {
+            let length = self.step_length(rate);
+            eprint!(
+                "step {}: {rate:.2} req/s for {length:.0} s ({spent:.0} of {:.0} s spent) … ",
+                steps.len() + 1,
+                self.args.seconds
+            );
+            let step = self.step(rate, steps.len() as u64, idle).await?;
+            spent += length;
             report(&step);
             steps.push(step);
             if step.overloaded {
@@ -230,11 +269,17 @@ impl Probe {
         Ok(steps)
     }
 
+    /// How long a step at `rate` sends: `--step-seconds`, or long enough for `--min-requests`
+    /// after the warm-up.
+    fn step_length(&self, rate: f64) -> f64 {
+        self.args.step_seconds.max(f64::from(self.args.min_requests) / ((1.0 - WARM_UP_SHARE) * rate))
+    }
+
     /// Poisson arrivals at `rate` for one step; then waits for what is in flight.
     async fn step(&self, rate: f64, index: u64, idle: Idle) -> anyhow::Result<Step> {
-        let length = Duration::from_secs_f64(self.args.step_seconds);
+        let length = Duration::from_secs_f64(self.step_length(rate));
         let mut rng = rand_pcg::Pcg64::seed_from_u64(self.args.seed ^ index.wrapping_mul(0x9E37_79B9));
-        let results: Arc<Mutex<Vec<Result<Timing, String>>>> = Arc::default();
+        let results: Arc<Mutex<Vec<Outcome>>> = Arc::default();
         let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut tasks = tokio::task::JoinSet::new();
         let started = crate::clock::now();
@@ -249,6 +294,7 @@ impl Probe {
                 saturated = true;
                 continue;
             }
+            let arrival = sent;
             sent += 1;
             let (probe, results, in_flight) = (self.share(), Arc::clone(&results), Arc::clone(&in_flight));
             let seed = rng.gen::<u64>();
@@ -256,13 +302,14 @@ impl Probe {
             tasks.spawn(async move {
                 let result = probe.request(seed).await;
                 in_flight.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-                results.lock().unwrap_or_else(|p| p.into_inner()).push(result);
+                results.lock().unwrap_or_else(|p| p.into_inner()).push((arrival, result));
             });
         }
         while tasks.join_next().await.is_some() {}
         let elapsed_s = length.as_secs_f64();
-        let results = std::mem::take(&mut *results.lock().unwrap_or_else(|p| p.into_inner()));
-        let errors: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+        let mut results = std::mem::take(&mut *results.lock().unwrap_or_else(|p| p.into_inner()));
+        results.sort_by_key(|(arrival, _)| *arrival);
+        let errors: Vec<&String> = results.iter().filter_map(|(_, r)| r.as_ref().err()).collect();
         if let Some(first) = errors.first() {
             if errors.len() * 10 > results.len() {
                 bail!(
@@ -272,13 +319,19 @@ impl Probe {
                 );
             }
         }
-        let timings: Vec<Timing> = results.into_iter().filter_map(Result::ok).collect();
+        let warm_up = (WARM_UP_SHARE * sent as f64).floor() as u64;
+        let completed = results.iter().filter(|(_, r)| r.is_ok()).count() as f64;
+        let timings: Vec<Timing> = results
+            .into_iter()
+            .filter(|(arrival, _)| *arrival >= warm_up)
+            .filter_map(|(_, r)| r.ok())
+            .collect();
         let ttft_ms = mean(timings.iter().map(|t| t.0));
         let tbot_ms = mean(timings.iter().filter_map(|t| t.1));
-        let completed = timings.len() as f64;
         let overloaded = saturated
             || completed < KNEE_COMPLETED_SHARE * sent as f64
-            || ttft_ms > (KNEE_TTFT_FACTOR * idle.ttft_ms).max(idle.ttft_ms + 1000.0);
+            || ttft_ms > (KNEE_TTFT_FACTOR * idle.ttft_ms).max(idle.ttft_ms + 1000.0)
+            || queue_grew(&timings, idle);
         // Below the knee every arrival completes, so the load is the rate the step sent
         // (completions include the stragglers drained after it).
         Ok(Step { offered_rps: rate, load_rps: sent as f64 / elapsed_s, ttft_ms, tbot_ms, overloaded })
@@ -356,6 +409,20 @@ fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
+/// Whether TTFT rose through the step (timings in arrival order) as a queue that outgrows
+/// the engine makes it: the last quarter's mean above [`KNEE_GROWTH`] times the first
+/// quarter's and above it by more than an idle TTFT. A stable queue starting empty also rises,
+/// but by a fraction, not a multiple.
+fn queue_grew(timings: &[Timing], idle: Idle) -> bool {
+    let quarter = timings.len() / 4;
+    if quarter < 2 {
+        return false;
+    }
+    let first = mean(timings[..quarter].iter().map(|t| t.0));
+    let last = mean(timings[timings.len() - quarter..].iter().map(|t| t.0));
+    last > KNEE_GROWTH * first && last > first + idle.ttft_ms
+}
+
 fn mean(values: impl Iterator<Item = f64>) -> f64 {
     let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
     if n == 0 {
@@ -370,18 +437,106 @@ fn median(values: &mut [f64]) -> f64 {
     values[values.len() / 2]
 }
 
-/// `--rates`: what each step measured, per replica, one line each.
-fn measurements(probe: &Probe, steps: &[Step]) -> String {
+/// `--rates`: what each step measured, per replica, one line each; with `--check`, beside
+/// what the profile predicts and the error.
+fn measurements(probe: &Probe, steps: &[Step], predicted: Option<&Prediction>) -> String {
     let replicas = f64::from(probe.args.replicas);
     let mut out = format!(
-        "# ilb profile --rates of {} (model {}): prompts of {} words, {} output tokens; per replica of {}.\n\
-         # load_rps ttft_ms tbot_ms past_knee\n",
+        "# ilb profile --rates of {} (model {}): prompts of {} words, {} output tokens; per replica of {}.\n",
         probe.args.engine, probe.model, probe.args.prompt_words, probe.args.max_tokens, probe.args.replicas
     );
+    let Some(predicted) = predicted else {
+        out += "# load_rps ttft_ms tbot_ms past_knee\n";
+        for s in steps {
+            out +=
+                &format!("{:.3} {:.1} {:.2} {}\n", s.load_rps / replicas, s.ttft_ms, s.tbot_ms, s.overloaded);
+        }
+        return out;
+    };
+    out += &format!(
+        "# predicted by profile {} of {}: from its measured curves where it has them (as the planner \
+         reads them), else from its queueing fit; error = predicted / measured - 1\n\
+         # load_rps ttft_ms predicted error tbot_ms predicted error past_knee\n",
+        probe.args.name,
+        predicted.source.display()
+    );
+    let error = |predicted: f64, measured: f64| format!("{:+.1}%", 100.0 * (predicted / measured - 1.0));
     for s in steps {
-        out += &format!("{:.3} {:.1} {:.2} {}\n", s.load_rps / replicas, s.ttft_ms, s.tbot_ms, s.overloaded);
+        let load = s.load_rps / replicas;
+        let (ttft, tbot) = predicted.at(load);
+        out += &format!(
+            "{load:.3} {:.1} {ttft:.1} {} {:.2} {tbot:.2} {} {}\n",
+            s.ttft_ms,
+            error(ttft, s.ttft_ms),
+            s.tbot_ms,
+            error(tbot, s.tbot_ms),
+            s.overloaded
+        );
     }
     out
+}
+
+/// A profile block read back for `--check`: the curves the planner would start from.
+struct Prediction {
+    source: std::path::PathBuf,
+    capacity_rps: f64,
+    ttft: LatencyProfile,
+    tbot: LatencyProfile,
+}
+
+impl Prediction {
+    /// Profile `name` of the TOML at `path` (a block `ilb profile` printed, or a fleet file).
+    fn read(path: &std::path::Path, name: &str) -> anyhow::Result<Prediction> {
+        #[derive(serde::Deserialize)]
+        struct File {
+            #[serde(default)]
+            profiles: std::collections::BTreeMap<String, Profile>,
+            #[serde(default)]
+            control_plane: Option<ControlPlane>,
+        }
+        #[derive(serde::Deserialize)]
+        struct ControlPlane {
+            #[serde(default)]
+            measured_curves: std::collections::BTreeMap<String, MeasuredCurves>,
+        }
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let file: File = toml::from_str(&text).with_context(|| format!("{} is not TOML", path.display()))?;
+        let profile = file
+            .profiles
+            .get(name)
+            .with_context(|| format!("{} has no [profiles.{name}] (give --name)", path.display()))?;
+        let curves = file.control_plane.and_then(|c| c.measured_curves.get(name).cloned());
+        let curve = |points: Option<&Vec<[f64; 2]>>,
+                     t0_ms: f64,
+                     b_ms: f64|
+         -> anyhow::Result<LatencyProfile> {
+            let profile = match points {
+                Some(points) => LatencyProfile::Piecewise(points.iter().map(|&[y, ms]| (y, ms)).collect()),
+                None => LatencyProfile::Queueing { t0_ms, b_ms },
+            };
+            profile.validate().with_context(|| format!("profile {name} of {}", path.display()))?;
+            Ok(profile.convexified())
+        };
+        Ok(Prediction {
+            source: path.to_owned(),
+            capacity_rps: profile.capacity_rps,
+            ttft: curve(
+                curves.as_ref().and_then(|c| c.ttft_curve.as_ref()),
+                profile.ttft_t0_ms,
+                profile.ttft_b_ms,
+            )?,
+            tbot: curve(
+                curves.as_ref().and_then(|c| c.tbot_curve.as_ref()),
+                profile.tbot_t0_ms,
+                profile.tbot_b_ms,
+            )?,
+        })
+    }
+
+    /// Predicted (TTFT, TBOT), ms, at a per-replica load.
+    fn at(&self, load_rps: f64) -> (f64, f64) {
+        (self.ttft.latency_ms(load_rps, self.capacity_rps), self.tbot.latency_ms(load_rps, self.capacity_rps))
+    }
 }
 
 /// The profile block: capacity and queueing fits, and the measured curves, per replica.
