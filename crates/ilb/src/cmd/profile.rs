@@ -2,10 +2,10 @@
 //! profiling the control plane's profiles start from, and prints the result as fleet TOML.
 //!
 //! Open-loop Poisson arrivals of streamed chat completions (each prompt different, so the
-//! prefix cache does not flatter the engine) in steps of rising rate: first doubling from half
-//! the rate one request at a time would sustain until a step shows the engine past its knee
-//! (fewer completions than arrivals, time to first token far above idle, or the in-flight
-//! bound reached), then bisecting between the last good and the first bad rate while the time
+//! prefix cache does not flatter the engine) in steps of rising rate: first doubling (from half
+//! the rate one request at a time would sustain, or more: below) until a step shows the engine
+//! past its knee (requests failed, time to first token far above idle or rising through the
+//! step, or the in-flight bound reached), then bisecting between the last good and the first bad rate while the time
 //! budget lasts. Each step records the rate it sent, the mean time to first token and the
 //! mean time between output tokens, and the engine drains before the next step starts.
 //!
