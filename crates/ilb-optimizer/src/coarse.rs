@@ -443,7 +443,7 @@ fn split_by_forbidden(
     active: &[usize],
     mut keyed: Vec<(u32, u64, u32)>,
 ) -> Vec<(u32, u64, u32)> {
-    let mut forbidden = vec![0usize; model.n_classes()];
+    let mut forbidden = vec![0u32; model.n_classes()];
     let mut splitting = Vec::new();
     let mut patterns: Vec<bool> = Vec::new(); // the heads' patterns, one after the other
     for bucket in keyed.chunk_by_mut(|a, b| a.0 == b.0) {
@@ -454,10 +454,13 @@ fn split_by_forbidden(
         }
         bucket.sort_unstable_by_key(|e| e.2); // heads in engine order
         forbidden.fill(0);
+        // Over every group, not only those with demand (`splitting` looks at those only): a
+        // plain zip, which the compiler vectorises, where gathering through `active` was five
+        // times the instructions (5.5 M of a 100 x 5,000 fleet cold solve).
         for &(_, _, j) in bucket.iter() {
             let column = model.network.engine_column(j as usize);
-            for &k in active {
-                forbidden[k] += usize::from(!column[k].is_finite());
+            for (count, &v) in forbidden.iter_mut().zip(column) {
+                *count += u32::from(!v.is_finite());
             }
         }
         let size = bucket.len() as f64;
