@@ -172,7 +172,9 @@ pub(crate) struct Cursors {
     responses: u64,
 }
 
-/// This data plane's message: what changed since the previous one, and its load now.
+/// What changed in this data plane's tables since the previous message, with no load: the
+/// message relayed through the control plane, whose counts would be a report period old
+/// (`report.rs`). [`with_load`] adds the counts for peers.
 pub(crate) fn collect(shared: &Shared, cursors: &mut Cursors, scratch: &mut Vec<Change>) -> Deltas {
     let now_s = (shared.pool_clock.ms() / 1000) as u32;
     scratch.clear();
@@ -181,7 +183,12 @@ pub(crate) fn collect(shared: &Shared, cursors: &mut Cursors, scratch: &mut Vec<
     scratch.clear();
     shared.responses.changes_since(&mut cursors.responses, now_s, scratch);
     let responses = Deltas::list(scratch);
-    let in_flight = shared
+    Deltas { instance: instance(shared), affinity, responses, in_flight: Vec::new() }
+}
+
+/// `deltas` with this data plane's requests in flight per engine now.
+fn with_load(shared: &Shared, mut deltas: Deltas) -> Deltas {
+    deltas.in_flight = shared
         .routing
         .current()
         .map(|installed| {
@@ -194,7 +201,7 @@ pub(crate) fn collect(shared: &Shared, cursors: &mut Cursors, scratch: &mut Vec<
                 .collect()
         })
         .unwrap_or_default();
-    Deltas { instance: instance(shared), affinity, responses, in_flight }
+    deltas
 }
 
 /// One place deltas go: a peer's address, and whether a delivery to it is under way.
@@ -230,7 +237,7 @@ pub async fn run(shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
             }
         }
         while deliveries.try_join_next().is_some() {}
-        let deltas = collect(&shared, &mut cursors, &mut scratch);
+        let deltas = with_load(&shared, collect(&shared, &mut cursors, &mut scratch));
         match serde_json::to_vec(&deltas) {
             Ok(body) => {
                 let body = Bytes::from(body);
