@@ -123,6 +123,9 @@ pub(crate) fn start(model: &Model, options: &SolverOptions, scale: f64) -> Optio
         (&loose, 0, FITTED_EPSILON * scale)
     };
     let mut run = Run::new(&coarse, coarse_options, scale, PrevRoutes::default());
+    if !clusters.exact {
+        run.idle_reach_per_eps = crate::newton::IDLE_REACH_PER_EPS;
+    }
     let (mut repaired, mut epsilon) = run.solve(cold_prices(&coarse), eps_start);
     // The cold coarse solution's prices carry the smoothing's spread between the classes an
     // engine serves (u_k − n_k − q = ε·x_k/c, centre zero). Re-solved once with its own routes as
