@@ -29,6 +29,7 @@ pub fn build(scenario: &Scenario, calibrations: &[Calibration]) -> Result<FleetC
             stability_ms: control.stability_ms,
             stability_tolerance: control.stability_tolerance,
             demand_band_sigmas: control.demand_band_sigmas,
+            tail_weight: control.tail_weight,
             objective: if control.objective == "ttft" {
                 ObjectiveSetting::Ttft
             } else {

@@ -91,6 +91,14 @@ pub struct ControlPlaneSettings {
     /// objective, how long the plan expects a request to stay on each engine (the snapshots'
     /// `in_flight_ms`) use the learned length. Default 128.
     pub expected_output_tokens: f64,
+    /// How much the objective weighs the tail (decode objective only): each millisecond by
+    /// which a request is expected to run past its model's p99 latency counts this many times
+    /// on top of the mean, with output lengths taken as exponential around the learned mean
+    /// (the only spread a mean alone tells). At w, the objective is the mean + w/100 × the
+    /// p99's conditional value at risk, so the plan keeps long answers off engines that decode
+    /// slowly at their load even where the mean alone would accept them. 0 = the mean alone.
+    /// Default 2.
+    pub tail_weight: f64,
     /// Cost of shedding one request, ms, per priority (`low`, `normal`, `high`, `critical`).
     /// A class's demand is planned per priority (data planes report the split), each part
     /// shed at its price, so the optimizer sheds the lowest priority first, as data planes do.
@@ -167,6 +175,7 @@ impl Default for ControlPlaneSettings {
             demand_band_sigmas: 3.0,
             objective: ObjectiveSetting::TtftPlusDecode,
             expected_output_tokens: 128.0,
+            tail_weight: 2.0,
             shed_penalty_ms: [
                 ("low", 2_000.0),
                 ("normal", 10_000.0),
@@ -544,6 +553,9 @@ impl ControlPlaneSettings {
             return err("control_plane.demand_band_sigmas: must be in [0, 10]");
         }
         bounds::TOKENS.check("control_plane.expected_output_tokens", self.expected_output_tokens)?;
+        if !(0.0..=100.0).contains(&self.tail_weight) {
+            return err("control_plane.tail_weight: must be in [0, 100]");
+        }
         bounds::Bound { min_exclusive: true, ..bounds::RATE_RPS }
             .check("control_plane.demand_floor_rps", self.demand_floor_rps)?;
         if !(self.shed_price_floor.is_finite() && (0.0..=1000.0).contains(&self.shed_price_floor)) {

@@ -39,5 +39,5 @@ pub mod smoothing;
 pub mod view;
 
 pub use config::FleetConfig;
-pub use fleet::{Fleet, Now, PlanningInputs};
+pub use fleet::{EngineCurves, Fleet, Now, PlanningInputs};
 pub use planner::{Planner, Round};

@@ -22,7 +22,7 @@ use ilb_core::constraint::satisfies;
 use ilb_core::priority::Priority;
 use ilb_core::snapshot::{ClassRoutes, EngineEntry, EngineWeight, ModelRoutes, Snapshot, FORMAT};
 use ilb_core::{ClassId, ClusterId, EngineId, ModelName, SnapshotVersion};
-use ilb_optimizer::{Class, Engine, Latency, NetworkMatrix, Problem, Solution, SolverOptions};
+use ilb_optimizer::{Class, Curve, Engine, Latency, NetworkMatrix, Problem, Solution, SolverOptions};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -44,8 +44,11 @@ pub struct ModelPlan {
     pub engines: Vec<usize>,
     /// Effective capacity of each engine as planned, req/s.
     pub capacity_rps: Vec<f64>,
+    /// Per engine: the expected latency the objective counts, without its tail term, as a
+    /// function of its load, ms (network excluded; [`EngineCurves::mean`](crate::fleet::EngineCurves::mean)).
+    pub mean: Vec<LatencyProfile>,
     /// Per engine: how long a request stays on it as a function of its load, ms (network
-    /// excluded; [`PlanningInputs::curves`]).
+    /// excluded; [`EngineCurves::in_flight`](crate::fleet::EngineCurves::in_flight)).
     pub in_flight: Vec<LatencyProfile>,
     /// Each class's `headroom_rps` is how much of its demand is headroom above the demand
     /// expected (the planner plans each class at the top of its noise band, as far as the
@@ -121,6 +124,28 @@ impl ModelPlan {
     /// Class `k` in `solution` (which solves this plan's problem); without one, its demand,
     /// prices and nothing shed or routed. Demand is without the headroom, which is not expected
     /// to arrive.
+    /// Engine `j`'s mean latency curve ([`ModelPlan::mean`]) as the solver evaluates curves.
+    pub fn mean_curve(&self, j: usize) -> Curve {
+        let engine = &self.problem.engines[j];
+        Curve::new(&to_optimizer(self.mean[j].clone()), engine.capacity_rps, self.problem.rho)
+    }
+
+    /// Restates `solution`'s latencies on the mean curves: the solver's are on the objective's,
+    /// whose tail term is a price, not a latency anyone sees. Each engine's expected latency
+    /// becomes its mean curve at its planned load, and the mean latency loses the tail's share.
+    pub fn restate_latencies(&self, solution: &mut Solution) {
+        let demand: f64 = self.problem.classes.iter().map(|c| c.demand_rps).sum();
+        let mut tail_cost = 0.0;
+        for (j, engine) in solution.engines.iter_mut().enumerate() {
+            let mean = self.mean_curve(j).latency(engine.load_rps);
+            tail_cost += engine.load_rps * (engine.expected_latency_ms - mean);
+            engine.expected_latency_ms = mean;
+        }
+        if demand > 0.0 {
+            solution.mean_latency_ms -= tail_cost / demand;
+        }
+    }
+
     pub fn outcome(&self, k: usize, solution: Option<&Solution>) -> ClassOutcome {
         let mut out = ClassOutcome::default();
         let (mut rps, mut share) = (vec![0.0; self.engines.len()], vec![0.0; self.engines.len()]);
@@ -226,8 +251,10 @@ fn plan_model(
     let ModelClasses { classes, class_rules, parts, mut problem_classes } =
         model_classes(inputs, model, &engine_idx);
     let capacity_rps: Vec<f64> = engine_idx.iter().map(|&j| inputs.capacity_rps[j]).collect();
-    let (profiles, in_flight): (Vec<LatencyProfile>, Vec<LatencyProfile>) =
-        engine_idx.iter().map(|&j| inputs.curves[j].clone()).unzip();
+    let curves = engine_idx.iter().map(|&j| &inputs.curves[j]);
+    let profiles: Vec<LatencyProfile> = curves.clone().map(|c| c.objective.clone()).collect();
+    let mean: Vec<LatencyProfile> = curves.clone().map(|c| c.mean.clone()).collect();
+    let in_flight: Vec<LatencyProfile> = curves.map(|c| c.in_flight.clone()).collect();
     let network = NetworkMatrix::from_fn(parts.len(), engine_idx.len(), |i, j| {
         let k = parts[i].0;
         let engine = &config.engines[engine_idx[j]];
@@ -278,6 +305,7 @@ fn plan_model(
         parts,
         engines: engine_idx,
         capacity_rps,
+        mean,
         in_flight,
         problem,
     })

@@ -58,7 +58,7 @@ use crate::fleet::{Fleet, Now};
 use crate::plan::{self, ModelPlan, Unplanned};
 use crate::smoothing::SETTLING_TAUS;
 use ilb_core::snapshot::Snapshot;
-use ilb_optimizer::{Curve, Solution, Solver, SolverOptions};
+use ilb_optimizer::{Solution, Solver, SolverOptions};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
@@ -240,7 +240,10 @@ impl Planner {
                 self.solvers.entry(plan.model.clone()).or_insert_with(|| Solver::new(self.options.clone()));
             solver.options.stability_ms = if changed { 0.0 } else { self.options.stability_ms };
             let started = clock();
-            let (result, panicked) = guarded(&plan.model, || solver.solve(&plan.problem));
+            let (mut result, panicked) = guarded(&plan.model, || solver.solve(&plan.problem));
+            if let Ok(solution) = &mut result {
+                plan.restate_latencies(solution);
+            }
             if panicked {
                 panics += 1;
                 // A solver that panicked may hold half-updated state.
@@ -299,12 +302,8 @@ impl Round {
             for r in &solution.routes {
                 load[r.engine] += r.weight * sent[r.class];
             }
-            let latency: Vec<f64> = problem
-                .engines
-                .iter()
-                .zip(&load)
-                .map(|(e, &y)| Curve::new(&e.latency, e.capacity_rps, problem.rho).latency(y))
-                .collect();
+            let latency: Vec<f64> =
+                load.iter().enumerate().map(|(j, &y)| plan.mean_curve(j).latency(y)).collect();
             for r in &solution.routes {
                 let flow = r.weight * sent[r.class];
                 if flow > 0.0 {

@@ -543,3 +543,74 @@ proptest! {
         }
     }
 }
+
+/// The tail term (`control_plane.tail_weight`) keeps long answers off an engine that decodes
+/// slowly: two engines with the same unloaded mean, one quick to the first token and slow per
+/// token, the other the reverse. The plan with the tail sends the slow decoder less than the
+/// mean alone does, at a small cost in the mean, and the mixture's p99 falls.
+#[test]
+fn the_tail_term_keeps_long_answers_off_the_slow_decoder() {
+    use ilb_optimizer::{Class, Engine, Latency, NetworkMatrix, Problem};
+    use ilb_planning::profile::{combine_with_tail, mixture_quantile, LatencyProfile, Objective, Tail};
+    let tokens = 40.0;
+    let capacity = 100.0;
+    let queueing = |t0_ms, b_ms| LatencyProfile::Queueing { t0_ms, b_ms };
+    // (TTFT, TBOT): 20 + 40 × 20 = 340 + 40 × 12 = 820 ms unloaded.
+    let engines = [(queueing(20.0, 5.0), queueing(20.0, 2.0)), (queueing(340.0, 5.0), queueing(12.0, 1.2))];
+    let objective = Objective::TtftPlusDecode { expected_output_tokens: tokens };
+    let solve = |tail: Option<Tail>| {
+        let latency = |(ttft, tbot): &(LatencyProfile, LatencyProfile)| match combine_with_tail(
+            ttft, tbot, objective, tail, capacity,
+        ) {
+            LatencyProfile::Queueing { t0_ms, b_ms } => Latency::Queueing { t0_ms, b_ms },
+            LatencyProfile::Piecewise(knots) => {
+                Latency::Piecewise(knots.iter().map(|&(y, l)| [y, l]).collect())
+            }
+        };
+        let problem = Problem {
+            rho: 0.95,
+            classes: vec![Class {
+                id: "c".into(),
+                demand_rps: 120.0,
+                shed_penalty_ms: 1e6,
+                headroom_rps: 0.0,
+            }],
+            engines: engines
+                .iter()
+                .enumerate()
+                .map(|(j, e)| Engine { id: format!("e{j}"), capacity_rps: capacity, latency: latency(e) })
+                .collect(),
+            network_ms: NetworkMatrix::from_fn(1, 2, |_, _| Some(0.0)).unwrap(),
+        };
+        let solution = Solver::default().solve(&problem).unwrap();
+        assert!(solution.gap <= 1e-3);
+        solution.engines.iter().map(|e| e.load_rps).collect::<Vec<f64>>()
+    };
+    // The mean and the p99 of a plan, on the engines' true curves.
+    let judge = |loads: &[f64]| {
+        let parts: Vec<(f64, f64, f64)> = engines
+            .iter()
+            .zip(loads)
+            .map(|((ttft, tbot), &y)| (y, ttft.latency_ms(y, capacity), tbot.latency_ms(y, capacity)))
+            .collect();
+        let mean = parts.iter().map(|&(y, a, b)| y * (a + tokens * b)).sum::<f64>() / 120.0;
+        (mean, mixture_quantile(&parts, tokens, 0.99).unwrap())
+    };
+    let plain = solve(None);
+    let (plain_mean, plain_p99) = judge(&plain);
+    let mut before = (plain[0], plain_p99);
+    // The default weight, then a heavier one: each moves more off the slow decoder.
+    for weight in [2.0, 10.0] {
+        let tailed = solve(Some(Tail { threshold_ms: plain_p99, weight }));
+        let (tailed_mean, tailed_p99) = judge(&tailed);
+        assert!(
+            tailed[0] < before.0 - 0.5,
+            "weight {weight}: slow decoder's load {} → {}",
+            before.0,
+            tailed[0]
+        );
+        assert!(tailed_p99 < before.1, "weight {weight}: p99 {} → {tailed_p99}", before.1);
+        assert!(tailed_mean < 1.01 * plain_mean, "weight {weight}: mean {plain_mean} → {tailed_mean}");
+        before = (tailed[0], tailed_p99);
+    }
+}

@@ -287,6 +287,8 @@ pub struct ControlSpec {
     pub stability_tolerance: f64,
     /// The control plane's `demand_band_sigmas`. Default: the control plane's.
     pub demand_band_sigmas: f64,
+    /// The control plane's `tail_weight`. Default: the control plane's.
+    pub tail_weight: f64,
     /// `ttft` or `ttft_plus_decode` (the optimizer then predicts mean end-to-end latency). Default
     /// `ttft_plus_decode`.
     pub objective: String,
@@ -373,6 +375,7 @@ impl Default for ControlSpec {
             stability_ms: ilb_planning::config::ControlPlaneSettings::default().stability_ms,
             stability_tolerance: ilb_planning::config::ControlPlaneSettings::default().stability_tolerance,
             demand_band_sigmas: ilb_planning::config::ControlPlaneSettings::default().demand_band_sigmas,
+            tail_weight: ilb_planning::config::ControlPlaneSettings::default().tail_weight,
             objective: "ttft_plus_decode".into(),
             shed_penalty_ms: ilb_planning::config::ControlPlaneSettings::default().shed_penalty_ms,
             shed_price_floor: ilb_planning::config::ControlPlaneSettings::default().shed_price_floor,

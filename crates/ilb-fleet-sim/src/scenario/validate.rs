@@ -396,6 +396,9 @@ fn validate_control(c: &ControlSpec, f: &FeedbackSpec) -> Result<(), ScenarioErr
     if !(0.0..=10.0).contains(&c.demand_band_sigmas) {
         return err("control.demand_band_sigmas: must be in [0, 10]");
     }
+    if !(0.0..=100.0).contains(&c.tail_weight) {
+        return err("control.tail_weight: must be in [0, 100]");
+    }
     if !(c.shed_price_floor.is_finite() && (0.0..=1000.0).contains(&c.shed_price_floor)) {
         return err("control.shed_price_floor: must be in [0, 1000]");
     }

@@ -20,7 +20,8 @@ pub use outliers::OutlierWindow;
 
 use crate::config::FleetConfig;
 use crate::profile::{
-    combine, fit_level, fit_queueing, fit_shape, LatencyProfile, Objective, Observation, QueueingPrior,
+    combine, combine_with_tail, fit_level, fit_queueing, fit_shape, mixture_quantile, LatencyProfile,
+    Objective, Observation, QueueingPrior, Tail,
 };
 use crate::signals::{window, EngineFlavor, EngineSample, WindowStats};
 use crate::smoothing::{DecayedSums, Ewma};
@@ -188,6 +189,18 @@ fn add_demand(out: &mut [f64; 4], d: &ilb_core::report::ClassDemand) {
     }
 }
 
+/// One engine's latency curves as functions of its load, ms (network excluded).
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineCurves {
+    /// What the optimizer minimises: [`EngineCurves::mean`] plus the tail term, if any.
+    pub objective: LatencyProfile,
+    /// The expected latency the objective counts: TTFT, or TTFT plus decode.
+    pub mean: LatencyProfile,
+    /// How long a request stays on the engine: TTFT plus (output tokens − 1) × TBOT, whatever
+    /// the objective.
+    pub in_flight: LatencyProfile,
+}
+
 /// Everything [`plan::build`](crate::plan::build) needs from the fleet, taken at one instant
 /// ([`Fleet::planning_inputs`]): the configuration, and what the signals say of every engine,
 /// (cluster, engine) pair and traffic class. Fleet engines are indexed as in
@@ -197,9 +210,8 @@ pub struct PlanningInputs<'a> {
     pub config: &'a FleetConfig,
     /// Per engine: its effective capacity, req/s ([`Fleet::effective_capacity`]).
     pub capacity_rps: Vec<f64>,
-    /// Per engine: the latency curve the optimizer minimises and how long a request stays on
-    /// the engine, as functions of its load ([`Fleet::latency_and_in_flight_profiles`]).
-    pub curves: Vec<(LatencyProfile, LatencyProfile)>,
+    /// Per engine: its curves as functions of its load ([`Fleet::engine_curves`]).
+    pub curves: Vec<EngineCurves>,
     /// Per cluster id: the network latency to each engine, ms, measured if reported (and
     /// allowed by the config), else configured ([`Fleet::network_ms`]).
     pub network_ms: BTreeMap<String, Vec<f64>>,
@@ -569,7 +581,7 @@ impl Fleet {
         PlanningInputs {
             config: &self.config,
             capacity_rps: all.iter().map(|&idx| self.effective_capacity(idx, now)).collect(),
-            curves: self.latency_and_in_flight_profiles(&all),
+            curves: self.engine_curves(&all, now),
             network_ms: self
                 .config
                 .clusters
@@ -621,19 +633,24 @@ impl Fleet {
         self.learned_capacity(idx) * self.health(idx, now) * (1.0 - self.engines[idx].penalty)
     }
 
-    /// The latency curve the optimizer minimises for engine `idx` (see [`Fleet::latency_profiles`]).
+    /// The mean latency curve of engine `idx` (see [`Fleet::engine_curves`]).
     pub fn latency_profile(&self, idx: usize) -> LatencyProfile {
         self.latency_profiles(&[idx]).pop().unwrap_or(LatencyProfile::Queueing { t0_ms: 0.0, b_ms: 0.0 })
     }
 
-    /// The latency curves the optimizer minimises for `engines`: the offline TTFT and TBOT
-    /// profiles refined by observed (load, latency) pairs, combined per the objective. A
-    /// measured curve (`control_plane.measured_curves`) replaces the queueing profile of its
-    /// signal. Either curve is then reshaped to the observations where they are dense
-    /// ([`fit_shape`]): a queueing curve whose pole is the configured capacity cannot follow an
-    /// engine whose latency is queueing-shaped with another pole, and a curve profiled on one
-    /// engine alone is steeper at the top than the fleet's engines are (figures from the fleet
-    /// simulator's `global-day` in docs/results.md).
+    /// The mean latency curves of `engines` ([`EngineCurves::mean`]).
+    pub fn latency_profiles(&self, engines: &[usize]) -> Vec<LatencyProfile> {
+        self.curves(engines, None).into_iter().map(|curves| curves.mean).collect()
+    }
+
+    /// The curves planning uses for `engines`: the offline TTFT and TBOT profiles refined by
+    /// observed (load, latency) pairs, combined per the objective. A measured curve
+    /// (`control_plane.measured_curves`) replaces the queueing profile of its signal. Either
+    /// curve is then reshaped to the observations where they are dense ([`fit_shape`]): a
+    /// queueing curve whose pole is the configured capacity cannot follow an engine whose
+    /// latency is queueing-shaped with another pole, and a curve profiled on one engine alone
+    /// is steeper at the top than the fleet's engines are (figures from the fleet simulator's
+    /// `global-day` in docs/results.md).
     ///
     /// Twins (engines of one model, profile, replica count and capacity) are fitted together
     /// first, and each engine's own observations then only scale the twins' curve, against a
@@ -645,29 +662,65 @@ impl Fleet {
     /// engine's fit can no longer make it look faster than its identical twins either. A truly
     /// different engine still shows: it is the outlier detector's to penalise (and its slow
     /// spell never enters its history).
-    pub fn latency_profiles(&self, engines: &[usize]) -> Vec<LatencyProfile> {
-        self.latency_and_in_flight_profiles(engines).into_iter().map(|(latency, _)| latency).collect()
+    ///
+    /// Under the decode objective the optimizer's curve adds the tail term
+    /// (`control_plane.tail_weight` × how far past the model's p99 a request runs, on average;
+    /// see `profile/tail.rs`), with the p99 taken from the engines as they run now
+    /// ([`Fleet::tail_threshold_ms`]). That curve is tabulated up to the engine's effective
+    /// capacity at `now`, the pole the optimizer gives the queueing shapes of the others.
+    pub fn engine_curves(&self, engines: &[usize], now: Now) -> Vec<EngineCurves> {
+        self.curves(engines, Some(now))
     }
 
-    /// Per engine of `engines`: its [`Fleet::latency_profiles`] curve and how long a request
-    /// stays on it as a function of its load, ms: TTFT plus (output tokens − 1) × TBOT, with
-    /// the model's learned output length ([`Fleet::output_tokens`]), whatever the objective;
-    /// the same curve when the objective counts decode.
-    pub fn latency_and_in_flight_profiles(&self, engines: &[usize]) -> Vec<(LatencyProfile, LatencyProfile)> {
+    /// [`Fleet::engine_curves`]; without `now`, without the tail term.
+    fn curves(&self, engines: &[usize], now: Option<Now>) -> Vec<EngineCurves> {
         let counts_decode = matches!(self.config.objective(), Objective::TtftPlusDecode { .. });
+        let weight = self.config.control_plane.tail_weight;
+        let mut thresholds: HashMap<&str, Option<f64>> = HashMap::new();
         engines
             .iter()
             .zip(self.fitted_signals(engines))
             .map(|(&idx, (ttft, tbot))| {
                 let capacity = self.learned_capacity(idx);
+                let model = self.config.engines[idx].model.as_str();
                 // e2e = TTFT + (output tokens − 1) × time between tokens.
-                let decode_tokens = (self.output_tokens(&self.config.engines[idx].model) - 1.0).max(0.0);
+                let decode_tokens = (self.output_tokens(model) - 1.0).max(0.0);
                 let stay = Objective::TtftPlusDecode { expected_output_tokens: decode_tokens };
-                let stay_curve = combine(&ttft, &tbot, stay, capacity);
-                let latency = if counts_decode { stay_curve.clone() } else { ttft };
-                (latency, stay_curve)
+                let in_flight = combine(&ttft, &tbot, stay, capacity);
+                if !counts_decode {
+                    return EngineCurves { objective: ttft.clone(), mean: ttft, in_flight };
+                }
+                // An engine with no capacity gets no load: it needs no tail.
+                let effective = now.map(|now| self.effective_capacity(idx, now)).filter(|c| *c > 0.0);
+                let tail = effective.filter(|_| weight > 0.0).and_then(|effective| {
+                    let threshold = *thresholds
+                        .entry(model)
+                        .or_insert_with(|| self.tail_threshold_ms(model, decode_tokens));
+                    threshold.map(|threshold_ms| (Tail { threshold_ms, weight }, effective))
+                });
+                let objective = match tail {
+                    Some((tail, effective)) => combine_with_tail(&ttft, &tbot, stay, Some(tail), effective),
+                    None => in_flight.clone(),
+                };
+                EngineCurves { objective, mean: in_flight.clone(), in_flight }
             })
             .collect()
+    }
+
+    /// The p99 of `model`'s latency on its engines as they run now (their measured TTFT, time
+    /// between tokens and request rates; each request's `decode_tokens` exponential), network
+    /// excluded, ms: the tail term's threshold. `None` before any engine of the model has
+    /// served.
+    fn tail_threshold_ms(&self, model: &str, decode_tokens: f64) -> Option<f64> {
+        let engines: Vec<(f64, f64, f64)> = self
+            .config
+            .engines
+            .iter()
+            .zip(&self.engines)
+            .filter(|(config, _)| config.model == model)
+            .filter_map(|(_, e)| Some((e.request_rate.value()?, e.ttft_ms.value()?, e.tbot_ms.value()?)))
+            .collect();
+        mixture_quantile(&engines, decode_tokens, 0.99)
     }
 
     /// Mean output tokens per request of `model`: what its engines generated per finished

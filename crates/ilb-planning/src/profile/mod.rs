@@ -17,9 +17,11 @@
 
 mod convex;
 mod fit;
+mod tail;
 
 pub use convex::{project_convex_increasing, project_convex_increasing_weighted};
 pub use fit::{fit_level, fit_piecewise, fit_queueing, fit_shape, Observation, QueueingPrior};
+pub use tail::{expected_excess_ms, mixture_quantile};
 
 use serde::{Deserialize, Serialize};
 
@@ -163,14 +165,34 @@ pub fn combine(
     objective: Objective,
     capacity_rps: f64,
 ) -> LatencyProfile {
+    combine_with_tail(ttft, tbot, objective, None, capacity_rps)
+}
+
+/// The tail term added to a combined curve: `weight` × E[(latency − `threshold_ms`)⁺] (see
+/// `tail.rs`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tail {
+    pub threshold_ms: f64,
+    pub weight: f64,
+}
+
+/// [`combine`], plus `tail` when the objective counts decode.
+pub fn combine_with_tail(
+    ttft: &LatencyProfile,
+    tbot: &LatencyProfile,
+    objective: Objective,
+    tail: Option<Tail>,
+    capacity_rps: f64,
+) -> LatencyProfile {
     let tokens = match objective {
         Objective::Ttft => return ttft.clone(),
         Objective::TtftPlusDecode { expected_output_tokens } => expected_output_tokens.max(0.0),
     };
     if let (
+        None,
         LatencyProfile::Queueing { t0_ms: t0_first, b_ms: b_first },
         LatencyProfile::Queueing { t0_ms: t0_token, b_ms: b_token },
-    ) = (ttft, tbot)
+    ) = (tail, ttft, tbot)
     {
         return LatencyProfile::Queueing {
             t0_ms: t0_first + tokens * t0_token,
@@ -193,7 +215,11 @@ pub fn combine(
     let knots: Vec<(f64, f64)> = loads
         .into_iter()
         .map(|load| {
-            (load, ttft.latency_ms(load, capacity_rps) + tokens * tbot.latency_ms(load, capacity_rps))
+            let (first, per_token) =
+                (ttft.latency_ms(load, capacity_rps), tbot.latency_ms(load, capacity_rps));
+            let excess =
+                tail.map_or(0.0, |t| t.weight * expected_excess_ms(first, per_token, tokens, t.threshold_ms));
+            (load, first + tokens * per_token + excess)
         })
         .filter(|(load, latency)| load.is_finite() && *load >= 0.0 && latency.is_finite())
         .collect();
