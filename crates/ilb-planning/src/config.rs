@@ -96,8 +96,9 @@ pub struct ControlPlaneSettings {
     /// on top of the mean, with output lengths taken as exponential around the learned mean
     /// (the only spread a mean alone tells). At w, the objective is the mean + w/100 × the
     /// p99's conditional value at risk, so the plan keeps long answers off engines that decode
-    /// slowly at their load even where the mean alone would accept them. 0 = the mean alone.
-    /// Default 2.
+    /// slowly at their load even where the mean alone would accept them. Shed prices are raised
+    /// by 1 + w alike, so the term moves traffic but sheds nothing the mean alone would not.
+    /// 0 = the mean alone. Default 2.
     pub tail_weight: f64,
     /// Cost of shedding one request, ms, per priority (`low`, `normal`, `high`, `critical`).
     /// A class's demand is planned per priority (data planes report the split), each part

@@ -13,7 +13,8 @@
 //! up together until its `normal` price is `control_plane.shed_price_floor` times the slowest
 //! unloaded end-to-end latency it could be served at (`scale_shed_prices`): a fixed 10 s
 //! would be below the service time of a long decode on slow hardware, and the plan would shed
-//! with engines idle.
+//! with engines idle. With the objective's tail term, prices are then raised by 1 + its weight,
+//! the most the term can multiply a request's cost by.
 
 use crate::config::{ClassRule, ControlPlaneSettings, FleetConfig};
 use crate::fleet::{ClassKey, PlanningInputs};
@@ -284,6 +285,20 @@ fn plan_model(
         cp.shed_price_floor,
         shed_price(cp, Priority::Normal),
     );
+    // The tail term weighs where traffic goes, not whether it is admitted. A plan sheds where
+    // engines are full, and there the objective prices a request up to `full` times its mean
+    // latency: prices raised alike leave that decision as the mean alone would make it.
+    let full = mean
+        .iter()
+        .zip(&profiles)
+        .zip(&capacity_rps)
+        .filter(|(_, &c)| c > 0.0)
+        .map(|((mean, objective), &c)| objective.latency_ms(cp.rho * c, c) / mean.latency_ms(cp.rho * c, c))
+        .filter(|r| r.is_finite())
+        .fold(1.0, f64::max);
+    for class in &mut problem_classes {
+        class.shed_penalty_ms *= full;
+    }
     let problem = Problem {
         rho: cp.rho,
         classes: problem_classes,
