@@ -666,7 +666,7 @@ impl Fleet {
     /// Under the decode objective the optimizer's curve adds the tail term
     /// (`control_plane.tail_weight` × how far past the model's p99 a request runs, on average;
     /// see `profile/tail.rs`), with the p99 taken from the engines as they run now
-    /// ([`Fleet::tail_threshold_ms`]). That curve is tabulated up to the engine's effective
+    /// (`Fleet::tail_threshold_ms`). That curve is tabulated up to the engine's effective
     /// capacity at `now`, the pole the optimizer gives the queueing shapes of the others.
     pub fn engine_curves(&self, engines: &[usize], now: Now) -> Vec<EngineCurves> {
         self.curves(engines, Some(now))
