@@ -13,8 +13,9 @@
 //! up together until its `normal` price is `control_plane.shed_price_floor` times the slowest
 //! unloaded end-to-end latency it could be served at (`scale_shed_prices`): a fixed 10 s
 //! would be below the service time of a long decode on slow hardware, and the plan would shed
-//! with engines idle. With the objective's tail term, prices are then raised by 1 + its weight,
-//! the most the term can multiply a request's cost by.
+//! with engines idle. With the objective's tail term, prices are then raised by the most the
+//! term multiplies a request's cost by at ρ × capacity, where plans shed, so that the term
+//! moves traffic without deciding admission.
 
 use crate::config::{ClassRule, ControlPlaneSettings, FleetConfig};
 use crate::fleet::{ClassKey, PlanningInputs};
