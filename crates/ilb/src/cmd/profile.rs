@@ -2,12 +2,14 @@
 //! profiling the control plane's profiles start from, and prints the result as fleet TOML.
 //!
 //! Open-loop Poisson arrivals of streamed chat completions (each prompt different, so the
-//! prefix cache does not flatter the engine) in steps of rising rate: first doubling (from half
-//! the rate one request at a time would sustain, or more: below) until a step shows the engine
-//! past its knee (requests failed, time to first token far above idle or rising through the
-//! step, or the in-flight bound reached), then bisecting between the last good and the first bad rate while the time
-//! budget lasts. Each step records the rate it sent, the mean time to first token and the
-//! mean time between output tokens, and the engine drains before the next step starts.
+//! prefix cache does not flatter the engine) in steps of rising rate: from half the rate one
+//! request at a time would sustain (or more: below), doubling until a step shows the engine past
+//! its knee (requests failed, time to first token far above idle or rising through the step, or
+//! the in-flight bound reached), then bisecting until the knee is bracketed within 10 % (a good
+//! step at or above a bad one counts as noise near the knee), then measuring ½, ¾ and ¼ of the
+//! knee, so that the curve spans the loads a fleet runs at. The search ends there or when the
+//! time budget is spent. Each step records the rate it sent, the mean time to first token and
+//! the mean time between output tokens, and the engine drains before the next step starts.
 //!
 //! A step lasts `--step-seconds` or until `--min-requests` arrivals past its warm-up,
 //! whichever is longer: on a slow engine (seconds per request) a mean over a handful of
@@ -217,7 +219,7 @@ impl Probe {
         Ok(Idle { ttft_ms: median(&mut ttft), e2e_ms: median(&mut e2e) })
     }
 
-    /// The load steps: doubling to the knee, then bisecting below it, within the budget; or
+    /// The load steps of [`next_rate`]'s search, within the budget; or
     /// the rates given with `--rates`.
     async fn sweep(&self, idle: Idle) -> anyhow::Result<Vec<Step>> {
         if let Some(rates) = &self.args.rates {
@@ -237,11 +239,10 @@ impl Probe {
         }
         // Half the rate one request at a time sustains, or the rate that counts
         // `--min-requests` in one `--step-seconds` if that is higher: below it steps only get
-        // longer, and latency hardly changes there.
+        // longer. A first step past the knee halves the rate.
         let mut rate = (0.5 * 1000.0 / idle.e2e_ms.max(1.0))
             .max(f64::from(self.args.min_requests) / ((1.0 - WARM_UP_SHARE) * self.args.step_seconds));
         let mut steps: Vec<Step> = Vec::new();
-        let (mut good, mut bad): (Option<f64>, Option<f64>) = (None, None);
         let mut spent = 0.0;
         while spent < self.args.seconds {
             let length = self.step_length(rate);
@@ -254,17 +255,10 @@ impl Probe {
             spent += length;
             report(&step);
             steps.push(step);
-            if step.overloaded {
-                bad = Some(bad.map_or(rate, |b: f64| b.min(rate)));
-            } else {
-                good = Some(good.map_or(rate, |g: f64| g.max(rate)));
+            match next_rate(&steps) {
+                Some(next) => rate = next,
+                None => break,
             }
-            rate = match (good, bad) {
-                (Some(g), Some(b)) => 0.5 * (g + b),
-                (_, Some(b)) => 0.5 * b,
-                (Some(g), None) => 2.0 * g,
-                (None, None) => rate,
-            };
         }
         Ok(steps)
     }
@@ -413,6 +407,39 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 /// the engine makes it: the last quarter's mean above [`KNEE_GROWTH`] times the first
 /// quarter's and above it by more than an idle TTFT. A stable queue starting empty also rises,
 /// but by a fraction, not a multiple.
+/// The knee is bracketed once the lowest bad rate is within this factor of the highest good one.
+const KNEE_BRACKET: f64 = 1.1;
+/// Once the knee is bracketed, the loads measured below it, as shares of the knee: the curve
+/// then spans the loads a fleet runs at, not only the knee's neighbourhood.
+const FILL_SHARES: [f64; 3] = [0.5, 0.75, 0.25];
+
+/// The knee as the steps so far show it: the lowest rate past it, and the highest rate below
+/// that which was not (a good step at or above a bad one was noise near the knee, not a load
+/// the engine sustains).
+fn knee(steps: &[Step]) -> (Option<f64>, Option<f64>) {
+    let bad = steps.iter().filter(|s| s.overloaded).map(|s| s.offered_rps).reduce(f64::min);
+    let good = steps
+        .iter()
+        .filter(|s| !s.overloaded && bad.is_none_or(|b| s.offered_rps < b))
+        .map(|s| s.offered_rps)
+        .reduce(f64::max);
+    (good, bad)
+}
+
+/// The next rate of the search, or `None` when it is done: doubling to the knee, bisecting until
+/// it is bracketed within [`KNEE_BRACKET`], then the [`FILL_SHARES`] below it not measured yet.
+fn next_rate(steps: &[Step]) -> Option<f64> {
+    match knee(steps) {
+        (Some(good), None) => Some(2.0 * good),
+        (None, Some(bad)) => Some(0.5 * bad),
+        (Some(good), Some(bad)) if bad > KNEE_BRACKET * good => Some(0.5 * (good + bad)),
+        (Some(good), Some(_)) => FILL_SHARES.iter().map(|share| share * good).find(|&target| {
+            !steps.iter().any(|s| (s.offered_rps / target - 1.0).abs() < 0.5 * (KNEE_BRACKET - 1.0))
+        }),
+        (None, None) => None,
+    }
+}
+
 fn queue_grew(timings: &[Timing], idle: Idle) -> bool {
     let quarter = timings.len() / 4;
     if quarter < 2 {
@@ -542,8 +569,12 @@ impl Prediction {
 /// The profile block: capacity and queueing fits, and the measured curves, per replica.
 fn render(probe: &Probe, steps: &[Step]) -> anyhow::Result<String> {
     let replicas = f64::from(probe.args.replicas);
-    let mut good: Vec<Step> =
-        steps.iter().copied().filter(|s| !s.overloaded && s.ttft_ms.is_finite()).collect();
+    let first_bad = knee(steps).1.unwrap_or(f64::INFINITY);
+    let mut good: Vec<Step> = steps
+        .iter()
+        .copied()
+        .filter(|s| !s.overloaded && s.ttft_ms.is_finite() && s.offered_rps < first_bad)
+        .collect();
     good.sort_by(|a, b| a.load_rps.total_cmp(&b.load_rps));
     if good.len() < 2 {
         bail!(
@@ -553,8 +584,6 @@ fn render(probe: &Probe, steps: &[Step]) -> anyhow::Result<String> {
             steps.len()
         );
     }
-    let first_bad =
-        steps.iter().filter(|s| s.overloaded).map(|s| s.offered_rps).fold(f64::INFINITY, f64::min);
     let points = |latency: fn(&Step) -> f64| -> Vec<Observation> {
         let mut out: Vec<Observation> = Vec::new();
         for s in good.iter().filter(|s| latency(s).is_finite() && s.load_rps > 0.0) {
@@ -622,4 +651,56 @@ fn pole(points: &[Observation], top: f64, upper: f64) -> f64 {
     };
     let candidates = (1..=40).map(|i| top * 1.01 + (upper - top * 1.01) * f64::from(i) / 40.0);
     candidates.min_by(|a, b| error(*a).total_cmp(&error(*b))).unwrap_or(upper)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The steps the search takes against an engine past its knee above `knee` (and at the rates
+    /// in `noise`, which a noisy step called wrongly), until it stops.
+    fn search(first: f64, knee: f64, noise: &[(f64, bool)]) -> Vec<Step> {
+        let mut steps: Vec<Step> = Vec::new();
+        let mut rate = Some(first);
+        while let Some(r) = rate {
+            assert!(steps.len() < 30, "the search does not end: {steps:?}");
+            let overloaded = noise.iter().find(|(at, _)| (at - r).abs() < 1e-9).map_or(r > knee, |n| n.1);
+            steps.push(Step { offered_rps: r, load_rps: r, ttft_ms: 1.0, tbot_ms: 1.0, overloaded });
+            rate = next_rate(&steps);
+        }
+        steps
+    }
+
+    fn rates(steps: &[Step]) -> Vec<f64> {
+        steps.iter().map(|s| s.offered_rps).collect()
+    }
+
+    #[test]
+    fn the_search_brackets_the_knee_then_measures_below_it() {
+        let steps = search(0.25, 0.6, &[]);
+        let (Some(good), Some(bad)) = knee(&steps) else { panic!("no knee: {steps:?}") };
+        assert!(good <= 0.6 && bad > 0.6 && bad <= KNEE_BRACKET * good, "{:?}", rates(&steps));
+        for share in FILL_SHARES {
+            let target = share * good;
+            assert!(
+                steps.iter().any(|s| (s.offered_rps / target - 1.0).abs() < 0.05),
+                "{share}: {:?}",
+                rates(&steps)
+            );
+        }
+    }
+
+    #[test]
+    fn a_bad_step_below_a_good_one_voids_it() {
+        // The step at 0.75 looked good by chance; the knee is at 0.5. The search brackets a
+        // false knee above 0.75, and its measurement at ¾ of that (0.5625) is past the knee.
+        let steps = search(0.25, 0.5, &[(0.75, false)]);
+        let (Some(good), Some(bad)) = knee(&steps) else { panic!("no knee: {:?}", rates(&steps)) };
+        assert!(good <= 0.5 && bad > 0.5 && bad <= KNEE_BRACKET * good, "{:?}", rates(&steps));
+    }
+
+    #[test]
+    fn a_first_step_past_the_knee_halves_the_rate() {
+        assert_eq!(&rates(&search(2.0, 0.6, &[]))[..3], &[2.0, 1.0, 0.5]);
+    }
 }
