@@ -341,17 +341,37 @@ fn nearest_clusters(model: &Model) -> Option<Clusters> {
         let column = model.network.engine_column(j);
         let (mut nearest, mut best) = (u32::MAX, f64::INFINITY);
         let (mut hash, mut sum, mut count) = (FORBIDDEN_HASH_SEED, 0.0, 0.0);
-        for &k in &active {
-            let v = column[k];
-            if v.is_finite() {
-                if v < best {
-                    best = v;
-                    nearest = k as u32;
+        if active.len() == n {
+            // Every group has demand (the usual case): one plain scan of the column, the same
+            // sums, minimum and hash (entries are finite and non-negative, or +∞ where forbidden;
+            // the nearest group is the first at the minimum, as below).
+            let mut finite = 0usize;
+            for (k, &v) in column.iter().enumerate() {
+                best = if v < best { v } else { best };
+                if v < f64::INFINITY {
+                    sum += v;
+                    finite += 1;
+                } else {
+                    hash = (hash.rotate_left(23) ^ k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
                 }
-                sum += v;
-                count += 1.0;
-            } else {
-                hash = (hash.rotate_left(23) ^ k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            }
+            if finite > 0 {
+                nearest = column.iter().position(|&v| v == best).map_or(u32::MAX, |k| k as u32);
+            }
+            count = finite as f64;
+        } else {
+            for &k in &active {
+                let v = column[k];
+                if v.is_finite() {
+                    if v < best {
+                        best = v;
+                        nearest = k as u32;
+                    }
+                    sum += v;
+                    count += 1.0;
+                } else {
+                    hash = (hash.rotate_left(23) ^ k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                }
             }
         }
         if nearest == u32::MAX {
@@ -410,10 +430,10 @@ fn nearest_clusters(model: &Model) -> Option<Clusters> {
             for ((a, &v), c) in
                 column.iter_mut().zip(model.network.engine_column(j as usize)).zip(&mut allowed)
             {
-                if v.is_finite() {
-                    *a += v - b;
-                    *c += 1;
-                }
+                // Branch-free: adding 0.0 leaves the sum as it was.
+                let allowed = v.is_finite();
+                *a += if allowed { v - b } else { 0.0 };
+                *c += u32::from(allowed);
             }
         }
         for (a, &c) in column.iter_mut().zip(&allowed) {
