@@ -20,6 +20,8 @@ pub struct ProcessingRequest {
     pub protocol_config: Option<ProtocolConfiguration>,
 }
 
+/// The variants are named as in Envoy's proto.
+#[allow(clippy::enum_variant_names)]
 #[derive(Clone, PartialEq, prost::Oneof)]
 pub enum Request {
     #[prost(message, tag = "2")]
