@@ -7,16 +7,19 @@
 //! `BUFFERED` mode, where the pick rides on the body's response. Response bodies are passed
 //! through chunk by chunk as they came (full duplex) or acknowledged (buffered).
 
+use crate::inbound::{HttpBody, HttpHeaders, ProcessingRequest, Request};
 use crate::wire;
 use bytes::{Bytes, BytesMut};
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    processing_request::Request, processing_response, CommonResponse, HttpBody, HttpHeaders,
-    ProcessingRequest, ProcessingResponse, TrailersResponse,
+    processing_response, CommonResponse, ProcessingResponse, TrailersResponse,
 };
 use ilb_dataplane::error::ProxyError;
 use ilb_dataplane::{RouteRequest, Router, Routing};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 
 /// What went wrong with the stream itself (not with the HTTP request it carries, which gets an
 /// immediate response): the gRPC status ending it.
@@ -58,6 +61,24 @@ enum Via {
     BufferedBody,
 }
 
+/// What one of Envoy's messages asks for: answers now, or a pick first.
+pub enum Step {
+    Answers(Vec<ProcessingResponse>),
+    Pick(Pick),
+}
+
+/// A pick under way (the router may wait while every engine is full): [`Stream::poll_pick`]
+/// until it gives the answers. The router's future is boxed once here, not moved with each
+/// message of the stream.
+pub struct Pick {
+    future: Pin<Box<dyn Future<Output = Result<Routing, ProxyError>> + Send>>,
+    via: Via,
+    /// The request body as read, sent back after the pick in full-duplex mode.
+    body: Bytes,
+    /// The pick answers the request's trailers: their own answer follows.
+    trailers: bool,
+}
+
 /// The state of one stream.
 pub struct Stream {
     router: Arc<Router>,
@@ -66,6 +87,9 @@ pub struct Stream {
     headers: http::HeaderMap,
     path: Option<String>,
     subset: Option<Vec<String>>,
+    /// The request body read so far: its first chunk as received (a body in one chunk is
+    /// never copied), then the chunks gathered in `body`.
+    first_chunk: Bytes,
     body: BytesMut,
     /// The request got its answer (a pick or an immediate response).
     answered: bool,
@@ -85,6 +109,7 @@ impl Stream {
             headers: http::HeaderMap::new(),
             path: None,
             subset: None,
+            first_chunk: Bytes::new(),
             body: BytesMut::new(),
             answered: false,
             routing: None,
@@ -97,11 +122,8 @@ impl Stream {
         self.done
     }
 
-    /// Handles one message; returns the messages to send back, in order.
-    pub async fn handle(
-        &mut self,
-        message: ProcessingRequest,
-    ) -> Result<Vec<ProcessingResponse>, StreamError> {
+    /// Handles one message: the messages to send back, in order, or a pick that gives them.
+    pub fn handle(&mut self, message: ProcessingRequest) -> Result<Step, StreamError> {
         if let Some(config) = &message.protocol_config {
             self.request_mode = BodyMode::of(config.request_body_mode);
             self.response_mode = BodyMode::of(config.response_body_mode);
@@ -110,47 +132,41 @@ impl Stream {
         match message.request {
             Some(Request::RequestHeaders(headers)) => {
                 self.subset = wire::subset_hint(metadata);
-                self.request_headers(headers).await
+                self.request_headers(headers)
             }
-            Some(Request::RequestBody(body)) => self.request_body(body).await,
+            Some(Request::RequestBody(body)) => self.request_body(body),
             Some(Request::RequestTrailers(_)) => {
-                let mut out = Vec::new();
                 if !self.answered {
                     let via = match self.request_mode {
                         BodyMode::FullDuplex => Via::DuplexBody { end_of_stream: false },
                         _ => Via::BufferedBody,
                     };
-                    out = self.route(via).await;
+                    return Ok(Step::Pick(self.pick(via, true)));
                 }
+                let mut out = Vec::new();
                 if !self.done {
-                    out.push(ProcessingResponse {
-                        response: Some(processing_response::Response::RequestTrailers(
-                            TrailersResponse::default(),
-                        )),
-                        ..Default::default()
-                    });
+                    out.push(request_trailers());
                 }
-                Ok(out)
+                Ok(Step::Answers(out))
             }
-            Some(Request::ResponseHeaders(headers)) => Ok(self.response_headers(metadata, &headers)),
-            Some(Request::ResponseBody(body)) => Ok(self.response_body(body)),
+            Some(Request::ResponseHeaders(headers)) => {
+                Ok(Step::Answers(self.response_headers(metadata, &headers)))
+            }
+            Some(Request::ResponseBody(body)) => Ok(Step::Answers(self.response_body(body))),
             Some(Request::ResponseTrailers(_)) => {
                 self.finish();
-                Ok(vec![ProcessingResponse {
+                Ok(Step::Answers(vec![ProcessingResponse {
                     response: Some(processing_response::Response::ResponseTrailers(
                         TrailersResponse::default(),
                     )),
                     ..Default::default()
-                }])
+                }]))
             }
             None => Err(StreamError::Protocol("a processing request without a request field".into())),
         }
     }
 
-    async fn request_headers(
-        &mut self,
-        headers: HttpHeaders,
-    ) -> Result<Vec<ProcessingResponse>, StreamError> {
+    fn request_headers(&mut self, headers: HttpHeaders) -> Result<Step, StreamError> {
         if self.answered || !self.headers.is_empty() || self.path.is_some() {
             return Err(StreamError::Protocol("request headers sent twice on one stream".into()));
         }
@@ -159,24 +175,24 @@ impl Stream {
                 self.headers = map;
                 self.path = path;
             }
-            Err(e) => return Ok(self.refuse(ProxyError::BadRequest(e.to_string()))),
+            Err(e) => return Ok(Step::Answers(self.refuse(ProxyError::BadRequest(e.to_string())))),
         }
         if headers.end_of_stream || self.request_mode == BodyMode::None {
-            return Ok(self.route(Via::Headers).await);
+            return Ok(Step::Pick(self.pick(Via::Headers, false)));
         }
         match self.request_mode {
             // Envoy waits for this answer before it sends the body.
-            BodyMode::Buffered => Ok(vec![wire::request_headers(CommonResponse::default())]),
-            BodyMode::FullDuplex => Ok(Vec::new()),
-            BodyMode::Other(mode) => Ok(self.refuse(ProxyError::BadRequest(format!(
+            BodyMode::Buffered => Ok(Step::Answers(vec![wire::request_headers(CommonResponse::default())])),
+            BodyMode::FullDuplex => Ok(Step::Answers(Vec::new())),
+            BodyMode::Other(mode) => Ok(Step::Answers(self.refuse(ProxyError::BadRequest(format!(
                 "ilb epp reads request bodies in FULL_DUPLEX_STREAMED or BUFFERED mode, not in mode {mode}; \
                  fix the gateway's ext_proc processing_mode"
-            )))),
+            ))))),
             BodyMode::None => unreachable!("routed above"),
         }
     }
 
-    async fn request_body(&mut self, body: HttpBody) -> Result<Vec<ProcessingResponse>, StreamError> {
+    fn request_body(&mut self, body: HttpBody) -> Result<Step, StreamError> {
         if self.answered {
             return Err(StreamError::Protocol("request body after the request was answered".into()));
         }
@@ -184,35 +200,68 @@ impl Stream {
             return Err(StreamError::Protocol("request body before request headers".into()));
         }
         let limit = self.router.config().max_body_bytes;
-        if self.body.len() + body.body.len() > limit {
-            return Ok(self.refuse(ProxyError::BodyTooLarge { limit }));
+        if self.first_chunk.len() + self.body.len() + body.body.len() > limit {
+            return Ok(Step::Answers(self.refuse(ProxyError::BodyTooLarge { limit })));
         }
-        self.body.extend_from_slice(&body.body);
+        if self.first_chunk.is_empty() && self.body.is_empty() {
+            self.first_chunk = body.body;
+        } else {
+            if self.body.is_empty() {
+                self.body.extend_from_slice(&std::mem::take(&mut self.first_chunk));
+            }
+            self.body.extend_from_slice(&body.body);
+        }
         match self.request_mode {
             // The whole body in one message (trailers may follow), which Envoy waits on.
-            BodyMode::Buffered => Ok(self.route(Via::BufferedBody).await),
+            BodyMode::Buffered => Ok(Step::Pick(self.pick(Via::BufferedBody, false))),
             // Chunks as they arrive, answered once the body is whole.
-            _ if body.end_of_stream => Ok(self.route(Via::DuplexBody { end_of_stream: true }).await),
-            _ => Ok(Vec::new()),
+            _ if body.end_of_stream => {
+                Ok(Step::Pick(self.pick(Via::DuplexBody { end_of_stream: true }, false)))
+            }
+            _ => Ok(Step::Answers(Vec::new())),
         }
     }
 
-    /// Picks for the request read so far and answers it `via` the message Envoy waits on; an
-    /// error answers with an immediate response.
-    async fn route(&mut self, via: Via) -> Vec<ProcessingResponse> {
+    /// Starts the pick for the request read so far, to answer it `via` the message Envoy waits
+    /// on (and then the request's trailers if `trailers`).
+    fn pick(&mut self, via: Via, trailers: bool) -> Pick {
         self.answered = true;
-        let body: Bytes = std::mem::take(&mut self.body).freeze();
+        let body = if self.body.is_empty() {
+            std::mem::take(&mut self.first_chunk)
+        } else {
+            std::mem::take(&mut self.body).freeze()
+        };
         let path = self.path.clone().unwrap_or_default();
-        let request = RouteRequest {
-            path: &path,
-            headers: &self.headers,
-            body: body.clone(),
-            subset: self.subset.as_deref(),
+        let headers = std::mem::take(&mut self.headers);
+        let subset = self.subset.take();
+        let router = Arc::clone(&self.router);
+        let request_body = body.clone();
+        let future = Box::pin(async move {
+            let request = RouteRequest {
+                path: &path,
+                headers: &headers,
+                body: request_body,
+                subset: subset.as_deref(),
+            };
+            router.route(request).await
+        });
+        Pick { future, via, body, trailers }
+    }
+
+    /// The answers once `pick` is done: the pick, or an immediate response for its error.
+    pub fn poll_pick(&mut self, pick: &mut Pick, cx: &mut Context<'_>) -> Poll<Vec<ProcessingResponse>> {
+        let mut out = match ready!(pick.future.as_mut().poll(cx)) {
+            Ok(routing) => self.answer(routing, pick.via, &pick.body),
+            Err(error) => self.refuse(error),
         };
-        let routing = match self.router.route(request).await {
-            Ok(routing) => routing,
-            Err(error) => return self.refuse(error),
-        };
+        if pick.trailers && !self.done {
+            out.push(request_trailers());
+        }
+        Poll::Ready(out)
+    }
+
+    /// The answer to a routed request `via` the message Envoy waits on.
+    fn answer(&mut self, routing: Routing, via: Via, body: &Bytes) -> Vec<ProcessingResponse> {
         let endpoints = routing.endpoints().join(",");
         tracing::debug!(endpoints = %endpoints, engines = ?routing.engine_ids(), "picked");
         self.routing = Some(routing);
@@ -229,7 +278,7 @@ impl Stream {
                 let mut headers = wire::request_headers(wire::pick_common(&endpoints, Some(body.len())));
                 headers.dynamic_metadata = metadata;
                 let mut out = vec![headers];
-                out.extend(wire::request_body_chunks(&body, end_of_stream));
+                out.extend(wire::request_body_chunks(body, end_of_stream));
                 out
             }
             Via::BufferedBody => {
@@ -289,5 +338,12 @@ impl Stream {
         if let Some(routing) = &mut self.routing {
             routing.finish();
         }
+    }
+}
+
+fn request_trailers() -> ProcessingResponse {
+    ProcessingResponse {
+        response: Some(processing_response::Response::RequestTrailers(TrailersResponse::default())),
+        ..Default::default()
     }
 }

@@ -4,7 +4,8 @@
 //!
 //! Handshakes run beside the accept loop, one task each, within the data plane's
 //! `header_read` timeout, so a client that stalls its handshake holds nothing up; a failed one
-//! is logged and dropped. Connections then reach tonic as [`TlsConn`]s.
+//! is logged and dropped. Connections then reach tonic as [`TlsConn`]s, without vectored
+//! writes (`io.rs` says why).
 
 use std::io;
 use std::pin::Pin;
@@ -41,17 +42,7 @@ impl AsyncWrite for TlsConn {
         Pin::new(&mut self.0).poll_write(cx, buf)
     }
 
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.0.is_write_vectored()
-    }
+    // Not vectored, so that h2 gathers small frames into one buffer (io.rs).
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.0).poll_flush(cx)

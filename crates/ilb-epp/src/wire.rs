@@ -3,9 +3,8 @@
 //! building the answers (the pick as a header mutation plus `envoy.lb` dynamic metadata,
 //! streamed body chunks, immediate responses).
 
-use envoy_types::pb::envoy::config::core::v3::{
-    HeaderMap as EnvoyHeaderMap, HeaderValue, HeaderValueOption, Metadata,
-};
+use crate::inbound::HeaderMap as EnvoyHeaderMap;
+use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption, Metadata};
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     body_mutation, processing_response, BodyMutation, BodyResponse, CommonResponse, HeaderMutation,
@@ -41,19 +40,17 @@ pub fn read_headers(headers: Option<&EnvoyHeaderMap>) -> Result<(HeaderMap, Opti
     let mut out = HeaderMap::new();
     let mut path = None;
     for header in headers.map(|h| h.headers.as_slice()).unwrap_or_default() {
-        let value: &[u8] =
-            if header.raw_value.is_empty() { header.value.as_bytes() } else { &header.raw_value };
+        let value = header.value();
         if header.key == ":path" {
             path = Some(String::from_utf8_lossy(value).into_owned());
             continue;
         }
-        if header.key.starts_with(':') {
+        if header.key.starts_with(b":") {
             continue;
         }
-        let name = HeaderName::from_bytes(header.key.as_bytes())
-            .map_err(|_| HeaderError::Name(header.key.clone()))?;
-        let value =
-            http::HeaderValue::from_bytes(value).map_err(|_| HeaderError::Value(header.key.clone()))?;
+        let key = || String::from_utf8_lossy(&header.key).into_owned();
+        let name = HeaderName::from_bytes(&header.key).map_err(|_| HeaderError::Name(key()))?;
+        let value = http::HeaderValue::from_bytes(value).map_err(|_| HeaderError::Value(key()))?;
         out.append(name, value);
     }
     Ok((out, path))
@@ -62,8 +59,7 @@ pub fn read_headers(headers: Option<&EnvoyHeaderMap>) -> Result<(HeaderMap, Opti
 /// A response's `:status`, if it has a valid one.
 pub fn status_of(headers: Option<&EnvoyHeaderMap>) -> Option<StatusCode> {
     let header = headers?.headers.iter().find(|h| h.key == ":status")?;
-    let value: &[u8] = if header.raw_value.is_empty() { header.value.as_bytes() } else { &header.raw_value };
-    StatusCode::from_bytes(value).ok()
+    StatusCode::from_bytes(header.value()).ok()
 }
 
 /// A string or a list of strings at `namespace`.`key` of the metadata, split at commas.
