@@ -1,7 +1,7 @@
 //! Fuzz target: the EPP's ext_proc streams, the messages a gateway sends `ilb epp`.
 //!
 //! The input is a sequence of frames, each a little-endian `u16` length and that many bytes,
-//! decoded as `ProcessingRequest`s (prost, as tonic decodes them) and handed in order to one
+//! decoded as the EPP decodes them (`ilb_epp::inbound::ProcessingRequest`) and handed in order to one
 //! [`ilb_epp::Stream`] over a router with three engines installed: headers (`wire::read_headers`,
 //! the subset hint, the endpoint that served), bodies in any mode, trailers, in any order. Besides
 //! "never panics", it checks what the gateway and the router rely on: every pick names only
@@ -11,7 +11,8 @@
 
 #![no_main]
 
-use envoy_types::pb::envoy::service::ext_proc::v3::{processing_response, ProcessingRequest};
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_response;
+use ilb_epp::inbound::ProcessingRequest;
 use envoy_types::pb::google::protobuf::value::Kind;
 use ilb_dataplane::{DataPlaneConfig, Router, SnapshotSource};
 use libfuzzer_sys::fuzz_target;
@@ -92,7 +93,11 @@ fuzz_target!(|data: &[u8]| {
         let mut stream = ilb_epp::Stream::new(Arc::clone(&world.router));
         for frame in frames(data) {
             let Ok(message) = ProcessingRequest::decode(frame) else { continue };
-            let Ok(answers) = stream.handle(message).await else { break };
+            let answers = match stream.handle(message) {
+                Ok(ilb_epp::Step::Answers(answers)) => answers,
+                Ok(ilb_epp::Step::Pick(mut pick)) => std::future::poll_fn(|cx| stream.poll_pick(&mut pick, cx)).await,
+                Err(_) => break,
+            };
             for answer in &answers {
                 if let Some(endpoints) = picked(answer) {
                     assert!(!endpoints.is_empty());

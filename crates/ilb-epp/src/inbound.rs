@@ -90,3 +90,85 @@ pub struct HttpBody {
 /// `envoy.service.ext_proc.v3.HttpTrailers`, its trailers skipped.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct HttpTrailers {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use envoy_types::pb::envoy::config::core::v3 as core;
+    use envoy_types::pb::envoy::service::ext_proc::v3 as full;
+    use prost::Message;
+
+    fn header(key: &str, value: &str, raw: &[u8]) -> core::HeaderValue {
+        core::HeaderValue { key: key.into(), value: value.into(), raw_value: raw.to_vec() }
+    }
+
+    /// What envoy-types encodes, the EPP's subset decodes to the same fields.
+    #[test]
+    fn the_subset_decodes_what_envoy_types_encodes() {
+        let headers = core::HeaderMap {
+            headers: vec![header(":path", "", b"/v1/chat/completions"), header("x-session-id", "s1", b"")],
+        };
+        let config =
+            full::ProtocolConfiguration { request_body_mode: 4, response_body_mode: 4, ..Default::default() };
+        let messages = [
+            full::ProcessingRequest {
+                request: Some(full::processing_request::Request::RequestHeaders(full::HttpHeaders {
+                    headers: Some(headers),
+                    end_of_stream: false,
+                    ..Default::default()
+                })),
+                protocol_config: Some(config),
+                observability_mode: true,
+                ..Default::default()
+            },
+            full::ProcessingRequest {
+                request: Some(full::processing_request::Request::ResponseBody(full::HttpBody {
+                    body: b"data: {}\n\n".to_vec(),
+                    end_of_stream: true,
+                    ..Default::default()
+                })),
+                ..Default::default()
+            },
+            full::ProcessingRequest {
+                request: Some(full::processing_request::Request::RequestTrailers(full::HttpTrailers {
+                    trailers: Some(core::HeaderMap { headers: vec![header("x-t", "v", b"")] }),
+                })),
+                ..Default::default()
+            },
+        ];
+        for message in messages {
+            let decoded = ProcessingRequest::decode(message.encode_to_vec().as_slice()).expect("decodes");
+            assert_eq!(decoded.protocol_config, message.protocol_config);
+            assert_eq!(decoded.metadata_context, message.metadata_context);
+            match (decoded.request, message.request) {
+                (
+                    Some(Request::RequestHeaders(d)),
+                    Some(full::processing_request::Request::RequestHeaders(f)),
+                ) => {
+                    assert_eq!(d.end_of_stream, f.end_of_stream);
+                    let (d, f) = (d.headers.unwrap().headers, f.headers.unwrap().headers);
+                    assert_eq!(d.len(), f.len());
+                    for (d, f) in d.iter().zip(&f) {
+                        assert_eq!(
+                            (&d.key[..], &d.value[..], &d.raw_value[..]),
+                            (f.key.as_bytes(), f.value.as_bytes(), &f.raw_value[..])
+                        );
+                    }
+                    assert_eq!(d[0].value(), b"/v1/chat/completions");
+                    assert_eq!(d[1].value(), b"s1");
+                }
+                (
+                    Some(Request::ResponseBody(d)),
+                    Some(full::processing_request::Request::ResponseBody(f)),
+                ) => {
+                    assert_eq!((&d.body[..], d.end_of_stream), (&f.body[..], f.end_of_stream));
+                }
+                (
+                    Some(Request::RequestTrailers(_)),
+                    Some(full::processing_request::Request::RequestTrailers(_)),
+                ) => {}
+                (d, f) => panic!("decoded {d:?} from {f:?}"),
+            }
+        }
+    }
+}

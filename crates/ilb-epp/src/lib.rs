@@ -28,13 +28,13 @@
 // No product function over `too-many-lines-threshold` (clippy.toml) lines; tests may be longer.
 #![cfg_attr(not(test), warn(clippy::too_many_lines))]
 
-mod inbound;
+pub mod inbound;
 mod io;
 mod stream;
 mod tls;
 pub mod wire;
 
-pub use stream::{Stream, StreamError};
+pub use stream::{Pick, Step, Stream, StreamError};
 
 use envoy_types::pb::envoy::service::ext_proc::v3::ProcessingResponse;
 use futures_util::StreamExt;
