@@ -316,6 +316,51 @@ fn exact_clusters(model: &Model) -> Option<Clusters> {
     Some(Clusters { start, engine, offset, values, exact: true })
 }
 
+/// One engine's column of the network matrix over the `active` groups (all `n_classes` of
+/// them, or some): its nearest group (the first at the minimum), the hash of the groups that may
+/// not use it, and its mean over the groups that may; `None` when no active group may use it.
+fn scan_column(column: &[f64], active: &[usize], n_classes: usize) -> Option<(u32, u64, f64)> {
+    let (mut nearest, mut best) = (u32::MAX, f64::INFINITY);
+    let (mut hash, mut sum, mut count) = (FORBIDDEN_HASH_SEED, 0.0, 0.0);
+    if active.len() == n_classes {
+        // Every group has demand (the usual case): one plain scan of the column, the same
+        // sums, minimum and hash (entries are finite and non-negative, or +∞ where forbidden;
+        // the nearest group is the first at the minimum, as below).
+        let mut finite = 0usize;
+        for (k, &v) in column.iter().enumerate() {
+            best = if v < best { v } else { best };
+            if v < f64::INFINITY {
+                sum += v;
+                finite += 1;
+            } else {
+                hash = (hash.rotate_left(23) ^ k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            }
+        }
+        if finite > 0 {
+            nearest = column.iter().position(|&v| v == best).map_or(u32::MAX, |k| k as u32);
+        }
+        count = finite as f64;
+    } else {
+        for &k in active {
+            let v = column[k];
+            if v.is_finite() {
+                if v < best {
+                    best = v;
+                    nearest = k as u32;
+                }
+                sum += v;
+                count += 1.0;
+            } else {
+                hash = (hash.rotate_left(23) ^ k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            }
+        }
+    }
+    if nearest == u32::MAX {
+        return None;
+    }
+    Some((nearest, hash, sum / count))
+}
+
 /// Approximate clusters for matrices that do not cluster exactly (measured round-trip times:
 /// sites spread around a region's centre, jitter on every pair): engines grouped by their
 /// nearest group (the front end with the smallest n_kj) and, within that, by the groups that
@@ -338,46 +383,10 @@ fn nearest_clusters(model: &Model) -> Option<Clusters> {
         if !model.engine_on[j] {
             continue;
         }
-        let column = model.network.engine_column(j);
-        let (mut nearest, mut best) = (u32::MAX, f64::INFINITY);
-        let (mut hash, mut sum, mut count) = (FORBIDDEN_HASH_SEED, 0.0, 0.0);
-        if active.len() == n {
-            // Every group has demand (the usual case): one plain scan of the column, the same
-            // sums, minimum and hash (entries are finite and non-negative, or +∞ where forbidden;
-            // the nearest group is the first at the minimum, as below).
-            let mut finite = 0usize;
-            for (k, &v) in column.iter().enumerate() {
-                best = if v < best { v } else { best };
-                if v < f64::INFINITY {
-                    sum += v;
-                    finite += 1;
-                } else {
-                    hash = (hash.rotate_left(23) ^ k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-                }
-            }
-            if finite > 0 {
-                nearest = column.iter().position(|&v| v == best).map_or(u32::MAX, |k| k as u32);
-            }
-            count = finite as f64;
-        } else {
-            for &k in &active {
-                let v = column[k];
-                if v.is_finite() {
-                    if v < best {
-                        best = v;
-                        nearest = k as u32;
-                    }
-                    sum += v;
-                    count += 1.0;
-                } else {
-                    hash = (hash.rotate_left(23) ^ k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-                }
-            }
-        }
-        if nearest == u32::MAX {
+        let Some((nearest, hash, mean)) = scan_column(model.network.engine_column(j), &active, n) else {
             continue; // no class may use it
-        }
-        offset[j] = sum / count;
+        };
+        offset[j] = mean;
         forbidden_hash[j] = hash;
         keyed.push((nearest, hash, j as u32));
     }
