@@ -12,7 +12,7 @@ use crate::newton::{Run, Travel};
 use crate::options::SolverOptions;
 use crate::pass::{EngineCurves, Model, PrevRoutes};
 use crate::problem::{Problem, ProblemError};
-use crate::solution::{CurveCache, Ids, Solution, WarmStart};
+use crate::solution::{CurveCache, Ids, KeptLists, ListCache, Solution, WarmStart};
 use crate::stability::{keep_previous, Previous};
 use crate::warm::{cold_prices, map_warm_start};
 
@@ -117,8 +117,29 @@ pub fn solve(
     let mut run = Run::new(&model, options, scale, prev);
     if let Some(w) = warm.filter(|_| lost.is_some()) {
         run.travel = if w.after_cold { Travel::FirstWarm } else { Travel::SteadyWarm };
+        // The kept lists hold for the same matrix, grouping, groups with demand and engines on.
+        run.kept = w
+            .lists
+            .0
+            .as_ref()
+            .filter(|k| {
+                k.class_group == groups.class_group
+                    && k.class_on == model.class_on
+                    && k.engine_on == model.engine_on
+                    && problem.network_ms.same_values(&k.network)
+            })
+            .map(|k| Arc::clone(&k.lists));
     }
     let (repaired, eps) = run.solve(u, eps_start);
+    let lists = ListCache(run.kept.take().map(|lists| {
+        Arc::new(KeptLists {
+            network: problem.network_ms.shared_values(),
+            class_group: groups.class_group.clone(),
+            class_on: model.class_on.clone(),
+            engine_on: model.engine_on.clone(),
+            lists,
+        })
+    }));
     let summary = RunSummary {
         cand: &run.cand,
         q: &run.pass.q,
@@ -153,6 +174,7 @@ pub fn solve(
         epsilon: eps,
         after_cold: warm.is_none(),
         curves: CurveCache(Some(curves)),
+        lists,
     };
     Ok((solution, warm))
 }
