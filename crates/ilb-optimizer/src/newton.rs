@@ -54,6 +54,9 @@ pub(crate) struct Run<'m, 'p> {
     /// matrix (the warm start keeps them), extract their lists while the prices stay within the
     /// margin (`Candidates::covers`), instead of scanning the matrix.
     pub kept: Option<Arc<Candidates>>,
+    /// Whether a warm re-solve builds wider lists to keep (not when the matrix changed since the
+    /// previous solve).
+    pub keep_lists: bool,
 }
 
 /// The kind of solve, as far as the candidate lists' drift budget is concerned.
@@ -116,6 +119,7 @@ impl<'m, 'p> Run<'m, 'p> {
             travel: Travel::Cold,
             idle_reach_per_eps: f64::INFINITY,
             kept: None,
+            keep_lists: true,
         }
     }
 
@@ -125,7 +129,7 @@ impl<'m, 'p> Run<'m, 'p> {
     /// and kept, then extracted).
     fn build_lists(&mut self, u: &[f64], width: f64, into_spare: bool) {
         let target = if into_spare { &mut self.spare } else { &mut self.cand };
-        if self.travel == Travel::Cold {
+        if self.travel == Travel::Cold || !self.keep_lists {
             target.rebuild(self.model, u, width, &self.prev);
             return;
         }

@@ -151,13 +151,14 @@ pub(crate) struct KeptLists {
     pub class_group: Vec<u32>,
     pub class_on: Vec<bool>,
     pub engine_on: Vec<bool>,
-    pub lists: std::sync::Arc<crate::pass::Candidates>,
+    /// None when the solve kept none (a cold one, or the matrix had changed).
+    pub lists: Option<std::sync::Arc<crate::pass::Candidates>>,
 }
 
 impl std::fmt::Debug for ListCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.0 {
-            Some(kept) => write!(f, "ListCache({} entries)", kept.lists.class.len()),
+            Some(kept) => write!(f, "ListCache({:?} entries)", kept.lists.as_ref().map(|l| l.class.len())),
             None => write!(f, "ListCache(None)"),
         }
     }
