@@ -3,6 +3,8 @@
 //! the candidate lists' drift budget. The full solve (`solver`) and the coarse start (`coarse`)
 //! both run it.
 
+use std::sync::Arc;
+
 use crate::certify::{repair, Repaired};
 use crate::linalg::Cholesky;
 use crate::options::SolverOptions;
@@ -47,6 +49,14 @@ pub(crate) struct Run<'m, 'p> {
     /// Cap, per unit of ε, of an idle class's smallest step (`IDLE_REACH_PER_EPS` in a fitted
     /// coarse problem, else none).
     pub idle_reach_per_eps: f64,
+    /// Wider candidate lists (`KEPT_MARGIN` beyond the width asked for) built by a warm
+    /// re-solve's rebuild, from which later rebuilds, in this solve or the next ones on the same
+    /// matrix (the warm start keeps them), extract their lists while the prices stay within the
+    /// margin (`Candidates::covers`), instead of scanning the matrix.
+    pub kept: Option<Arc<Candidates>>,
+    /// Whether a warm re-solve builds wider lists to keep (not when the matrix changed since the
+    /// previous solve).
+    pub keep_lists: bool,
 }
 
 /// The kind of solve, as far as the candidate lists' drift budget is concerned.
@@ -72,6 +82,11 @@ const COLD_DRIFT_PER_EPS: f64 = 2.0;
 /// re-solve after a cold solve, whose prices still move more; later ones use the floor alone
 /// (see `width`).
 const WARM_DRIFT_PER_EPS: f64 = 0.5;
+
+/// How much wider than asked, relative to the price scale, a warm re-solve builds the lists it
+/// keeps (`Run::kept`): the next re-solves extract theirs from them while the prices stay within
+/// this margin of where they were built.
+const KEPT_MARGIN: f64 = 0.005;
 
 /// Cap, per unit of ε, of the smallest step of an idle class in a fitted coarse problem (see
 /// `newton_direction`). Over six 100 × 5,000 cold solves (fleet seeds 1, 3, 4, fleet 108 %, noisy,
@@ -103,6 +118,28 @@ impl<'m, 'p> Run<'m, 'p> {
             rebuilds: 0,
             travel: Travel::Cold,
             idle_reach_per_eps: f64::INFINITY,
+            kept: None,
+            keep_lists: true,
+        }
+    }
+
+    /// Builds the candidate lists of width `width` at prices `u` into `cand` (or `spare`):
+    /// in a warm re-solve extracted from the kept wider lists when they cover `u` (bit for bit
+    /// the lists a rebuild builds), else rebuilt (and, in a warm re-solve, first rebuilt wider
+    /// and kept, then extracted).
+    fn build_lists(&mut self, u: &[f64], width: f64, into_spare: bool) {
+        let target = if into_spare { &mut self.spare } else { &mut self.cand };
+        if self.travel == Travel::Cold || !self.keep_lists {
+            target.rebuild(self.model, u, width, &self.prev);
+            return;
+        }
+        if !self.kept.as_ref().is_some_and(|k| k.covers(u, width)) {
+            let mut wide = Candidates::default();
+            wide.rebuild(self.model, u, width + KEPT_MARGIN * self.scale, &self.prev);
+            self.kept = Some(Arc::new(wide));
+        }
+        if let Some(kept) = &self.kept {
+            target.extract(self.model, kept, u, width, &self.prev);
         }
     }
 
@@ -147,11 +184,15 @@ impl<'m, 'p> Run<'m, 'p> {
         let mut best_eps = eps;
         let mut tolerance = STAGE_TOLERANCE;
         let mut pass_eps = f64::NAN;
-        self.cand.rebuild(self.model, &self.u, self.width(eps), &self.prev);
+        let u = std::mem::take(&mut self.u);
+        self.build_lists(&u, self.width(eps), false);
+        self.u = u;
         self.rebuilds += 1;
         loop {
             if !Self::lists_valid(&self.cand, &self.u, eps, rho) || self.cand.width > 4.0 * self.width(eps) {
-                self.cand.rebuild(self.model, &self.u, self.width(eps), &self.prev);
+                let u = std::mem::take(&mut self.u);
+                self.build_lists(&u, self.width(eps), false);
+                self.u = u;
                 self.rebuilds += 1;
                 pass_eps = f64::NAN;
             }
@@ -373,7 +414,7 @@ impl<'m, 'p> Run<'m, 'p> {
                 }
             }
             if rebuilt {
-                self.spare.rebuild(self.model, u_trial, self.width(eps), &self.prev);
+                self.build_lists(u_trial, self.width(eps), true);
                 self.rebuilds += 1;
             }
             let lists = if rebuilt { &self.spare } else { &self.cand };

@@ -275,50 +275,153 @@ impl Candidates {
                 // The classes within the window, ascending (one compare per pair, the few that
                 // pass are checked).
                 window_classes(u, column, threshold, &self.blocks, &mut self.window);
-                if p_lo == p_hi {
-                    for &k in &self.window {
-                        let k = k as usize;
-                        if allowed(k) {
-                            self.class.push(k as u32);
-                            self.net.push(column[k]);
-                            self.prev.push(0.0);
-                        }
-                    }
-                } else {
-                    // Merge the pairs within the window with the previous routes (both by class).
-                    let mut p = p_lo;
-                    let window = std::mem::take(&mut self.window);
-                    let emit = |cand: &mut Self, k: usize, x_prev: f64| {
-                        if allowed(k) {
-                            cand.class.push(k as u32);
-                            cand.net.push(column[k]);
-                            cand.prev.push(x_prev);
-                        }
-                    };
-                    for &k in &window {
-                        let k = k as usize;
-                        while p < p_hi && (prev.class[p] as usize) < k {
-                            if prev.rps[p] > 0.0 {
-                                emit(self, prev.class[p] as usize, prev.rps[p]);
-                            }
-                            p += 1;
-                        }
-                        let mut x_prev = 0.0;
-                        if p < p_hi && prev.class[p] as usize == k {
-                            x_prev = prev.rps[p];
-                            p += 1;
-                        }
-                        emit(self, k, x_prev);
-                    }
-                    for p in p..p_hi {
-                        if prev.rps[p] > 0.0 {
-                            emit(self, prev.class[p] as usize, prev.rps[p]);
-                        }
-                    }
-                    self.window = window;
-                }
+                self.emit_window(column, allowed, prev, p_lo, p_hi);
             }
             self.start.push(self.class.len());
+        }
+    }
+
+    /// Appends one engine's entries: the classes in `self.window` (ascending) merged with the
+    /// engine's previous routes `prev.class[p_lo..p_hi]` (those with flow), each if `allowed`.
+    fn emit_window(
+        &mut self,
+        column: &[f64],
+        allowed: impl Fn(usize) -> bool,
+        prev: &PrevRoutes,
+        p_lo: usize,
+        p_hi: usize,
+    ) {
+        if p_lo == p_hi {
+            for &k in &self.window {
+                let k = k as usize;
+                if allowed(k) {
+                    self.class.push(k as u32);
+                    self.net.push(column[k]);
+                    self.prev.push(0.0);
+                }
+            }
+        } else {
+            // Merge the pairs within the window with the previous routes (both by class).
+            let mut p = p_lo;
+            let window = std::mem::take(&mut self.window);
+            let emit = |cand: &mut Self, k: usize, x_prev: f64| {
+                if allowed(k) {
+                    cand.class.push(k as u32);
+                    cand.net.push(column[k]);
+                    cand.prev.push(x_prev);
+                }
+            };
+            for &k in &window {
+                let k = k as usize;
+                while p < p_hi && (prev.class[p] as usize) < k {
+                    if prev.rps[p] > 0.0 {
+                        emit(self, prev.class[p] as usize, prev.rps[p]);
+                    }
+                    p += 1;
+                }
+                let mut x_prev = 0.0;
+                if p < p_hi && prev.class[p] as usize == k {
+                    x_prev = prev.rps[p];
+                    p += 1;
+                }
+                emit(self, k, x_prev);
+            }
+            for p in p..p_hi {
+                if prev.rps[p] > 0.0 {
+                    emit(self, prev.class[p] as usize, prev.rps[p]);
+                }
+            }
+            self.window = window;
+        }
+    }
+
+    /// Whether `extract` may build the lists of width `width` at prices `u` from these (wider)
+    /// lists: every class within `width` of an engine's best at `u` is within `self.width` of it
+    /// at `self.base_u` while the drift since is below the difference (the argument of the crate
+    /// README, with the difference in the role of W); a millionth of the width is kept for the
+    /// rounding of the reduced costs.
+    pub fn covers(&self, u: &[f64], width: f64) -> bool {
+        !self.start.is_empty()
+            && self.base_u.len() == u.len()
+            && self.drift(u) < (self.width - width) - 1e-6 * self.width
+    }
+
+    /// The lists `rebuild(model, u, width, prev)` would build, bit for bit, from `wide`, lists
+    /// of the same model that `covers(u, width)`: each engine's window is filtered out of its
+    /// wide entries (its best class is one of them, and the max is exact) instead of a scan of
+    /// its column.
+    pub fn extract(&mut self, model: &Model, wide: &Candidates, u: &[f64], width: f64, prev: &PrevRoutes) {
+        debug_assert!(wide.covers(u, width));
+        self.base_u.clear();
+        self.base_u.extend_from_slice(u);
+        self.width = width;
+        let n = model.n_classes();
+        let have_prev = !prev.start.is_empty();
+        let m = model.n_engines();
+        // Reserved for the largest possible size (a window is part of the wide entries; every
+        // previous route may be added).
+        let most = wide.class.len() + prev.class.len();
+        self.start.clear();
+        self.start.reserve(m + 1);
+        self.class.clear();
+        self.class.reserve(most);
+        self.net.clear();
+        self.net.reserve(most);
+        self.prev.clear();
+        self.prev.reserve(most);
+        let (class, net, x0) = (&mut self.class, &mut self.net, &mut self.prev);
+        let reduced = &mut self.blocks;
+        self.start.push(0);
+        for j in 0..m {
+            if model.engine_on[j] && n > 0 {
+                let (lo, hi) = (wide.start[j], wide.start[j + 1]);
+                let (classes, nets) = (&wide.class[lo..hi], &wide.net[lo..hi]);
+                // As `best_reduced_cost` computes it (a max does not round).
+                reduced.clear();
+                let mut best = f64::NEG_INFINITY;
+                for (&k, &n_kj) in classes.iter().zip(nets) {
+                    let r = u[k as usize] - n_kj;
+                    reduced.push(r);
+                    best = if r > best { r } else { best };
+                }
+                let threshold = best - width;
+                let column = model.network.engine_column(j);
+                let allowed = |k: usize| column[k].is_finite() && model.class_on[k];
+                let (mut p, p_hi) = if have_prev { (prev.start[j], prev.start[j + 1]) } else { (0, 0) };
+                // The window (wide entries are allowed: same model) merged with the previous
+                // routes with flow, by class, as `emit_window` merges them.
+                for ((&k, &n_kj), &r) in classes.iter().zip(nets).zip(reduced.iter()) {
+                    if r < threshold {
+                        continue;
+                    }
+                    while p < p_hi && prev.class[p] < k {
+                        let kp = prev.class[p] as usize;
+                        if prev.rps[p] > 0.0 && allowed(kp) {
+                            class.push(kp as u32);
+                            net.push(column[kp]);
+                            x0.push(prev.rps[p]);
+                        }
+                        p += 1;
+                    }
+                    let mut x_prev = 0.0;
+                    if p < p_hi && prev.class[p] == k {
+                        x_prev = prev.rps[p];
+                        p += 1;
+                    }
+                    class.push(k);
+                    net.push(n_kj);
+                    x0.push(x_prev);
+                }
+                for p in p..p_hi {
+                    let kp = prev.class[p] as usize;
+                    if prev.rps[p] > 0.0 && allowed(kp) {
+                        class.push(kp as u32);
+                        net.push(column[kp]);
+                        x0.push(prev.rps[p]);
+                    }
+                }
+            }
+            self.start.push(class.len());
         }
     }
 

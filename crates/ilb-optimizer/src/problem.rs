@@ -5,6 +5,8 @@
 //! engine) because the solver's inner loops scan one engine against all classes; the JSON form
 //! is class-major rows, as people write it.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -71,8 +73,10 @@ pub enum Latency {
 pub struct NetworkMatrix {
     n_classes: usize,
     n_engines: usize,
-    /// `values[engine_idx * n_classes + class_idx]`; `f64::INFINITY` where forbidden.
-    values: Vec<f64>,
+    /// `values[engine_idx * n_classes + class_idx]`; `f64::INFINITY` where forbidden. Shared by
+    /// clones (never mutated), so that a warm start can recognise the matrix it was solved with
+    /// (see `same_values`) without keeping a copy.
+    values: Arc<Vec<f64>>,
 }
 
 /// Why a problem was rejected.
@@ -121,7 +125,7 @@ impl NetworkMatrix {
                 });
             }
         }
-        Ok(Self { n_classes, n_engines, values })
+        Ok(Self { n_classes, n_engines, values: Arc::new(values) })
     }
 
     /// As [`Self::from_fn`] for callers whose values are finite and ≥ 0 by construction.
@@ -138,13 +142,13 @@ impl NetworkMatrix {
                 values.push(v);
             }
         }
-        Self { n_classes, n_engines, values }
+        Self { n_classes, n_engines, values: Arc::new(values) }
     }
 
     /// Wraps engine-major values that already satisfy the invariant (the solver's group matrix).
     pub(crate) fn from_engine_major(n_classes: usize, n_engines: usize, values: Vec<f64>) -> Self {
         debug_assert_eq!(values.len(), n_classes * n_engines);
-        Self { n_classes, n_engines, values }
+        Self { n_classes, n_engines, values: Arc::new(values) }
     }
 
     /// Builds the matrix from class-major rows, as in the JSON format.
@@ -175,7 +179,7 @@ impl NetworkMatrix {
             }
             values[engine * n_classes + class] = value;
         }
-        Ok(Self { n_classes, n_engines, values })
+        Ok(Self { n_classes, n_engines, values: Arc::new(values) })
     }
 
     pub fn n_classes(&self) -> usize {
@@ -195,6 +199,30 @@ impl NetworkMatrix {
     /// All classes' latencies to one engine, `+∞` where forbidden (the solver's hot access).
     pub(crate) fn engine_column(&self, engine_idx: usize) -> &[f64] {
         &self.values[engine_idx * self.n_classes..(engine_idx + 1) * self.n_classes]
+    }
+
+    /// The stored values, shared (for a warm start's `same_values` check).
+    pub(crate) fn shared_values(&self) -> Arc<Vec<f64>> {
+        Arc::clone(&self.values)
+    }
+
+    /// Whether this matrix holds `values` bit for bit: at once when it shares them (a clone of
+    /// the matrix they came from), else by one comparison of the bits that stops at the first
+    /// difference (a matrix rebuilt from the same inputs).
+    pub(crate) fn same_values(&self, values: &Arc<Vec<f64>>) -> bool {
+        if Arc::ptr_eq(&self.values, values) {
+            return true;
+        }
+        let (a, b) = (&self.values[..], &values[..]);
+        if a.len() != b.len() {
+            return false;
+        }
+        // Blocks of 64 compared without branches (so that they vectorise), one test per block.
+        let (ca, cb) = (a.chunks_exact(64), b.chunks_exact(64));
+        let tail = ca.remainder().iter().zip(cb.remainder()).all(|(x, y)| x.to_bits() == y.to_bits());
+        tail && ca
+            .zip(cb)
+            .all(|(x, y)| x.iter().zip(y).fold(0u64, |acc, (p, q)| acc | (p.to_bits() ^ q.to_bits())) == 0)
     }
 
     /// Class-major rows with `None` where forbidden (the JSON form).

@@ -97,6 +97,10 @@ pub struct WarmStart {
     /// The engines' processed curves (a cache: not serialised, and ignored by `==`).
     #[serde(skip)]
     pub(crate) curves: CurveCache,
+    /// The candidate lists a warm re-solve kept, with what they are valid for (a cache: not
+    /// serialised, and ignored by `==`; the lists extracted from them are those a rebuild builds).
+    #[serde(skip)]
+    pub(crate) lists: ListCache,
 }
 
 /// Class or engine ids, shared: a warm re-solve of a problem with the same ids shares the previous
@@ -130,6 +134,37 @@ impl<'de> Deserialize<'de> for Ids {
 pub(crate) struct CurveCache(pub(crate) Option<std::sync::Arc<crate::pass::EngineCurves>>);
 
 impl PartialEq for CurveCache {
+    /// A cache does not change what the state means.
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+/// [`WarmStart`]'s cache of candidate lists (see `Run::kept`), with the inputs they were built
+/// from: the problem's network matrix (shared, or compared bit for bit), the grouping, and which
+/// groups have demand and which engines capacity.
+#[derive(Clone, Default)]
+pub(crate) struct ListCache(pub(crate) Option<std::sync::Arc<KeptLists>>);
+
+pub(crate) struct KeptLists {
+    pub network: std::sync::Arc<Vec<f64>>,
+    pub class_group: Vec<u32>,
+    pub class_on: Vec<bool>,
+    pub engine_on: Vec<bool>,
+    /// None when the solve kept none (a cold one, or the matrix had changed).
+    pub lists: Option<std::sync::Arc<crate::pass::Candidates>>,
+}
+
+impl std::fmt::Debug for ListCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(kept) => write!(f, "ListCache({:?} entries)", kept.lists.as_ref().map(|l| l.class.len())),
+            None => write!(f, "ListCache(None)"),
+        }
+    }
+}
+
+impl PartialEq for ListCache {
     /// A cache does not change what the state means.
     fn eq(&self, _: &Self) -> bool {
         true

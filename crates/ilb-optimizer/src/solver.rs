@@ -12,7 +12,7 @@ use crate::newton::{Run, Travel};
 use crate::options::SolverOptions;
 use crate::pass::{EngineCurves, Model, PrevRoutes};
 use crate::problem::{Problem, ProblemError};
-use crate::solution::{CurveCache, Ids, Solution, WarmStart};
+use crate::solution::{CurveCache, Ids, KeptLists, ListCache, Solution, WarmStart};
 use crate::stability::{keep_previous, Previous};
 use crate::warm::{cold_prices, map_warm_start};
 
@@ -117,8 +117,28 @@ pub fn solve(
     let mut run = Run::new(&model, options, scale, prev);
     if let Some(w) = warm.filter(|_| lost.is_some()) {
         run.travel = if w.after_cold { Travel::FirstWarm } else { Travel::SteadyWarm };
+        // The kept lists hold for the same matrix, grouping, groups with demand and engines on.
+        // Wider lists are built to be kept unless the matrix changed since the last solve (a
+        // matrix that changes every solve would pay for them and never use them).
+        match w.lists.0.as_ref() {
+            Some(k) if problem.network_ms.same_values(&k.network) => {
+                let same = k.class_group == groups.class_group
+                    && k.class_on == model.class_on
+                    && k.engine_on == model.engine_on;
+                run.kept = k.lists.as_ref().filter(|_| same).map(Arc::clone);
+            }
+            Some(_) => run.keep_lists = false,
+            None => {}
+        }
     }
     let (repaired, eps) = run.solve(u, eps_start);
+    let lists = ListCache(Some(Arc::new(KeptLists {
+        network: problem.network_ms.shared_values(),
+        class_group: groups.class_group.clone(),
+        class_on: model.class_on.clone(),
+        engine_on: model.engine_on.clone(),
+        lists: run.kept.take(),
+    })));
     let summary = RunSummary {
         cand: &run.cand,
         q: &run.pass.q,
@@ -153,6 +173,7 @@ pub fn solve(
         epsilon: eps,
         after_cold: warm.is_none(),
         curves: CurveCache(Some(curves)),
+        lists,
     };
     Ok((solution, warm))
 }
