@@ -13,16 +13,34 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tonic::transport::server::Connected;
+use tokio::net::TcpStream;
+use tonic::transport::server::{Connected, TcpConnectInfo};
 
 /// An I/O object that does not announce vectored writes (see the module's doc).
 pub(crate) struct Unvectored<T>(pub(crate) T);
 
-impl<T: Connected> Connected for Unvectored<T> {
-    type ConnectInfo = T::ConnectInfo;
+/// A gateway connection's TCP addresses: the socket's, or the socket's under TLS.
+pub(crate) trait Peer {
+    fn tcp_info(&self) -> TcpConnectInfo;
+}
 
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.0.connect_info()
+impl Peer for TcpStream {
+    fn tcp_info(&self) -> TcpConnectInfo {
+        self.connect_info()
+    }
+}
+
+impl Peer for tokio_rustls::server::TlsStream<TcpStream> {
+    fn tcp_info(&self) -> TcpConnectInfo {
+        self.get_ref().0.connect_info()
+    }
+}
+
+impl<T: Peer> Connected for Unvectored<T> {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        self.0.tcp_info()
     }
 }
 

@@ -4,54 +4,15 @@
 //!
 //! Handshakes run beside the accept loop, one task each, within the data plane's
 //! `header_read` timeout, so a client that stalls its handshake holds nothing up; a failed one
-//! is logged and dropped. Connections then reach tonic as [`TlsConn`]s, without vectored
-//! writes (`io.rs` says why).
+//! is logged and dropped. Connections then reach tonic without vectored writes (`io.rs`
+//! says why).
 
+use crate::io::Unvectored;
 use std::io;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
-use tonic::transport::server::{Connected, TcpConnectInfo};
-
-/// A TLS connection from the gateway, as tonic's server takes it.
-pub(crate) struct TlsConn(tokio_rustls::server::TlsStream<TcpStream>);
-
-impl Connected for TlsConn {
-    type ConnectInfo = TcpConnectInfo;
-
-    fn connect_info(&self) -> TcpConnectInfo {
-        self.0.get_ref().0.connect_info()
-    }
-}
-
-impl AsyncRead for TlsConn {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for TlsConn {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-
-    // Not vectored, so that h2 gathers small frames into one buffer (io.rs).
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
-    }
-}
+use tokio_rustls::server::TlsStream;
 
 /// The TLS connections accepted on `listener` (without Nagle: the answers are small writes
 /// that must leave at once), until `shutdown` or until the server stops taking them.
@@ -60,8 +21,8 @@ pub(crate) fn incoming(
     tls: ilb_tls::ServerTls,
     handshake_timeout: Duration,
     mut shutdown: watch::Receiver<bool>,
-) -> impl futures_util::Stream<Item = io::Result<TlsConn>> + Send + 'static {
-    let (connections, accepted) = mpsc::channel::<TlsConn>(64);
+) -> impl futures_util::Stream<Item = io::Result<Unvectored<TlsStream<TcpStream>>>> + Send + 'static {
+    let (connections, accepted) = mpsc::channel::<Unvectored<TlsStream<TcpStream>>>(64);
     tokio::spawn(async move {
         loop {
             let stream = tokio::select! {
@@ -82,7 +43,7 @@ pub(crate) fn incoming(
             tokio::spawn(async move {
                 match tls.handshake(stream, handshake_timeout).await {
                     Ok(tls) => {
-                        let _ = connections.send(TlsConn(tls)).await;
+                        let _ = connections.send(Unvectored(tls)).await;
                     }
                     Err(error) => tracing::warn!(%error, reason = error.reason(), "epp tls handshake failed"),
                 }

@@ -235,8 +235,8 @@ pub(crate) struct Candidates {
 }
 
 impl Candidates {
-    /// Rebuilds the lists around prices `u`: one full scan of the network matrix.
-    pub fn rebuild(&mut self, model: &Model, u: &[f64], width: f64, prev: &PrevRoutes) {
+    /// Empties the lists for a build around prices `u` with window `width`.
+    fn reset(&mut self, u: &[f64], width: f64) {
         self.start.clear();
         self.class.clear();
         self.net.clear();
@@ -244,6 +244,11 @@ impl Candidates {
         self.base_u.clear();
         self.base_u.extend_from_slice(u);
         self.width = width;
+    }
+
+    /// Rebuilds the lists around prices `u`: one full scan of the network matrix.
+    pub fn rebuild(&mut self, model: &Model, u: &[f64], width: f64, prev: &PrevRoutes) {
+        self.reset(u, width);
         let n = model.n_classes();
         let have_prev = !prev.start.is_empty();
         // A few classes per engine are typical: reserving avoids most regrowth (and its copies).
@@ -352,22 +357,16 @@ impl Candidates {
     /// its column.
     pub fn extract(&mut self, model: &Model, wide: &Candidates, u: &[f64], width: f64, prev: &PrevRoutes) {
         debug_assert!(wide.covers(u, width));
-        self.base_u.clear();
-        self.base_u.extend_from_slice(u);
-        self.width = width;
+        self.reset(u, width);
         let n = model.n_classes();
         let have_prev = !prev.start.is_empty();
         let m = model.n_engines();
         // Reserved for the largest possible size (a window is part of the wide entries; every
         // previous route may be added).
         let most = wide.class.len() + prev.class.len();
-        self.start.clear();
         self.start.reserve(m + 1);
-        self.class.clear();
         self.class.reserve(most);
-        self.net.clear();
         self.net.reserve(most);
-        self.prev.clear();
         self.prev.reserve(most);
         let (class, net, x0) = (&mut self.class, &mut self.net, &mut self.prev);
         let reduced = &mut self.blocks;
