@@ -200,3 +200,48 @@ fn a_restarted_engine_learns_its_capacity_afresh() {
     fleet.on_scrape(0, Duration::from_secs(20), Ok(sample(1.0 + 3.0 * 10.0, 2.0 + 19.0)));
     assert!(fleet.learned_capacity(0) <= cut, "no restart, no reset");
 }
+
+/// A window in which the engine filled up or drained is not a point of its latency curve: a
+/// flood at start-up (600 requests held, TTFT twenty times the settled one) leaves the fitted
+/// curve where the settled windows put it; the same latencies with the population steady do
+/// move it, so the test can tell.
+#[test]
+fn a_flooded_window_is_not_a_point_of_the_curve() {
+    // Cumulative vLLM-style counters: `ttft_ms` is the mean TTFT of each window's requests.
+    let run = |windows: &[(f64, f64, f64)]| -> Fleet {
+        let mut fleet = fleet(1);
+        let (mut finished, mut ttft_sum) = (0.0, 0.0);
+        for (s, &(rps, ttft_ms, held)) in windows.iter().enumerate() {
+            finished += rps;
+            ttft_sum += rps * ttft_ms / 1000.0;
+            let sample = EngineSample {
+                flavor: EngineFlavor::Vllm,
+                requests_finished: Some(finished),
+                ttft: ilb_planning::signals::Histogram::from_parts(
+                    vec![(f64::INFINITY, finished)],
+                    ttft_sum,
+                    finished,
+                ),
+                running: Some(held),
+                waiting: Some(0.0),
+                ..EngineSample::default()
+            };
+            fleet.on_scrape(0, Duration::from_secs(s as u64), Ok(vec![(ModelName::new("m"), sample)]));
+        }
+        fleet
+    };
+    let settled = [(5.0, 60.0, 4.0); 36];
+    let at = |fleet: &Fleet, load: f64| fleet.latency_profiles(&[0])[0].latency_ms(load, 10.0);
+    let mut flooded = settled[..30].to_vec();
+    flooded.extend([(6.0, 1200.0, 300.0), (6.0, 1200.0, 600.0), (6.0, 1200.0, 4.0)]);
+    flooded.extend([(5.0, 60.0, 4.0); 3]);
+    let mut steady_but_slow = settled[..30].to_vec();
+    steady_but_slow.extend([(6.0, 1200.0, 4.0); 3]);
+    steady_but_slow.extend([(5.0, 60.0, 4.0); 3]);
+    let (settled, flooded, slow) = (run(&settled), run(&flooded), run(&steady_but_slow));
+    for load in [5.0, 6.0, 8.0] {
+        let (s, f, w) = (at(&settled, load), at(&flooded, load), at(&slow, load));
+        assert!((f / s - 1.0).abs() < 0.02, "at {load} req/s: flooded {f:.1} ms against settled {s:.1}");
+        assert!(w > 1.2 * s, "at {load} req/s the same latencies, settled, count: {w:.1} against {s:.1}");
+    }
+}

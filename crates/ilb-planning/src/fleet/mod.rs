@@ -357,7 +357,9 @@ impl Fleet {
                 // a noisy reading of the load the engine's queue responds to, and pairing it with
                 // the latency biases the fit wherever the curve is steep (errors in variables).
                 let rate = e.request_rate.value().filter(|_| w.request_rate.is_some());
-                if let (Some(rate), Some(ttft), true) = (rate, w.ttft, e.penalty == 0.0) {
+                let population = |s: &EngineSample| s.running.unwrap_or(0.0) + s.waiting.unwrap_or(0.0);
+                let settled = history::settled(population(&previous), population(&sample));
+                if let (Some(rate), Some(ttft), true, true) = (rate, w.ttft, e.penalty == 0.0, settled) {
                     // Both latencies count per request (TBOT's own count is in tokens).
                     let at =
                         |mean_ms| Observation { load_rps: rate, latency_ms: mean_ms, weight: ttft.count };
