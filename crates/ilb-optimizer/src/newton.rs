@@ -68,6 +68,9 @@ pub(crate) enum Travel {
     FirstWarm,
     /// A warm re-solve after a warm one (the control loop's steady state).
     SteadyWarm,
+    /// The full solve after a coarse start, which starts like a warm re-solve (the coarse
+    /// prices, split and ε) and takes the first warm re-solve's drift budget (see `width`).
+    Coarse,
 }
 
 /// Drift budget per unit of ε of a cold solve, whose prices travel far.
@@ -129,7 +132,7 @@ impl<'m, 'p> Run<'m, 'p> {
     /// and kept, then extracted).
     fn build_lists(&mut self, u: &[f64], width: f64, into_spare: bool) {
         let target = if into_spare { &mut self.spare } else { &mut self.cand };
-        if self.travel == Travel::Cold || !self.keep_lists {
+        if matches!(self.travel, Travel::Cold | Travel::Coarse) || !self.keep_lists {
             target.rebuild(self.model, u, width, &self.prev);
             return;
         }
@@ -145,14 +148,21 @@ impl<'m, 'p> Run<'m, 'p> {
 
     /// Candidate window for smoothing `eps`: ερ (how far below an engine's best class a class
     /// without previous flow can still get flow) plus twice the drift budget: in a cold solve
-    /// max(2ε, 0.0025·scale); in the first warm one after it max(min(2ε, 0.005·scale), 0.5ε,
-    /// 0.0025·scale); in later warm ones 0.0025·scale.
+    /// max(2ε, 0.0025·scale); in the first warm one after it, and in the full solve after a
+    /// coarse start, max(min(2ε, 0.005·scale), 0.5ε, 0.0025·scale); in later warm ones
+    /// 0.0025·scale.
     fn width(&self, eps: f64) -> f64 {
         let floor = 0.0025 * self.scale;
         let budget = match self.travel {
             Travel::Cold => COLD_DRIFT_PER_EPS * eps,
             // The cold budget capped at twice the floor, at least `WARM_DRIFT_PER_EPS`·ε.
-            Travel::FirstWarm => (COLD_DRIFT_PER_EPS * eps).min(2.0 * floor).max(WARM_DRIFT_PER_EPS * eps),
+            // After a coarse start too: its prices move by the fit's error, a few ms at most,
+            // not by a multiple of ε, so under overload (where ε stays large) the cold budget
+            // only lengthened the lists (200 × 20,000 fleet at 108 %: 1.0 M entries of 4 M pairs;
+            // 2,343 → 1,774 M instructions, as many Newton steps).
+            Travel::FirstWarm | Travel::Coarse => {
+                (COLD_DRIFT_PER_EPS * eps).min(2.0 * floor).max(WARM_DRIFT_PER_EPS * eps)
+            }
             // Prices move by less than the floor after a small change (δ⁺ + δ⁻ 0.16–0.30 ms on
             // the noisy instances against the 0.5–0.55 ms the floor allows), so a budget growing
             // with ε only lengthens the lists, most under overload, where ε stays large
@@ -217,6 +227,7 @@ impl<'m, 'p> Run<'m, 'p> {
             let repaired =
                 repair(self.model, &self.cand, &self.pass, &self.u, eps, self.options.min_route_fraction);
             let gap = repaired.gap();
+            let residual_share = 2.0 * self.residual_value() / repaired.objective.max(1e-300);
             let better = match &self.best {
                 None => true,
                 Some((b, _, _)) => gap < b.gap(),
@@ -239,12 +250,16 @@ impl<'m, 'p> Run<'m, 'p> {
                 && converged
                 && smoothing < 0.5 * gap
                 && smoothing < 0.5 * target
+                && gap - residual_share <= target
             {
                 // The smoothing explains less than half of the gap: the residual is what is
                 // left, so tighten first (otherwise tightening would not help: shrink ε). Not
                 // when the smoothing alone is above half the target: it under-states its share
                 // of the gap, and a tighter residual cannot pass (fleet 100 × 5,000 cold went
-                // 6.4e-4 → 5.3e-4 in two more steps, then shrank ε anyway).
+                // 6.4e-4 → 5.3e-4 in two more steps, then shrank ε anyway). Nor when the
+                // residual is worth too little to close the gap (`residual_value`): 200 × 20,000
+                // fleet at 108 % tightened from 6.37e-4 to 6.25e-4 in one more step and
+                // certificate, 100 × 5,000 noisy at 108 % twice from 5.97e-4 to 5.66e-4.
                 tolerance = (self.pass.residual * 0.01).max(FINE_TOLERANCE);
             } else {
                 eps = self.shrink(eps, smoothing / (0.5 * target), eps_min);
@@ -255,6 +270,17 @@ impl<'m, 'p> Run<'m, 'p> {
         self.cand = cand;
         self.pass.q = q;
         (repaired, best_eps)
+    }
+
+    /// What the demand residual can be worth in the gap: Σ_k |∇g_k|·|u_k|. The dual credits
+    /// u_k per req/s of class k's demand it has not placed (or debits what it over-places), and
+    /// the repair pays about that much per req/s to fix it, so tightening the residual can close
+    /// about twice this much of the gap, and no more.
+    fn residual_value(&self) -> f64 {
+        (0..self.model.n_classes())
+            .filter(|&k| self.model.class_on[k] && self.u[k].is_finite())
+            .map(|k| self.pass.grad[k].abs() * self.u[k].abs())
+            .sum()
     }
 
     /// The continuation's next ε: `eps` divided by `factor` clamped to [2, 50], at least `eps_min`,
@@ -392,7 +418,7 @@ impl<'m, 'p> Run<'m, 'p> {
                 u_trial[k] = self.u[k] + t * delta[k];
             }
             let rebuilt = !Self::lists_valid(&self.cand, u_trial, eps, rho);
-            if rebuilt && self.travel != Travel::Cold {
+            if rebuilt && matches!(self.travel, Travel::FirstWarm | Travel::SteadyWarm) {
                 // A warm re-solve's prices rarely leave the lists' budget; a trial that does is
                 // usually an overshoot (one class's price several ε past a kink, or a common
                 // shift along a nearly singular direction). The lists' pass drops the classes

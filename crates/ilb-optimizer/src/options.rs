@@ -35,3 +35,14 @@ impl Default for SolverOptions {
         }
     }
 }
+
+/// Smallest ε, relative to the price scale, at which a warm re-solve starts. Centred at the
+/// previous routes, the smoothing costs a warm re-solve little (1e-6 of the objective on the
+/// fleet's 100 × 5,000 against the 5e-4 target), while a cold solve may have had to go down to
+/// ~8e-4 × scale to certify; at that ε an engine takes c_j/ε req/s per ms a class's price passes
+/// its water level, and the first warm steps were cut to 5–12 % as classes flooded engines they
+/// had not used (fleet 100 × 5,000: 6 Newton steps, 9 passes; from 2e-3 × scale: 3 and 4, 50.3 M →
+/// 31.2 M instructions per re-solve; 200 × 20,000 fleet 141.4 M → 128.3 M; the noisy instances,
+/// whose ε is about this large already, within 1 %). 1.5e-3 took 4 steps, 3e-3 and 5e-3 as many
+/// as 2e-3 on longer candidate lists.
+pub(crate) const WARM_MIN_EPSILON: f64 = 2e-3;

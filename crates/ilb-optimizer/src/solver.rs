@@ -9,7 +9,7 @@ use crate::aggregate::Aggregation;
 use crate::coarse;
 use crate::disaggregate::{disaggregate, RunSummary};
 use crate::newton::{Run, Travel};
-use crate::options::SolverOptions;
+use crate::options::{SolverOptions, WARM_MIN_EPSILON};
 use crate::pass::{EngineCurves, Model, PrevRoutes};
 use crate::problem::{Problem, ProblemError};
 use crate::solution::{CurveCache, Ids, KeptLists, ListCache, Solution, WarmStart};
@@ -63,17 +63,6 @@ impl Solver {
     }
 }
 
-/// Smallest ε, relative to the price scale, at which a warm re-solve starts. Centred at the
-/// previous routes, the smoothing costs a warm re-solve little (1e-6 of the objective on the
-/// fleet's 100 × 5,000 against the 5e-4 target), while a cold solve may have had to go down to
-/// ~8e-4 × scale to certify; at that ε an engine takes c_j/ε req/s per ms a class's price passes
-/// its water level, and the first warm steps were cut to 5–12 % as classes flooded engines they
-/// had not used (fleet 100 × 5,000: 6 Newton steps, 9 passes; from 2e-3 × scale: 3 and 4, 50.3 M →
-/// 31.2 M instructions per re-solve; 200 × 20,000 fleet 141.4 M → 128.3 M; the noisy instances,
-/// whose ε is about this large already, within 1 %). 1.5e-3 took 4 steps, 3e-3 and 5e-3 as many
-/// as 2e-3 on longer candidate lists.
-const WARM_MIN_EPSILON: f64 = 2e-3;
-
 /// Stateless solve: the solution and the state to warm-start the next solve from.
 pub fn solve(
     problem: &Problem,
@@ -115,6 +104,9 @@ pub fn solve(
         },
     };
     let mut run = Run::new(&model, options, scale, prev);
+    if coarse_engines.is_some() {
+        run.travel = Travel::Coarse;
+    }
     if let Some(w) = warm.filter(|_| lost.is_some()) {
         run.travel = if w.after_cold { Travel::FirstWarm } else { Travel::SteadyWarm };
         // The kept lists hold for the same matrix, grouping, groups with demand and engines on.
