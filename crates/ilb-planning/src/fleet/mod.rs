@@ -358,12 +358,12 @@ impl Fleet {
                 // the latency biases the fit wherever the curve is steep (errors in variables).
                 let rate = e.request_rate.value().filter(|_| w.request_rate.is_some());
                 let population = |s: &EngineSample| s.running.unwrap_or(0.0) + s.waiting.unwrap_or(0.0);
-                let settled = history::settled(population(&previous), population(&sample));
-                if let (Some(rate), Some(ttft), true, true) = (rate, w.ttft, e.penalty == 0.0, settled) {
+                let population = (population(&previous), population(&sample));
+                if let (Some(rate), Some(ttft), true) = (rate, w.ttft, e.penalty == 0.0) {
                     // Both latencies count per request (TBOT's own count is in tokens).
                     let at =
                         |mean_ms| Observation { load_rps: rate, latency_ms: mean_ms, weight: ttft.count };
-                    e.observations.record(now, at(ttft.mean_ms), w.tbot.map(|t| at(t.mean_ms)));
+                    e.observations.record(now, at(ttft.mean_ms), w.tbot.map(|t| at(t.mean_ms)), population);
                 }
                 if let Some(hit) = w.prefix_cache_hit_rate {
                     e.cache_hit_rate.update(now, hit);
@@ -480,7 +480,9 @@ impl Fleet {
         if let (Some(rate), Some(ms), true) = (e.request_rate.value(), ttft, e.penalty == 0.0) {
             let weight = obs.streams as f64;
             let at = |latency_ms| Observation { load_rps: rate, latency_ms, weight };
-            e.observations.record(now, at(ms), tbot.map(at));
+            // The population as last scraped: a bucket over which it ran away is left out.
+            let population = e.running + e.waiting;
+            e.observations.record(now, at(ms), tbot.map(at), (population, population));
         }
     }
 
