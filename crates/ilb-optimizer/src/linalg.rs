@@ -116,6 +116,26 @@ impl Cholesky {
         }
     }
 
+    /// Zeroes `h`, the n × n matrix last passed to `solve` (or any other of that size): the sparse
+    /// path leaves it as it was, so only its diagonal and the pattern it found there can be
+    /// non-zero. The Newton loop accumulates the next matrix into the same buffer, and clearing
+    /// all n² entries each step was 2 % of a 200 × 20,000 cold solve (n = 200 groups in its coarse
+    /// problem).
+    pub fn clear(&self, h: &mut [f64], n: usize) {
+        debug_assert_eq!(h.len(), n * n);
+        if n <= DENSE_UP_TO || self.adjacency_start.len() != n + 1 {
+            h.fill(0.0);
+            return;
+        }
+        for i in 0..n {
+            let row = &mut h[i * n..i * n + n];
+            row[i] = 0.0;
+            for &j in &self.adjacency[self.adjacency_start[i]..self.adjacency_start[i + 1]] {
+                row[j] = 0.0;
+            }
+        }
+    }
+
     /// Reverse Cuthill–McKee ordering of the non-zero pattern of symmetric `h` into `perm`:
     /// breadth-first from a lowest-degree vertex of each component, neighbours by ascending
     /// degree (ties by index), then reversed; new position i holds original row perm[i]. The

@@ -323,8 +323,13 @@ impl<'m, 'p> Run<'m, 'p> {
     /// diagonal entry.
     fn newton_matrix(&mut self, eps: f64) -> f64 {
         let n = self.model.n_classes();
-        self.hessian.clear();
-        self.hessian.resize(n * n, 0.0);
+        if self.hessian.len() == n * n {
+            // Every matrix filled here is factored (`Cholesky::solve`) before the next one.
+            self.cholesky.clear(&mut self.hessian, n);
+        } else {
+            self.hessian.clear();
+            self.hessian.resize(n * n, 0.0);
+        }
         self.pass.add_hessian(self.model, &self.cand, &self.u, eps, &mut self.hessian);
         (0..n).fold(0.0f64, |a, k| a.max(self.hessian[k * n + k]))
     }
