@@ -30,6 +30,8 @@ pub(crate) struct Cholesky {
     adjacency: Vec<usize>,
     /// The pattern as first filled (by index), transposed into `adjacency` by degree.
     unsorted: Vec<usize>,
+    /// The non-zero pairs (i, j), j < i, of the matrix's lower triangle.
+    pairs: Vec<(usize, usize)>,
     degree: Vec<usize>,
     visited: Vec<bool>,
     by_degree: Vec<usize>,
@@ -43,6 +45,10 @@ impl Cholesky {
         if n <= DENSE_UP_TO {
             return dense_cholesky_solve(h, rhs, n, floor_rel);
         }
+        debug_assert!(
+            (0..n).all(|i| (0..i).all(|j| h[i * n + j].to_bits() == h[j * n + i].to_bits())),
+            "the matrix is not symmetric"
+        );
         self.reverse_cuthill_mckee(h, n);
         let Cholesky { a, first, b, perm, position, adjacency_start, adjacency, .. } = self;
         // a = Pᵀ h P, b = Pᵀ rhs: row i of `a` is original row perm[i]. Only the envelope of each
@@ -141,14 +147,20 @@ impl Cholesky {
     /// degree (ties by index), then reversed; new position i holds original row perm[i]. The
     /// pattern is kept in `adjacency` (CSR) for the reordering.
     fn reverse_cuthill_mckee(&mut self, h: &[f64], n: usize) {
-        let Cholesky { adjacency_start, adjacency, unsorted, degree, visited, by_degree, perm, .. } = self;
+        let Cholesky {
+            adjacency_start, adjacency, unsorted, pairs, degree, visited, by_degree, perm, ..
+        } = self;
         degree.clear();
         degree.resize(n, 0);
+        // `h` is symmetric, so its lower triangle (read along rows) has the whole pattern; one
+        // scan of it lists the non-zero pairs (row, then column, ascending).
+        pairs.clear();
         for i in 0..n {
-            for j in 0..i {
-                if h[i * n + j] != 0.0 || h[j * n + i] != 0.0 {
+            for (j, &v) in h[i * n..i * n + i].iter().enumerate() {
+                if v != 0.0 {
                     degree[i] += 1;
                     degree[j] += 1;
+                    pairs.push((i, j));
                 }
             }
         }
@@ -162,15 +174,11 @@ impl Cholesky {
         // Fill: `perm` is the per-row write cursor here.
         perm.clear();
         perm.extend_from_slice(&adjacency_start[..n]);
-        for i in 0..n {
-            for j in 0..i {
-                if h[i * n + j] != 0.0 || h[j * n + i] != 0.0 {
-                    unsorted[perm[i]] = j;
-                    perm[i] += 1;
-                    unsorted[perm[j]] = i;
-                    perm[j] += 1;
-                }
-            }
+        for &(i, j) in pairs.iter() {
+            unsorted[perm[i]] = j;
+            perm[i] += 1;
+            unsorted[perm[j]] = i;
+            perm[j] += 1;
         }
         // Keys (degree, index) are distinct, so an unstable sort gives the one order.
         by_degree.clear();
