@@ -198,14 +198,22 @@ fn split(
     share: &[f64],
     cluster_of: &[u32],
 ) -> PrevRoutes {
+    // Per cluster (CSR), its coarse entries with flow: the only ones that give routes (walking
+    // all its candidates for each of its engines was 2.5 % of a 200 × 20,000 fleet cold solve).
+    let mut flowing_start = Vec::with_capacity(clusters.len() + 1);
+    let mut flowing = Vec::new();
+    flowing_start.push(0);
+    for s in 0..clusters.len() {
+        flowing.extend((cand.start[s]..cand.start[s + 1]).filter(|&e| x[e] > 0.0));
+        flowing_start.push(flowing.len());
+    }
     // Per coarse entry: the share of the cluster that allows its class (1 when all do).
     let mut allowed = vec![1.0; x.len()];
     for s in 0..clusters.len() {
         let members = clusters.members(s);
-        for e in cand.start[s]..cand.start[s + 1] {
+        for &e in &flowing[flowing_start[s]..flowing_start[s + 1]] {
             let k = cand.class[e] as usize;
-            if x[e] > 0.0 && members.iter().any(|&j| model.network.engine_column(j as usize)[k].is_infinite())
-            {
+            if members.iter().any(|&j| model.network.engine_column(j as usize)[k].is_infinite()) {
                 allowed[e] = members
                     .iter()
                     .filter(|&&j| model.network.engine_column(j as usize)[k].is_finite())
@@ -220,7 +228,7 @@ fn split(
     for j in 0..m {
         if cluster_of[j] != u32::MAX {
             let (row, column) = (cluster_of[j] as usize, model.network.engine_column(j));
-            for e in cand.start[row]..cand.start[row + 1] {
+            for &e in &flowing[flowing_start[row]..flowing_start[row + 1]] {
                 let k = cand.class[e] as usize;
                 if !(column[k].is_finite() && allowed[e] > 0.0) {
                     continue;
