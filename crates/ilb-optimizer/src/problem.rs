@@ -329,13 +329,30 @@ impl Problem {
     }
 }
 
-fn check_unique<'a>(kind: &'static str, ids: impl Iterator<Item = &'a str>) -> Result<(), ProblemError> {
+fn check_unique<'a>(
+    kind: &'static str,
+    ids: impl Iterator<Item = &'a str> + Clone,
+) -> Result<(), ProblemError> {
+    // Distinct hashes prove distinct ids, and sorting 8-byte hashes costs a fraction of sorting
+    // the strings (12 M of a 200 × 20,000 cold solve's instructions for the engine ids). Only when
+    // two hashes agree are the ids themselves sorted, so the id reported is the same.
+    let mut hashes: Vec<u64> = ids.clone().map(fnv1a).collect();
+    hashes.sort_unstable();
+    if hashes.windows(2).all(|w| w[0] != w[1]) {
+        return Ok(());
+    }
     let mut sorted: Vec<&str> = ids.collect();
     sorted.sort_unstable();
     match sorted.windows(2).find(|w| w[0] == w[1]) {
         Some(w) => Err(ProblemError::DuplicateId { kind, id: w[0].to_owned() }),
         None => Ok(()),
     }
+}
+
+/// 64-bit FNV-1a hash of `text`'s bytes.
+fn fnv1a(text: &str) -> u64 {
+    text.bytes()
+        .fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3))
 }
 
 /// Why a JSON problem could not be read. The message carries the cause (no separate source, so
