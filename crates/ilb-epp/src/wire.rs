@@ -4,6 +4,7 @@
 //! streamed body chunks, immediate responses).
 
 use crate::inbound::HeaderMap as EnvoyHeaderMap;
+use bytes::{BufMut, Bytes, BytesMut};
 use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption, Metadata};
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
@@ -12,6 +13,8 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 };
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
 use http::{HeaderMap, HeaderName, StatusCode};
+use prost::encoding::{encode_varint, encoded_len_varint};
+use prost::Message;
 
 /// The header that carries the picked endpoints to the gateway.
 pub const DESTINATION_ENDPOINT: &str = "x-gateway-destination-endpoint";
@@ -161,31 +164,134 @@ pub fn response_body(common: CommonResponse) -> ProcessingResponse {
     }
 }
 
-/// A body chunk sent back as it is, in full-duplex streamed mode.
-pub fn streamed(body: &[u8], end_of_stream: bool) -> CommonResponse {
-    CommonResponse {
-        body_mutation: Some(BodyMutation {
-            mutation: Some(body_mutation::Mutation::StreamedResponse(StreamedBodyResponse {
-                body: body.to_vec(),
-                end_of_stream,
-                ..Default::default()
-            })),
-        }),
-        ..Default::default()
+/// Which body a streamed chunk belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    Request,
+    Response,
+}
+
+/// One answer to the gateway, as the EPP sends it.
+// Not boxed: an answer lives in a stream's reused answer list until it is encoded, and a box
+// would cost an allocation per message.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug, PartialEq)]
+pub enum Answer {
+    /// A message built with envoy-types' types: picks, immediate responses, buffered-mode
+    /// answers, the response headers' answer.
+    Message(ProcessingResponse),
+    /// A body chunk sent back unchanged in full-duplex streamed mode: a `request_body` or
+    /// `response_body` answer whose `streamed_response` holds `body`, encoded around the chunk
+    /// as received (see [`Answer::encode`]).
+    Streamed { direction: Direction, body: Bytes, end_of_stream: bool },
+}
+
+/// A chunk shorter than this is copied into the answer's buffer; a longer one is sent as the
+/// slice of the gateway's frame it came in.
+pub const COPY_LIMIT: usize = 1024;
+
+impl Answer {
+    /// The answer as envoy-types' message (tests and the fuzz target read answers this way).
+    pub fn to_message(&self) -> ProcessingResponse {
+        match self {
+            Answer::Message(message) => message.clone(),
+            Answer::Streamed { direction, body, end_of_stream } => {
+                let common = CommonResponse {
+                    body_mutation: Some(BodyMutation {
+                        mutation: Some(body_mutation::Mutation::StreamedResponse(StreamedBodyResponse {
+                            body: body.to_vec(),
+                            end_of_stream: *end_of_stream,
+                            ..Default::default()
+                        })),
+                    }),
+                    ..Default::default()
+                };
+                match direction {
+                    Direction::Request => request_body(common),
+                    Direction::Response => response_body(common),
+                }
+            }
+        }
     }
+
+    /// Appends the answer as one gRPC message (uncompressed) to `out`. A streamed chunk of
+    /// [`COPY_LIMIT`] bytes or more is not copied: `out` gets everything before it, and the
+    /// chunk is returned to be sent right after `out`'s bytes (its fields come last).
+    // Hot: every message of every stream is answered through here.
+    pub fn encode(self, out: &mut BytesMut) -> Option<Bytes> {
+        match self {
+            Answer::Message(message) => {
+                let len = message.encoded_len();
+                out.reserve(5 + len);
+                out.put_u8(0);
+                out.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
+                message.encode_raw(out);
+                None
+            }
+            Answer::Streamed { direction, body, end_of_stream } => {
+                // ProcessingResponse { request_body (3) | response_body (4): BodyResponse {
+                //   response (1): CommonResponse { body_mutation (3): BodyMutation {
+                //     streamed_response (3): StreamedBodyResponse { end_of_stream (2), body (1) }}}}}
+                // `end_of_stream` before `body` (fields may come in any order), so that the
+                // body ends the message.
+                let body_field =
+                    if body.is_empty() { 0 } else { 1 + encoded_len_varint(body.len() as u64) + body.len() };
+                let streamed = usize::from(end_of_stream) * 2 + body_field;
+                let mutation = 1 + encoded_len_varint(streamed as u64) + streamed;
+                let common = 1 + encoded_len_varint(mutation as u64) + mutation;
+                let body_response = 1 + encoded_len_varint(common as u64) + common;
+                let message = 1 + encoded_len_varint(body_response as u64) + body_response;
+                out.reserve(5 + message - body.len() + if body.len() < COPY_LIMIT { body.len() } else { 0 });
+                out.put_u8(0);
+                out.put_u32(u32::try_from(message).unwrap_or(u32::MAX));
+                out.put_u8(match direction {
+                    Direction::Request => 0x1a,
+                    Direction::Response => 0x22,
+                });
+                encode_varint(body_response as u64, out);
+                out.put_u8(0x0a);
+                encode_varint(common as u64, out);
+                out.put_u8(0x1a);
+                encode_varint(mutation as u64, out);
+                out.put_u8(0x1a);
+                encode_varint(streamed as u64, out);
+                if end_of_stream {
+                    out.put_slice(&[0x10, 0x01]);
+                }
+                if body.is_empty() {
+                    return None;
+                }
+                out.put_u8(0x0a);
+                encode_varint(body.len() as u64, out);
+                if body.len() < COPY_LIMIT {
+                    out.put_slice(&body);
+                    None
+                } else {
+                    Some(body)
+                }
+            }
+        }
+    }
+}
+
+/// A body chunk sent back as it is, in full-duplex streamed mode.
+pub fn streamed(direction: Direction, body: Bytes, end_of_stream: bool) -> Answer {
+    Answer::Streamed { direction, body, end_of_stream }
 }
 
 /// The request body sent back in chunks of at most [`BODY_CHUNK_LIMIT`] (one empty chunk for an
 /// empty body); the last one ends the stream if `end_of_stream`.
-pub fn request_body_chunks(body: &[u8], end_of_stream: bool) -> Vec<ProcessingResponse> {
+pub fn request_body_chunks(body: &Bytes, end_of_stream: bool, out: &mut Vec<Answer>) {
     if body.is_empty() {
-        return vec![request_body(streamed(body, end_of_stream))];
+        out.push(streamed(Direction::Request, Bytes::new(), end_of_stream));
+        return;
     }
-    let n = body.len().div_ceil(BODY_CHUNK_LIMIT);
-    body.chunks(BODY_CHUNK_LIMIT)
-        .enumerate()
-        .map(|(i, chunk)| request_body(streamed(chunk, end_of_stream && i + 1 == n)))
-        .collect()
+    let mut start = 0;
+    while start < body.len() {
+        let end = (start + BODY_CHUNK_LIMIT).min(body.len());
+        out.push(streamed(Direction::Request, body.slice(start..end), end_of_stream && end == body.len()));
+        start = end;
+    }
 }
 
 /// An answer the gateway sends the client itself: `status`, JSON `body` and `headers`.
@@ -200,5 +306,52 @@ pub fn immediate(status: StatusCode, headers: &HeaderMap, body: &[u8], details: 
             ..Default::default()
         })),
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The answer's bytes as they go on the wire: the gRPC prefix, then the message.
+    fn on_the_wire(answer: Answer) -> Vec<u8> {
+        let mut out = BytesMut::new();
+        let rest = answer.encode(&mut out);
+        out.extend_from_slice(rest.as_deref().unwrap_or_default());
+        out.to_vec()
+    }
+
+    /// Every answer decodes (with envoy-types) to the message it stands for, with the gRPC
+    /// prefix's length right; long bodies are handed back uncopied, short ones copied.
+    #[test]
+    fn answers_encode_to_the_messages_they_stand_for() {
+        let mut answers = vec![
+            Answer::Message(response_headers()),
+            Answer::Message(request_headers(pick_common("10.0.0.1:8000,10.0.0.2:8000", Some(12)))),
+        ];
+        for len in [0, 1, 100, 127, 128, 1023, 1024, 16_383, 16_384, 62_000, 70_000] {
+            for end_of_stream in [false, true] {
+                for direction in [Direction::Request, Direction::Response] {
+                    let body = Bytes::from((0..len).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+                    answers.push(streamed(direction, body, end_of_stream));
+                }
+            }
+        }
+        for answer in answers {
+            let wire = on_the_wire(answer.clone());
+            assert_eq!(wire[0], 0);
+            let len = u32::from_be_bytes([wire[1], wire[2], wire[3], wire[4]]) as usize;
+            assert_eq!(len, wire.len() - 5, "{answer:?}");
+            let decoded = ProcessingResponse::decode(&wire[5..]).expect("decodes");
+            assert_eq!(decoded, answer.to_message());
+            if let Answer::Streamed { body, .. } = &answer {
+                let mut out = BytesMut::new();
+                let rest = answer.clone().encode(&mut out);
+                assert_eq!(rest.is_some(), body.len() >= COPY_LIMIT);
+                if let Some(rest) = rest {
+                    assert_eq!(rest.as_ptr(), body.as_ptr(), "a long body is sent as received");
+                }
+            }
+        }
     }
 }
