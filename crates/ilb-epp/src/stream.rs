@@ -130,11 +130,13 @@ impl Stream {
             self.request_mode = BodyMode::of(config.request_body_mode);
             self.response_mode = BodyMode::of(config.response_body_mode);
         }
-        let metadata = message.metadata_context.as_ref();
+        // Only the headers' metadata is read (Envoy sends it with every message).
+        let metadata = message.metadata_context.as_deref();
+        let malformed = |error: wire::DecodeError| StreamError::Protocol(error.to_string());
         match message.request {
             Some(Request::RequestHeaders(headers)) => {
-                self.subset = wire::subset_hint(metadata);
-                self.request_headers(headers, out)
+                self.subset = wire::subset_hint(metadata).map_err(malformed)?;
+                self.request_headers(&headers, out)
             }
             Some(Request::RequestBody(body)) => self.request_body(body, out),
             Some(Request::RequestTrailers(_)) => {
@@ -151,7 +153,8 @@ impl Stream {
                 Ok(Step::Answered)
             }
             Some(Request::ResponseHeaders(headers)) => {
-                out.push(self.response_headers(metadata, &headers));
+                let served = wire::served_endpoint(metadata).map_err(malformed)?;
+                out.push(self.response_headers(served.as_deref(), &headers));
                 Ok(Step::Answered)
             }
             Some(Request::ResponseBody(body)) => {
@@ -172,7 +175,7 @@ impl Stream {
         }
     }
 
-    fn request_headers(&mut self, headers: HttpHeaders, out: &mut Vec<Answer>) -> Result<Step, StreamError> {
+    fn request_headers(&mut self, headers: &HttpHeaders, out: &mut Vec<Answer>) -> Result<Step, StreamError> {
         if self.answered || !self.headers.is_empty() || self.path.is_some() {
             return Err(StreamError::Protocol("request headers sent twice on one stream".into()));
         }
@@ -277,25 +280,19 @@ impl Stream {
         let endpoints = routing.endpoints().join(",");
         tracing::debug!(endpoints = %endpoints, engines = ?routing.engine_ids(), "picked");
         self.routing = Some(routing);
-        let metadata = Some(wire::pick_metadata(&endpoints));
         match via {
             Via::Headers => {
-                let mut headers = wire::request_headers(wire::pick_common(&endpoints, None));
-                headers.dynamic_metadata = metadata;
-                out.push(Answer::Message(headers));
+                out.push(Answer::Pick { in_body: false, endpoints, content_length: None });
             }
             Via::DuplexBody { end_of_stream } => {
                 // The headers are still held: their answer carries the pick, then the body
                 // goes back as it came (the pick needed all of it).
-                let mut headers = wire::request_headers(wire::pick_common(&endpoints, Some(body.len())));
-                headers.dynamic_metadata = metadata;
-                out.push(Answer::Message(headers));
+                let content_length = Some(body.len());
+                out.push(Answer::Pick { in_body: false, endpoints, content_length });
                 wire::request_body_chunks(body, end_of_stream, out);
             }
             Via::BufferedBody => {
-                let mut answer = wire::request_body(wire::pick_common(&endpoints, None));
-                answer.dynamic_metadata = metadata;
-                out.push(Answer::Message(answer));
+                out.push(Answer::Pick { in_body: true, endpoints, content_length: None });
             }
         }
     }
@@ -312,19 +309,12 @@ impl Stream {
         Answer::Message(wire::immediate(status, &parts.headers, &body, &details))
     }
 
-    fn response_headers(
-        &mut self,
-        metadata: Option<&envoy_types::pb::envoy::config::core::v3::Metadata>,
-        headers: &HttpHeaders,
-    ) -> Answer {
+    fn response_headers(&mut self, served: Option<&str>, headers: &HttpHeaders) -> Answer {
         let status = wire::status_of(headers.headers.as_ref()).unwrap_or(http::StatusCode::OK);
-        let sse = wire::read_headers(headers.headers.as_ref()).ok().is_some_and(|(map, _)| {
-            map.get(http::header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|ct| ct.starts_with("text/event-stream"))
-        });
+        let sse = wire::header_value(headers.headers.as_ref(), "content-type")
+            .is_some_and(|content_type| content_type.starts_with(b"text/event-stream"));
         if let Some(routing) = &mut self.routing {
-            routing.served(wire::served_endpoint(metadata).as_deref(), status, sse);
+            routing.served(served, status, sse);
         }
         if headers.end_of_stream || self.response_mode == BodyMode::None {
             self.finish();
