@@ -108,7 +108,9 @@ where
 /// answers gathered and sent as one DATA frame per turn (those ready together go out together).
 struct Exchange {
     recv: RecvStream,
-    /// The response, its headers sent (`None`: the stream was reset before).
+    /// The response until its headers are sent, at the first poll.
+    respond: Option<SendResponse<Bytes>>,
+    /// The response, its headers sent (`None`: not yet, or the stream was reset before).
     send: Option<SendStream<Bytes>>,
     stream: stream::Stream,
     max_message: usize,
@@ -128,12 +130,11 @@ struct Exchange {
 type Ending = Result<(), (u8, String)>;
 
 impl Exchange {
-    fn new(recv: RecvStream, mut respond: SendResponse<Bytes>, shared: &Shared) -> Exchange {
-        // The response headers at once: a gRPC client may wait for them before it sends.
-        let send = respond.send_response(grpc_response(), false).ok();
+    fn new(recv: RecvStream, respond: SendResponse<Bytes>, shared: &Shared) -> Exchange {
         Exchange {
             recv,
-            send,
+            respond: Some(respond),
+            send: None,
             stream: stream::Stream::new(Arc::clone(&shared.router)),
             max_message: shared.max_message,
             partial: BytesMut::new(),
@@ -148,6 +149,13 @@ impl Exchange {
     /// Runs the stream as far as it can go now: `Ready` with how it ends, or `Pending` with its
     /// answers so far sent.
     fn run(&mut self, cx: &mut Context<'_>) -> Poll<Ending> {
+        // The response headers at the first poll, not when the stream is accepted: a gRPC client
+        // may wait for them before it sends, and so they leave with the next write of the
+        // connection rather than in a write of their own per accepted stream (h2 writes out what
+        // is queued at each accept).
+        if let Some(mut respond) = self.respond.take() {
+            self.send = respond.send_response(grpc_response(), false).ok();
+        }
         loop {
             if let Some(pick) = &mut self.picking {
                 ready!(self.stream.poll_pick(pick, cx, &mut self.answers));
