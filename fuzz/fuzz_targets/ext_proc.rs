@@ -11,7 +11,7 @@
 
 #![no_main]
 
-use envoy_types::pb::envoy::service::ext_proc::v3::processing_response;
+use envoy_types::pb::envoy::service::ext_proc::v3::{processing_response, ProcessingResponse};
 use ilb_epp::inbound::ProcessingRequest;
 use envoy_types::pb::google::protobuf::value::Kind;
 use ilb_dataplane::{DataPlaneConfig, Router, SnapshotSource};
@@ -93,12 +93,23 @@ fuzz_target!(|data: &[u8]| {
         let mut stream = ilb_epp::Stream::new(Arc::clone(&world.router));
         for frame in frames(data) {
             let Ok(message) = ProcessingRequest::decode(frame) else { continue };
-            let answers = match stream.handle(message) {
-                Ok(ilb_epp::Step::Answers(answers)) => answers,
-                Ok(ilb_epp::Step::Pick(mut pick)) => std::future::poll_fn(|cx| stream.poll_pick(&mut pick, cx)).await,
+            let mut out = Vec::new();
+            match stream.handle(message, &mut out) {
+                Ok(ilb_epp::Step::Answered) => {}
+                Ok(ilb_epp::Step::Pick(mut pick)) => {
+                    std::future::poll_fn(|cx| stream.poll_pick(&mut pick, cx, &mut out)).await
+                }
                 Err(_) => break,
-            };
-            for answer in &answers {
+            }
+            for answer in out {
+                // What goes on the wire is the message the answer stands for.
+                let mut wire = bytes::BytesMut::new();
+                let rest = answer.clone().encode(&mut wire);
+                wire.extend_from_slice(rest.as_deref().unwrap_or_default());
+                let answer = &answer.to_message();
+                assert_eq!(wire[0], 0, "uncompressed");
+                assert_eq!(u32::from_be_bytes([wire[1], wire[2], wire[3], wire[4]]) as usize, wire.len() - 5);
+                assert_eq!(&ProcessingResponse::decode(&wire[5..]).expect("the answer decodes"), answer);
                 if let Some(endpoints) = picked(answer) {
                     assert!(!endpoints.is_empty());
                     for endpoint in &endpoints {

@@ -14,10 +14,23 @@ use envoy_types::pb::envoy::service::ext_proc::v3::ProtocolConfiguration;
 pub struct ProcessingRequest {
     #[prost(oneof = "Request", tags = "2, 3, 4, 5, 6, 7")]
     pub request: Option<Request>,
-    #[prost(message, optional, tag = "8")]
-    pub metadata_context: Option<Metadata>,
+    /// `envoy.config.core.v3.Metadata`, kept encoded (a slice of the frame): only the
+    /// headers' metadata is read ([`ProcessingRequest::metadata`]), and Envoy sends it with
+    /// every message.
+    #[prost(bytes = "bytes", optional, tag = "8")]
+    pub metadata_context: Option<Bytes>,
     #[prost(message, optional, tag = "11")]
     pub protocol_config: Option<ProtocolConfiguration>,
+}
+
+impl ProcessingRequest {
+    /// The gateway's metadata, decoded; `Ok(None)` when it sent none.
+    pub fn metadata(&self) -> Result<Option<Metadata>, prost::DecodeError> {
+        self.metadata_context
+            .as_ref()
+            .map(|bytes| <Metadata as prost::Message>::decode(bytes.clone()))
+            .transpose()
+    }
 }
 
 /// The variants are named as in Envoy's proto.
@@ -139,7 +152,7 @@ mod tests {
         for message in messages {
             let decoded = ProcessingRequest::decode(message.encode_to_vec().as_slice()).expect("decodes");
             assert_eq!(decoded.protocol_config, message.protocol_config);
-            assert_eq!(decoded.metadata_context, message.metadata_context);
+            assert_eq!(decoded.metadata().expect("decodes"), message.metadata_context);
             match (decoded.request, message.request) {
                 (
                     Some(Request::RequestHeaders(d)),

@@ -1,4 +1,4 @@
-//! The gateway's connection as tonic's server takes it, without vectored writes.
+//! The gateway's connection as the HTTP/2 server takes it, without vectored writes.
 //!
 //! h2 copies a DATA frame into its 16 KiB write buffer only when the payload is under its
 //! chain threshold: 256 bytes when the transport does vectored writes, 1 KiB when it does not.
@@ -13,36 +13,9 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
-use tonic::transport::server::{Connected, TcpConnectInfo};
 
 /// An I/O object that does not announce vectored writes (see the module's doc).
 pub(crate) struct Unvectored<T>(pub(crate) T);
-
-/// A gateway connection's TCP addresses: the socket's, or the socket's under TLS.
-pub(crate) trait Peer {
-    fn tcp_info(&self) -> TcpConnectInfo;
-}
-
-impl Peer for TcpStream {
-    fn tcp_info(&self) -> TcpConnectInfo {
-        self.connect_info()
-    }
-}
-
-impl Peer for tokio_rustls::server::TlsStream<TcpStream> {
-    fn tcp_info(&self) -> TcpConnectInfo {
-        self.get_ref().0.connect_info()
-    }
-}
-
-impl<T: Peer> Connected for Unvectored<T> {
-    type ConnectInfo = TcpConnectInfo;
-
-    fn connect_info(&self) -> TcpConnectInfo {
-        self.0.tcp_info()
-    }
-}
 
 impl<T: AsyncRead + Unpin> AsyncRead for Unvectored<T> {
     fn poll_read(

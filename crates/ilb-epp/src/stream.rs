@@ -8,7 +8,7 @@
 //! through chunk by chunk as they came (full duplex) or acknowledged (buffered).
 
 use crate::inbound::{HttpBody, HttpHeaders, ProcessingRequest, Request};
-use crate::wire;
+use crate::wire::{self, Answer, Direction};
 use bytes::{Bytes, BytesMut};
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
@@ -61,9 +61,10 @@ enum Via {
     BufferedBody,
 }
 
-/// What one of Envoy's messages asks for: answers now, or a pick first.
+/// What one of Envoy's messages asks for: nothing more (its answers, if any, were added), or a
+/// pick first.
 pub enum Step {
-    Answers(Vec<ProcessingResponse>),
+    Answered,
     Pick(Pick),
 }
 
@@ -122,19 +123,22 @@ impl Stream {
         self.done
     }
 
-    /// Handles one message: the messages to send back, in order, or a pick that gives them.
-    pub fn handle(&mut self, message: ProcessingRequest) -> Result<Step, StreamError> {
+    /// Handles one message: adds the answers to send back to `out`, in order, or starts a pick
+    /// that gives them.
+    pub fn handle(&mut self, message: ProcessingRequest, out: &mut Vec<Answer>) -> Result<Step, StreamError> {
         if let Some(config) = &message.protocol_config {
             self.request_mode = BodyMode::of(config.request_body_mode);
             self.response_mode = BodyMode::of(config.response_body_mode);
         }
-        let metadata = message.metadata_context.as_ref();
+        // Only the headers' metadata is read (Envoy sends it with every message).
+        let metadata = message.metadata_context.as_deref();
+        let malformed = |error: wire::DecodeError| StreamError::Protocol(error.to_string());
         match message.request {
             Some(Request::RequestHeaders(headers)) => {
-                self.subset = wire::subset_hint(metadata);
-                self.request_headers(headers)
+                self.subset = wire::subset_hint(metadata).map_err(malformed)?;
+                self.request_headers(&headers, out)
             }
-            Some(Request::RequestBody(body)) => self.request_body(body),
+            Some(Request::RequestBody(body)) => self.request_body(body, out),
             Some(Request::RequestTrailers(_)) => {
                 if !self.answered {
                     let via = match self.request_mode {
@@ -143,30 +147,35 @@ impl Stream {
                     };
                     return Ok(Step::Pick(self.pick(via, true)));
                 }
-                let mut out = Vec::new();
                 if !self.done {
                     out.push(request_trailers());
                 }
-                Ok(Step::Answers(out))
+                Ok(Step::Answered)
             }
             Some(Request::ResponseHeaders(headers)) => {
-                Ok(Step::Answers(self.response_headers(metadata, &headers)))
+                let served = wire::served_endpoint(metadata).map_err(malformed)?;
+                out.push(self.response_headers(served.as_deref(), &headers));
+                Ok(Step::Answered)
             }
-            Some(Request::ResponseBody(body)) => Ok(Step::Answers(self.response_body(body))),
+            Some(Request::ResponseBody(body)) => {
+                out.push(self.response_body(body));
+                Ok(Step::Answered)
+            }
             Some(Request::ResponseTrailers(_)) => {
                 self.finish();
-                Ok(Step::Answers(vec![ProcessingResponse {
+                out.push(Answer::Message(ProcessingResponse {
                     response: Some(processing_response::Response::ResponseTrailers(
                         TrailersResponse::default(),
                     )),
                     ..Default::default()
-                }]))
+                }));
+                Ok(Step::Answered)
             }
             None => Err(StreamError::Protocol("a processing request without a request field".into())),
         }
     }
 
-    fn request_headers(&mut self, headers: HttpHeaders) -> Result<Step, StreamError> {
+    fn request_headers(&mut self, headers: &HttpHeaders, out: &mut Vec<Answer>) -> Result<Step, StreamError> {
         if self.answered || !self.headers.is_empty() || self.path.is_some() {
             return Err(StreamError::Protocol("request headers sent twice on one stream".into()));
         }
@@ -175,24 +184,28 @@ impl Stream {
                 self.headers = map;
                 self.path = path;
             }
-            Err(e) => return Ok(Step::Answers(self.refuse(ProxyError::BadRequest(e.to_string())))),
+            Err(e) => {
+                out.push(self.refuse(ProxyError::BadRequest(e.to_string())));
+                return Ok(Step::Answered);
+            }
         }
         if headers.end_of_stream || self.request_mode == BodyMode::None {
             return Ok(Step::Pick(self.pick(Via::Headers, false)));
         }
         match self.request_mode {
             // Envoy waits for this answer before it sends the body.
-            BodyMode::Buffered => Ok(Step::Answers(vec![wire::request_headers(CommonResponse::default())])),
-            BodyMode::FullDuplex => Ok(Step::Answers(Vec::new())),
-            BodyMode::Other(mode) => Ok(Step::Answers(self.refuse(ProxyError::BadRequest(format!(
+            BodyMode::Buffered => out.push(Answer::Message(wire::request_headers(CommonResponse::default()))),
+            BodyMode::FullDuplex => {}
+            BodyMode::Other(mode) => out.push(self.refuse(ProxyError::BadRequest(format!(
                 "ilb epp reads request bodies in FULL_DUPLEX_STREAMED or BUFFERED mode, not in mode {mode}; \
                  fix the gateway's ext_proc processing_mode"
-            ))))),
+            )))),
             BodyMode::None => unreachable!("routed above"),
         }
+        Ok(Step::Answered)
     }
 
-    fn request_body(&mut self, body: HttpBody) -> Result<Step, StreamError> {
+    fn request_body(&mut self, body: HttpBody, out: &mut Vec<Answer>) -> Result<Step, StreamError> {
         if self.answered {
             return Err(StreamError::Protocol("request body after the request was answered".into()));
         }
@@ -201,7 +214,8 @@ impl Stream {
         }
         let limit = self.router.config().max_body_bytes;
         if self.first_chunk.len() + self.body.len() + body.body.len() > limit {
-            return Ok(Step::Answers(self.refuse(ProxyError::BodyTooLarge { limit })));
+            out.push(self.refuse(ProxyError::BodyTooLarge { limit }));
+            return Ok(Step::Answered);
         }
         if self.first_chunk.is_empty() && self.body.is_empty() {
             self.first_chunk = body.body;
@@ -218,7 +232,7 @@ impl Stream {
             _ if body.end_of_stream => {
                 Ok(Step::Pick(self.pick(Via::DuplexBody { end_of_stream: true }, false)))
             }
-            _ => Ok(Step::Answers(Vec::new())),
+            _ => Ok(Step::Answered),
         }
     }
 
@@ -248,80 +262,67 @@ impl Stream {
         Pick { future, via, body, trailers }
     }
 
-    /// The answers once `pick` is done: the pick, or an immediate response for its error.
-    pub fn poll_pick(&mut self, pick: &mut Pick, cx: &mut Context<'_>) -> Poll<Vec<ProcessingResponse>> {
-        let mut out = match ready!(pick.future.as_mut().poll(cx)) {
-            Ok(routing) => self.answer(routing, pick.via, &pick.body),
-            Err(error) => self.refuse(error),
-        };
+    /// Once `pick` is done, adds its answers to `out`: the pick, or an immediate response for
+    /// its error.
+    pub fn poll_pick(&mut self, pick: &mut Pick, cx: &mut Context<'_>, out: &mut Vec<Answer>) -> Poll<()> {
+        match ready!(pick.future.as_mut().poll(cx)) {
+            Ok(routing) => self.answer(routing, pick.via, &pick.body, out),
+            Err(error) => out.push(self.refuse(error)),
+        }
         if pick.trailers && !self.done {
             out.push(request_trailers());
         }
-        Poll::Ready(out)
+        Poll::Ready(())
     }
 
     /// The answer to a routed request `via` the message Envoy waits on.
-    fn answer(&mut self, routing: Routing, via: Via, body: &Bytes) -> Vec<ProcessingResponse> {
+    fn answer(&mut self, routing: Routing, via: Via, body: &Bytes, out: &mut Vec<Answer>) {
         let endpoints = routing.endpoints().join(",");
         tracing::debug!(endpoints = %endpoints, engines = ?routing.engine_ids(), "picked");
         self.routing = Some(routing);
-        let metadata = Some(wire::pick_metadata(&endpoints));
         match via {
             Via::Headers => {
-                let mut headers = wire::request_headers(wire::pick_common(&endpoints, None));
-                headers.dynamic_metadata = metadata;
-                vec![headers]
+                out.push(Answer::Pick { in_body: false, endpoints, content_length: None });
             }
             Via::DuplexBody { end_of_stream } => {
                 // The headers are still held: their answer carries the pick, then the body
                 // goes back as it came (the pick needed all of it).
-                let mut headers = wire::request_headers(wire::pick_common(&endpoints, Some(body.len())));
-                headers.dynamic_metadata = metadata;
-                let mut out = vec![headers];
-                out.extend(wire::request_body_chunks(body, end_of_stream));
-                out
+                let content_length = Some(body.len());
+                out.push(Answer::Pick { in_body: false, endpoints, content_length });
+                wire::request_body_chunks(body, end_of_stream, out);
             }
             Via::BufferedBody => {
-                let mut answer = wire::request_body(wire::pick_common(&endpoints, None));
-                answer.dynamic_metadata = metadata;
-                vec![answer]
+                out.push(Answer::Pick { in_body: true, endpoints, content_length: None });
             }
         }
     }
 
     /// The request's error as the gateway's immediate response: its status and OpenAI-style
     /// JSON body (a 4xx for the client's mistakes, 429 shed, 503 no engine).
-    fn refuse(&mut self, error: ProxyError) -> Vec<ProcessingResponse> {
+    fn refuse(&mut self, error: ProxyError) -> Answer {
         self.answered = true;
         self.done = true;
         let status = error.status();
         let details = format!("ilb_epp_{}", status.as_u16());
         let response: http::Response<Bytes> = error.into_response();
         let (parts, body) = response.into_parts();
-        vec![wire::immediate(status, &parts.headers, &body, &details)]
+        Answer::Message(wire::immediate(status, &parts.headers, &body, &details))
     }
 
-    fn response_headers(
-        &mut self,
-        metadata: Option<&envoy_types::pb::envoy::config::core::v3::Metadata>,
-        headers: &HttpHeaders,
-    ) -> Vec<ProcessingResponse> {
+    fn response_headers(&mut self, served: Option<&str>, headers: &HttpHeaders) -> Answer {
         let status = wire::status_of(headers.headers.as_ref()).unwrap_or(http::StatusCode::OK);
-        let sse = wire::read_headers(headers.headers.as_ref()).ok().is_some_and(|(map, _)| {
-            map.get(http::header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|ct| ct.starts_with("text/event-stream"))
-        });
+        let sse = wire::header_value(headers.headers.as_ref(), "content-type")
+            .is_some_and(|content_type| content_type.starts_with(b"text/event-stream"));
         if let Some(routing) = &mut self.routing {
-            routing.served(wire::served_endpoint(metadata).as_deref(), status, sse);
+            routing.served(served, status, sse);
         }
         if headers.end_of_stream || self.response_mode == BodyMode::None {
             self.finish();
         }
-        vec![wire::response_headers()]
+        Answer::Message(wire::response_headers())
     }
 
-    fn response_body(&mut self, body: HttpBody) -> Vec<ProcessingResponse> {
+    fn response_body(&mut self, body: HttpBody) -> Answer {
         if let Some(routing) = &mut self.routing {
             routing.body(&body.body);
         }
@@ -329,8 +330,8 @@ impl Stream {
             self.finish();
         }
         match self.response_mode {
-            BodyMode::FullDuplex => vec![wire::response_body(wire::streamed(&body.body, body.end_of_stream))],
-            _ => vec![wire::response_body(CommonResponse::default())],
+            BodyMode::FullDuplex => wire::streamed(Direction::Response, body.body, body.end_of_stream),
+            _ => Answer::Message(wire::response_body(CommonResponse::default())),
         }
     }
 
@@ -341,9 +342,9 @@ impl Stream {
     }
 }
 
-fn request_trailers() -> ProcessingResponse {
-    ProcessingResponse {
+fn request_trailers() -> Answer {
+    Answer::Message(ProcessingResponse {
         response: Some(processing_response::Response::RequestTrailers(TrailersResponse::default())),
         ..Default::default()
-    }
+    })
 }

@@ -4,7 +4,7 @@
 //!
 //! Handshakes run beside the accept loop, one task each, within the data plane's
 //! `header_read` timeout, so a client that stalls its handshake holds nothing up; a failed one
-//! is logged and dropped. Connections then reach tonic without vectored writes (`io.rs`
+//! is logged and dropped. Connections then reach the HTTP/2 server (`server.rs`) without vectored writes (`io.rs`
 //! says why).
 
 use crate::io::Unvectored;

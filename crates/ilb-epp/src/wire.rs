@@ -4,7 +4,8 @@
 //! streamed body chunks, immediate responses).
 
 use crate::inbound::HeaderMap as EnvoyHeaderMap;
-use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption, Metadata};
+use bytes::{BufMut, Bytes, BytesMut};
+use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption};
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     body_mutation, processing_response, BodyMutation, BodyResponse, CommonResponse, HeaderMutation,
@@ -12,6 +13,8 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 };
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
 use http::{HeaderMap, HeaderName, StatusCode};
+use prost::encoding::{encode_varint, encoded_len_varint};
+use prost::Message;
 
 /// The header that carries the picked endpoints to the gateway.
 pub const DESTINATION_ENDPOINT: &str = "x-gateway-destination-endpoint";
@@ -56,41 +59,171 @@ pub fn read_headers(headers: Option<&EnvoyHeaderMap>) -> Result<(HeaderMap, Opti
     Ok((out, path))
 }
 
+/// The value of the first header named `name` (lowercase), without building a header map.
+pub fn header_value<'a>(headers: Option<&'a EnvoyHeaderMap>, name: &str) -> Option<&'a [u8]> {
+    let header = headers?.headers.iter().find(|h| h.key.eq_ignore_ascii_case(name.as_bytes()))?;
+    Some(header.value())
+}
+
 /// A response's `:status`, if it has a valid one.
 pub fn status_of(headers: Option<&EnvoyHeaderMap>) -> Option<StatusCode> {
     let header = headers?.headers.iter().find(|h| h.key == ":status")?;
     StatusCode::from_bytes(header.value()).ok()
 }
 
-/// A string or a list of strings at `namespace`.`key` of the metadata, split at commas.
-fn endpoint_list(metadata: Option<&Metadata>, namespace: &str, key: &str) -> Option<Vec<String>> {
-    let value = metadata?.filter_metadata.get(namespace)?.fields.get(key)?;
+/// A string or a list of strings at `namespace`.`key` of the gateway's metadata (an encoded
+/// `envoy.config.core.v3.Metadata`), split at commas: `None` when it is not there. Read from
+/// the encoding without decoding the maps around it (a map entry given twice: the last counts,
+/// as when decoded).
+fn endpoint_list(
+    metadata: Option<&[u8]>,
+    namespace: &str,
+    key: &str,
+) -> Result<Option<Vec<String>>, DecodeError> {
+    let Some(metadata) = metadata else { return Ok(None) };
+    // Metadata { filter_metadata (1): map<string, Struct> }
+    let Some(fields) = map_value(metadata, 1, namespace)? else { return Ok(None) };
+    // Struct { fields (1): map<string, Value> }
+    let Some(value) = map_value(fields, 1, key)? else { return Ok(None) };
     let mut out = Vec::new();
     let mut push =
         |s: &str| out.extend(s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned));
-    match &value.kind {
-        Some(Kind::StringValue(s)) => push(s),
-        Some(Kind::ListValue(list)) => {
-            for item in &list.values {
-                if let Some(Kind::StringValue(s)) = &item.kind {
-                    push(s);
+    match value_kind(value)? {
+        // Value { string_value (3) }
+        Some((3, string)) => push(utf8(string)?),
+        // Value { list_value (6): ListValue { values (1): Value } }
+        Some((6, list)) => {
+            let mut fields = Fields(list);
+            while let Some((tag, item)) = fields.next_field()? {
+                if let (1, Field::Bytes(item)) = (tag, item) {
+                    if let Some((3, string)) = value_kind(item)? {
+                        push(utf8(string)?);
+                    }
                 }
             }
         }
         _ => {}
     }
-    Some(out)
+    Ok(Some(out))
 }
 
-/// The gateway's subset hint: `None` when it set none (any endpoint), else the endpoints it
-/// allows (possibly none: then nothing is eligible and the answer is 503).
-pub fn subset_hint(metadata: Option<&Metadata>) -> Option<Vec<String>> {
+/// The gateway's subset hint, from its encoded metadata: `None` when it set none (any
+/// endpoint), else the endpoints it allows (possibly none: then nothing is eligible and the
+/// answer is 503).
+pub fn subset_hint(metadata: Option<&[u8]>) -> Result<Option<Vec<String>>, DecodeError> {
     endpoint_list(metadata, SUBSET_NAMESPACE, SUBSET_KEY)
 }
 
-/// The endpoint that served, as the gateway reports it in `envoy.lb`.
-pub fn served_endpoint(metadata: Option<&Metadata>) -> Option<String> {
-    endpoint_list(metadata, DESTINATION_NAMESPACE, DESTINATION_SERVED)?.into_iter().next()
+/// The endpoint that served, as the gateway reports it in `envoy.lb` (its encoded metadata).
+pub fn served_endpoint(metadata: Option<&[u8]>) -> Result<Option<String>, DecodeError> {
+    Ok(endpoint_list(metadata, DESTINATION_NAMESPACE, DESTINATION_SERVED)?
+        .and_then(|list| list.into_iter().next()))
+}
+
+/// Why the gateway's metadata could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("malformed metadata: {0}")]
+pub struct DecodeError(&'static str);
+
+/// One field of a protobuf message: a length-delimited one's bytes, or another wire type's.
+enum Field<'a> {
+    Bytes(&'a [u8]),
+    Other,
+}
+
+/// The fields of an encoded protobuf message, in order.
+struct Fields<'a>(&'a [u8]);
+
+impl<'a> Fields<'a> {
+    fn varint(&mut self) -> Result<u64, DecodeError> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (&byte, rest) = self.0.split_first().ok_or(DecodeError("truncated varint"))?;
+            self.0 = rest;
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte < 0x80 {
+                return Ok(value);
+            }
+        }
+        Err(DecodeError("varint too long"))
+    }
+
+    fn take(&mut self, len: u64) -> Result<&'a [u8], DecodeError> {
+        let len = usize::try_from(len).map_err(|_| DecodeError("length too large"))?;
+        if len > self.0.len() {
+            return Err(DecodeError("truncated field"));
+        }
+        let (field, rest) = self.0.split_at(len);
+        self.0 = rest;
+        Ok(field)
+    }
+
+    fn next_field(&mut self) -> Result<Option<(u64, Field<'a>)>, DecodeError> {
+        if self.0.is_empty() {
+            return Ok(None);
+        }
+        let key = self.varint()?;
+        let field = match key & 7 {
+            0 => {
+                self.varint()?;
+                Field::Other
+            }
+            1 => {
+                self.take(8)?;
+                Field::Other
+            }
+            2 => {
+                let len = self.varint()?;
+                Field::Bytes(self.take(len)?)
+            }
+            5 => {
+                self.take(4)?;
+                Field::Other
+            }
+            _ => return Err(DecodeError("unsupported wire type")),
+        };
+        Ok(Some((key >> 3, field)))
+    }
+}
+
+/// The value of the last entry of the map field `tag` whose key is `key`.
+fn map_value<'a>(message: &'a [u8], tag: u64, key: &str) -> Result<Option<&'a [u8]>, DecodeError> {
+    let mut found = None;
+    let mut fields = Fields(message);
+    while let Some((field_tag, field)) = fields.next_field()? {
+        let (true, Field::Bytes(entry)) = (field_tag == tag, field) else { continue };
+        // A map entry: { key (1), value (2) }, either possibly absent (empty).
+        let (mut entry_key, mut entry_value): (&[u8], &[u8]) = (&[], &[]);
+        let mut entry = Fields(entry);
+        while let Some((entry_tag, field)) = entry.next_field()? {
+            match (entry_tag, field) {
+                (1, Field::Bytes(bytes)) => entry_key = bytes,
+                (2, Field::Bytes(bytes)) => entry_value = bytes,
+                _ => {}
+            }
+        }
+        if entry_key == key.as_bytes() {
+            found = Some(entry_value);
+        }
+    }
+    Ok(found)
+}
+
+/// A `google.protobuf.Value`'s kind: the tag of its last oneof field and, if length-delimited,
+/// its bytes.
+fn value_kind(value: &[u8]) -> Result<Option<(u64, &[u8])>, DecodeError> {
+    let mut kind = None;
+    let mut fields = Fields(value);
+    while let Some((tag, field)) = fields.next_field()? {
+        if (1..=6).contains(&tag) {
+            kind = Some((tag, if let Field::Bytes(bytes) = field { bytes } else { &[][..] }));
+        }
+    }
+    Ok(kind)
+}
+
+fn utf8(bytes: &[u8]) -> Result<&str, DecodeError> {
+    std::str::from_utf8(bytes).map_err(|_| DecodeError("a string is not UTF-8"))
 }
 
 fn header(key: &str, value: &[u8]) -> HeaderValueOption {
@@ -161,31 +294,229 @@ pub fn response_body(common: CommonResponse) -> ProcessingResponse {
     }
 }
 
-/// A body chunk sent back as it is, in full-duplex streamed mode.
-pub fn streamed(body: &[u8], end_of_stream: bool) -> CommonResponse {
-    CommonResponse {
-        body_mutation: Some(BodyMutation {
-            mutation: Some(body_mutation::Mutation::StreamedResponse(StreamedBodyResponse {
-                body: body.to_vec(),
-                end_of_stream,
-                ..Default::default()
-            })),
-        }),
-        ..Default::default()
+/// Which body a streamed chunk belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    Request,
+    Response,
+}
+
+/// One answer to the gateway, as the EPP sends it.
+// Not boxed: an answer lives in a stream's reused answer list until it is encoded, and a box
+// would cost an allocation per message.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug, PartialEq)]
+pub enum Answer {
+    /// A message built with envoy-types' types: picks, immediate responses, buffered-mode
+    /// answers, the response headers' answer.
+    Message(ProcessingResponse),
+    /// A body chunk sent back unchanged in full-duplex streamed mode: a `request_body` or
+    /// `response_body` answer whose `streamed_response` holds `body`, encoded around the chunk
+    /// as received (see [`Answer::encode`]).
+    Streamed { direction: Direction, body: Bytes, end_of_stream: bool },
+    /// The pick: the `request_headers` answer (`request_body` if `in_body`: buffered mode) that sets
+    /// [`DESTINATION_ENDPOINT`] to `endpoints` (and `content-length`, when the body is sent
+    /// back streamed), clears the route cache, and puts `endpoints` in the `envoy.lb` dynamic
+    /// metadata ([`pick_common`], [`pick_metadata`]); encoded by hand.
+    Pick { in_body: bool, endpoints: String, content_length: Option<usize> },
+}
+
+/// A chunk shorter than this is copied into the answer's buffer; a longer one is sent as the
+/// slice of the gateway's frame it came in.
+pub const COPY_LIMIT: usize = 1024;
+
+impl Answer {
+    /// The answer as envoy-types' message (tests and the fuzz target read answers this way).
+    pub fn to_message(&self) -> ProcessingResponse {
+        match self {
+            Answer::Message(message) => message.clone(),
+            Answer::Streamed { direction, body, end_of_stream } => {
+                let common = CommonResponse {
+                    body_mutation: Some(BodyMutation {
+                        mutation: Some(body_mutation::Mutation::StreamedResponse(StreamedBodyResponse {
+                            body: body.to_vec(),
+                            end_of_stream: *end_of_stream,
+                            ..Default::default()
+                        })),
+                    }),
+                    ..Default::default()
+                };
+                match direction {
+                    Direction::Request => request_body(common),
+                    Direction::Response => response_body(common),
+                }
+            }
+            Answer::Pick { in_body, endpoints, content_length } => {
+                let common = pick_common(endpoints, *content_length);
+                let mut answer = if *in_body { request_body(common) } else { request_headers(common) };
+                answer.dynamic_metadata = Some(pick_metadata(endpoints));
+                answer
+            }
+        }
     }
+
+    /// Appends the answer as one gRPC message (uncompressed) to `out`. A streamed chunk of
+    /// [`COPY_LIMIT`] bytes or more is not copied: `out` gets everything before it, and the
+    /// chunk is returned to be sent right after `out`'s bytes (its fields come last).
+    // Hot: every message of every stream is answered through here.
+    pub fn encode(self, out: &mut BytesMut) -> Option<Bytes> {
+        match self {
+            Answer::Message(message) => {
+                let len = message.encoded_len();
+                out.reserve(5 + len);
+                out.put_u8(0);
+                out.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
+                message.encode_raw(out);
+                None
+            }
+            Answer::Streamed { direction, body, end_of_stream } => {
+                // ProcessingResponse { request_body (3) | response_body (4): BodyResponse {
+                //   response (1): CommonResponse { body_mutation (3): BodyMutation {
+                //     streamed_response (3): StreamedBodyResponse { end_of_stream (2), body (1) }}}}}
+                // `end_of_stream` before `body` (fields may come in any order), so that the
+                // body ends the message.
+                let body_field =
+                    if body.is_empty() { 0 } else { 1 + encoded_len_varint(body.len() as u64) + body.len() };
+                let streamed = usize::from(end_of_stream) * 2 + body_field;
+                let mutation = 1 + encoded_len_varint(streamed as u64) + streamed;
+                let common = 1 + encoded_len_varint(mutation as u64) + mutation;
+                let body_response = 1 + encoded_len_varint(common as u64) + common;
+                let message = 1 + encoded_len_varint(body_response as u64) + body_response;
+                out.reserve(5 + message - body.len() + if body.len() < COPY_LIMIT { body.len() } else { 0 });
+                out.put_u8(0);
+                out.put_u32(u32::try_from(message).unwrap_or(u32::MAX));
+                out.put_u8(match direction {
+                    Direction::Request => 0x1a,
+                    Direction::Response => 0x22,
+                });
+                encode_varint(body_response as u64, out);
+                out.put_u8(0x0a);
+                encode_varint(common as u64, out);
+                out.put_u8(0x1a);
+                encode_varint(mutation as u64, out);
+                out.put_u8(0x1a);
+                encode_varint(streamed as u64, out);
+                if end_of_stream {
+                    out.put_slice(&[0x10, 0x01]);
+                }
+                if body.is_empty() {
+                    return None;
+                }
+                out.put_u8(0x0a);
+                encode_varint(body.len() as u64, out);
+                if body.len() < COPY_LIMIT {
+                    out.put_slice(&body);
+                    None
+                } else {
+                    Some(body)
+                }
+            }
+            Answer::Pick { in_body, endpoints, content_length } => {
+                encode_pick(in_body, &endpoints, content_length, out);
+                None
+            }
+        }
+    }
+}
+
+/// The length of a length-delimited field (one-byte tag) holding `len` bytes.
+fn field_len(len: usize) -> usize {
+    1 + encoded_len_varint(len as u64) + len
+}
+
+/// A length-delimited field's key (one-byte `tag`) and length.
+fn put_field(out: &mut BytesMut, tag: u8, len: usize) {
+    out.put_u8(tag << 3 | 2);
+    encode_varint(len as u64, out);
+}
+
+/// [`Answer::Pick`] as a gRPC message.
+fn encode_pick(in_body: bool, endpoints: &str, content_length: Option<usize>, out: &mut BytesMut) {
+    let mut length_digits = [0; 20];
+    let length = content_length.map(|length| format_usize(length, &mut length_digits));
+    // HeaderValue { key (1), raw_value (3) } in a HeaderValueOption { header (1) }.
+    let header_value = |key: &str, value: &[u8]| field_len(key.len()) + field_len(value.len());
+    let endpoint_header = header_value(DESTINATION_ENDPOINT, endpoints.as_bytes());
+    let length_header = length.map(|length| header_value("content-length", length));
+    // HeaderMutation { set_headers (1)... }
+    let mutation =
+        field_len(field_len(endpoint_header)) + length_header.map_or(0, |h| field_len(field_len(h)));
+    // CommonResponse { header_mutation (2), clear_route_cache (5) }
+    let common = field_len(mutation) + 2;
+    // HeadersResponse / BodyResponse { response (1) }
+    let answer = field_len(common);
+    // Struct { fields (1): { key (1), value (2): Value { string_value (3) } } }
+    let inner_entry = field_len(DESTINATION_ENDPOINT.len()) + field_len(field_len(endpoints.len()));
+    let inner = field_len(inner_entry);
+    // Struct { fields (1): { key (1): "envoy.lb", value (2): Value { struct_value (5) } } }
+    let outer_entry = field_len(DESTINATION_NAMESPACE.len()) + field_len(field_len(inner));
+    let metadata = field_len(outer_entry);
+    let message = field_len(answer) + field_len(metadata);
+    out.reserve(5 + message);
+    out.put_u8(0);
+    out.put_u32(u32::try_from(message).unwrap_or(u32::MAX));
+    // ProcessingResponse { request_headers (1) | request_body (3), dynamic_metadata (8) }
+    put_field(out, if in_body { 3 } else { 1 }, answer);
+    put_field(out, 1, common);
+    put_field(out, 2, mutation);
+    let put_header = |out: &mut BytesMut, key: &str, value: &[u8], len: usize| {
+        put_field(out, 1, field_len(len));
+        put_field(out, 1, len);
+        put_field(out, 1, key.len());
+        out.put_slice(key.as_bytes());
+        put_field(out, 3, value.len());
+        out.put_slice(value);
+    };
+    put_header(out, DESTINATION_ENDPOINT, endpoints.as_bytes(), endpoint_header);
+    if let (Some(length), Some(len)) = (length, length_header) {
+        put_header(out, "content-length", length, len);
+    }
+    out.put_slice(&[5 << 3, 1]);
+    put_field(out, 8, metadata);
+    put_field(out, 1, outer_entry);
+    put_field(out, 1, DESTINATION_NAMESPACE.len());
+    out.put_slice(DESTINATION_NAMESPACE.as_bytes());
+    put_field(out, 2, field_len(inner));
+    put_field(out, 5, inner);
+    put_field(out, 1, inner_entry);
+    put_field(out, 1, DESTINATION_ENDPOINT.len());
+    out.put_slice(DESTINATION_ENDPOINT.as_bytes());
+    put_field(out, 2, field_len(endpoints.len()));
+    put_field(out, 3, endpoints.len());
+    out.put_slice(endpoints.as_bytes());
+}
+
+/// `n`'s decimal digits, written at the end of `buffer`.
+fn format_usize(mut n: usize, buffer: &mut [u8; 20]) -> &[u8] {
+    let mut start = buffer.len();
+    loop {
+        start -= 1;
+        buffer[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buffer[start..];
+        }
+    }
+}
+
+/// A body chunk sent back as it is, in full-duplex streamed mode.
+pub fn streamed(direction: Direction, body: Bytes, end_of_stream: bool) -> Answer {
+    Answer::Streamed { direction, body, end_of_stream }
 }
 
 /// The request body sent back in chunks of at most [`BODY_CHUNK_LIMIT`] (one empty chunk for an
 /// empty body); the last one ends the stream if `end_of_stream`.
-pub fn request_body_chunks(body: &[u8], end_of_stream: bool) -> Vec<ProcessingResponse> {
+pub fn request_body_chunks(body: &Bytes, end_of_stream: bool, out: &mut Vec<Answer>) {
     if body.is_empty() {
-        return vec![request_body(streamed(body, end_of_stream))];
+        out.push(streamed(Direction::Request, Bytes::new(), end_of_stream));
+        return;
     }
-    let n = body.len().div_ceil(BODY_CHUNK_LIMIT);
-    body.chunks(BODY_CHUNK_LIMIT)
-        .enumerate()
-        .map(|(i, chunk)| request_body(streamed(chunk, end_of_stream && i + 1 == n)))
-        .collect()
+    let mut start = 0;
+    while start < body.len() {
+        let end = (start + BODY_CHUNK_LIMIT).min(body.len());
+        out.push(streamed(Direction::Request, body.slice(start..end), end_of_stream && end == body.len()));
+        start = end;
+    }
 }
 
 /// An answer the gateway sends the client itself: `status`, JSON `body` and `headers`.
@@ -200,5 +531,148 @@ pub fn immediate(status: StatusCode, headers: &HeaderMap, body: &[u8], details: 
             ..Default::default()
         })),
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The answer's bytes as they go on the wire: the gRPC prefix, then the message.
+    fn on_the_wire(answer: Answer) -> Vec<u8> {
+        let mut out = BytesMut::new();
+        let rest = answer.encode(&mut out);
+        out.extend_from_slice(rest.as_deref().unwrap_or_default());
+        out.to_vec()
+    }
+
+    /// What envoy-types decodes from the metadata, as the EPP read it before `endpoint_list`
+    /// read the encoding itself.
+    fn decoded_list(metadata: &[u8], namespace: &str, key: &str) -> Option<Vec<String>> {
+        use envoy_types::pb::envoy::config::core::v3::Metadata;
+        let metadata = Metadata::decode(metadata).expect("decodes");
+        let value = metadata.filter_metadata.get(namespace)?.fields.get(key)?;
+        let split =
+            |s: &str| s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect();
+        Some(match &value.kind {
+            Some(Kind::StringValue(s)) => split(s),
+            Some(Kind::ListValue(list)) => list
+                .values
+                .iter()
+                .filter_map(
+                    |v| if let Some(Kind::StringValue(s)) = &v.kind { Some(s.as_str()) } else { None },
+                )
+                .flat_map(split)
+                .collect::<Vec<_>>(),
+            _ => Vec::new(),
+        })
+    }
+
+    /// The endpoint lists read from the encoding are the ones envoy-types decodes: strings,
+    /// lists, other kinds, absent namespaces and keys, entries given twice (the last counts).
+    #[test]
+    fn endpoint_lists_read_from_the_encoding_as_decoded() {
+        use envoy_types::pb::envoy::config::core::v3::Metadata;
+        use envoy_types::pb::google::protobuf::ListValue;
+        let string = |s: &str| Value { kind: Some(Kind::StringValue(s.into())) };
+        let list = |items: Vec<Value>| Value { kind: Some(Kind::ListValue(ListValue { values: items })) };
+        let values = [
+            string("10.0.0.1:8000"),
+            string(" 10.0.0.1:8000 , 10.0.0.2:8000,,"),
+            string(""),
+            list(vec![string("a,b"), Value { kind: Some(Kind::NumberValue(1.0)) }, string("c")]),
+            list(vec![]),
+            Value { kind: Some(Kind::BoolValue(true)) },
+            Value { kind: None },
+        ];
+        let mut cases: Vec<Vec<u8>> = Vec::new();
+        for value in &values {
+            let inner = Struct { fields: [(DESTINATION_SERVED.to_owned(), value.clone())].into() };
+            let other = Struct { fields: [("other".to_owned(), string("x"))].into() };
+            let metadata = Metadata {
+                filter_metadata: [(DESTINATION_NAMESPACE.to_owned(), inner), ("else".to_owned(), other)]
+                    .into(),
+                ..Default::default()
+            };
+            cases.push(metadata.encode_to_vec());
+        }
+        // A namespace given twice: the second entry counts.
+        let twice = |first: &str, second: &str| {
+            let entry = |s: &str| {
+                let inner = Struct { fields: [(DESTINATION_SERVED.to_owned(), string(s))].into() };
+                Metadata {
+                    filter_metadata: [(DESTINATION_NAMESPACE.to_owned(), inner)].into(),
+                    ..Default::default()
+                }
+                .encode_to_vec()
+            };
+            [entry(first), entry(second)].concat()
+        };
+        cases.push(twice("10.0.0.1:1", "10.0.0.2:2"));
+        cases.push(Metadata::default().encode_to_vec());
+        for metadata in &cases {
+            for (namespace, key) in [
+                (DESTINATION_NAMESPACE, DESTINATION_SERVED),
+                (DESTINATION_NAMESPACE, "absent"),
+                ("absent", DESTINATION_SERVED),
+            ] {
+                assert_eq!(
+                    endpoint_list(Some(metadata), namespace, key).expect("reads"),
+                    decoded_list(metadata, namespace, key),
+                    "{metadata:?} {namespace} {key}"
+                );
+            }
+        }
+        assert_eq!(
+            served_endpoint(Some(&twice("10.0.0.1:1", "10.0.0.2:2"))).unwrap().as_deref(),
+            Some("10.0.0.2:2")
+        );
+        assert_eq!(endpoint_list(None, DESTINATION_NAMESPACE, DESTINATION_SERVED).unwrap(), None);
+        // Malformed: truncated, a bad wire type.
+        let whole = &cases[0];
+        assert!(endpoint_list(Some(&whole[..whole.len() - 1]), DESTINATION_NAMESPACE, DESTINATION_SERVED)
+            .is_err());
+        assert!(endpoint_list(Some(&[0x0b]), DESTINATION_NAMESPACE, DESTINATION_SERVED).is_err());
+    }
+
+    /// Every answer decodes (with envoy-types) to the message it stands for, with the gRPC
+    /// prefix's length right; long bodies are handed back uncopied, short ones copied.
+    #[test]
+    fn answers_encode_to_the_messages_they_stand_for() {
+        let mut answers = vec![
+            Answer::Message(response_headers()),
+            Answer::Message(request_headers(pick_common("10.0.0.1:8000,10.0.0.2:8000", Some(12)))),
+            Answer::Pick { in_body: false, endpoints: "10.0.0.1:8000".into(), content_length: None },
+            Answer::Pick {
+                in_body: false,
+                endpoints: "10.0.0.1:8000,10.0.0.2:8000,10.0.0.3:8000".into(),
+                content_length: Some(204_800),
+            },
+            Answer::Pick { in_body: true, endpoints: "e".repeat(300), content_length: Some(0) },
+        ];
+        for len in [0, 1, 100, 127, 128, 1023, 1024, 16_383, 16_384, 62_000, 70_000] {
+            for end_of_stream in [false, true] {
+                for direction in [Direction::Request, Direction::Response] {
+                    let body = Bytes::from((0..len).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+                    answers.push(streamed(direction, body, end_of_stream));
+                }
+            }
+        }
+        for answer in answers {
+            let wire = on_the_wire(answer.clone());
+            assert_eq!(wire[0], 0);
+            let len = u32::from_be_bytes([wire[1], wire[2], wire[3], wire[4]]) as usize;
+            assert_eq!(len, wire.len() - 5, "{answer:?}");
+            let decoded = ProcessingResponse::decode(&wire[5..]).expect("decodes");
+            assert_eq!(decoded, answer.to_message());
+            if let Answer::Streamed { body, .. } = &answer {
+                let mut out = BytesMut::new();
+                let rest = answer.clone().encode(&mut out);
+                assert_eq!(rest.is_some(), body.len() >= COPY_LIMIT);
+                if let Some(rest) = rest {
+                    assert_eq!(rest.as_ptr(), body.as_ptr(), "a long body is sent as received");
+                }
+            }
+        }
     }
 }
