@@ -432,8 +432,8 @@ fn put_field(out: &mut BytesMut, tag: u8, len: usize) {
 
 /// [`Answer::Pick`] as a gRPC message.
 fn encode_pick(in_body: bool, endpoints: &str, content_length: Option<usize>, out: &mut BytesMut) {
-    let mut length_digits = [0; 20];
-    let length = content_length.map(|length| format_usize(length, &mut length_digits));
+    let mut length_digits = itoa::Buffer::new();
+    let length = content_length.map(|length| length_digits.format(length).as_bytes());
     // HeaderValue { key (1), raw_value (3) } in a HeaderValueOption { header (1) }.
     let header_value = |key: &str, value: &[u8]| field_len(key.len()) + field_len(value.len());
     let endpoint_header = header_value(DESTINATION_ENDPOINT, endpoints.as_bytes());
@@ -484,19 +484,6 @@ fn encode_pick(in_body: bool, endpoints: &str, content_length: Option<usize>, ou
     put_field(out, 2, field_len(endpoints.len()));
     put_field(out, 3, endpoints.len());
     out.put_slice(endpoints.as_bytes());
-}
-
-/// `n`'s decimal digits, written at the end of `buffer`.
-fn format_usize(mut n: usize, buffer: &mut [u8; 20]) -> &[u8] {
-    let mut start = buffer.len();
-    loop {
-        start -= 1;
-        buffer[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &buffer[start..];
-        }
-    }
 }
 
 /// A body chunk sent back as it is, in full-duplex streamed mode.
