@@ -243,11 +243,13 @@ pub struct OutlierSettings {
     /// in [0, 1]. Default 0.15.
     pub max_penalised_share: f64,
     /// While none of a model's engines is penalised, one may be even if its capacity alone is
-    /// over `max_penalised_share` (as Envoy's `always_eject_one_host`; gRPC always allows one).
+    /// over `max_penalised_share` (as Envoy's `always_eject_one_host`; gRPC always allows one);
+    /// so may one that outweighs all the penalised engines together while they hold less than
+    /// the cap (small engines penalised do not shelter a large grey one).
     /// Without it a model of fewer than seven equal engines could never penalise a grey one
     /// at the default share. Applies to models of at least `success_rate_min_engines`
-    /// engines, where the peer comparison keeps a fleet-wide slowdown from being an outlier.
-    /// Default true.
+    /// engines, where the peer comparison keeps a fleet-wide slowdown from being an outlier, and to
+    /// smaller models of two or more when every other engine was judged healthy. Default true.
     pub always_penalise_one: bool,
     /// Largest penalty, in (0, 1): the share of an engine's capacity that may be withheld.
     /// Default 0.98: an engine that ran at a fifth of its capacity or more then keeps at most

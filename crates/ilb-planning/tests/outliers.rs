@@ -263,6 +263,45 @@ fn grey_engine_is_penalised_and_recovers() {
 }
 
 #[test]
+fn a_penalised_engine_still_slow_at_its_lower_load_keeps_its_penalty() {
+    // Penalised, a grey engine gets less traffic and its slowness shows less: 1.7× its curves
+    // instead of 3×. Below the 2× that convicted it, but still slow: the penalty holds until it
+    // is back under 1.5×, instead of being halved away and convicting it again.
+    let mut sim = Sim::new(config(8, &[], ""));
+    let grey = 3;
+    sim.until(30, &|_| HEALTHY, &|_| false);
+    let slow = |j: usize| if j == grey { Behaviour { slowdown: 3.0, ..HEALTHY } } else { HEALTHY };
+    sim.until(30, &slow, &|f| f.engines[grey].penalty > 0.0).expect("grey engine never penalised");
+    let penalty = sim.fleet.engines[grey].penalty;
+    let less = |j: usize| if j == grey { Behaviour { slowdown: 1.7, ..HEALTHY } } else { HEALTHY };
+    for _ in 0..60 {
+        sim.second(&less);
+        assert_eq!(sim.fleet.engines[grey].penalty, penalty, "penalty changed at 1.7× at {:?}", sim.now);
+    }
+    let took =
+        sim.until(120, &|_| HEALTHY, &|f| f.engines[grey].penalty == 0.0).expect("penalty never removed");
+    eprintln!("penalty removed {took} s after the engine behaved");
+}
+
+#[test]
+fn one_slow_engine_of_two_is_penalised_but_not_both() {
+    // Two engines: no median to compare with, and either is half the model's capacity, over
+    // the 15 % cap. One slow while the other is healthy is still a grey engine.
+    let mut sim = Sim::new(config(2, &[], ""));
+    sim.until(30, &|_| HEALTHY, &|_| false);
+    let slow = |j: usize| if j == 1 { Behaviour { slowdown: 3.0, ..HEALTHY } } else { HEALTHY };
+    let took =
+        sim.until(30, &slow, &|f| f.engines[1].penalty > 0.0).expect("the slow one of two never penalised");
+    assert!(took <= 10, "penalised after {took} s");
+    assert_eq!(sim.fleet.engines[0].penalty, 0.0);
+    // Both slow (a miscalibrated profile, a fleet-wide peak): neither.
+    let mut sim = Sim::new(config(2, &[], ""));
+    sim.until(30, &|_| HEALTHY, &|_| false);
+    sim.until(60, &|_| Behaviour { slowdown: 3.0, ..HEALTHY }, &|_| false);
+    assert_eq!(sim.penalties(), vec![0.0; 2]);
+}
+
+#[test]
 fn a_slow_moment_at_the_start_of_a_window_is_not_an_outlier() {
     // Eight equal engines; one is three times slower for the first two seconds of a window
     // (a queue build-up, a burst of long prompts), then normal again. Those two seconds hold
@@ -402,6 +441,21 @@ fn a_fleet_wide_slowdown_is_not_an_outlier() {
 }
 
 #[test]
+fn an_engine_slow_against_peers_faster_than_their_profile_is_an_outlier() {
+    // The profile is pessimistic: every engine runs at 0.4× it. Engine 3 turns 3× slower, still
+    // only 1.2× the profile: against its peers (the fleet's median ratio) and its fitted curve
+    // it is the grey engine it is.
+    let mut sim = Sim::new(config(8, &[], ""));
+    let fast = Behaviour { slowdown: 0.4, ..HEALTHY };
+    sim.until(60, &|_| fast, &|_| false);
+    let grey = |j: usize| if j == 3 { Behaviour { slowdown: 1.2, ..HEALTHY } } else { fast };
+    sim.until(30, &grey, &|f| f.engines[3].penalty > 0.0).expect("never penalised");
+    let reason = sim.fleet.engines[3].penalty_reason.clone().unwrap();
+    assert!(reason.contains("(fleet median 0.4×)"), "{reason}");
+    assert!(sim.fleet.engines.iter().enumerate().all(|(j, e)| (j == 3) == (e.penalty > 0.0)));
+}
+
+#[test]
 fn more_outliers_than_the_cap_penalise_the_most_severe_first() {
     let mut sim = Sim::new(config(8, &[], ""));
     sim.until(10, &|_| HEALTHY, &|_| false);
@@ -426,6 +480,29 @@ fn more_outliers_than_the_cap_penalise_the_most_severe_first() {
         let curve = sim.fleet.latency_profile(j).latency_ms(load, capacity);
         assert!(curve > 1.2 * healthy, "engine {j}: curve {curve} ms vs healthy {healthy} ms");
     }
+}
+
+#[test]
+fn small_penalised_engines_do_not_keep_a_large_grey_one_from_its_penalty() {
+    // Two one-replica engines and eight of four replicas: the cap (15 % of 3,400 req/s) holds
+    // the two small ones (200) but not a large one on top (400). While the penalised hold
+    // less than the cap, one that outweighs them all may still take them over it.
+    let mut sim = Sim::new(config(10, &[1, 1, 4, 4, 4, 4, 4, 4, 4, 4], ""));
+    sim.until(30, &|_| HEALTHY, &|_| false);
+    let small = |j: usize| if j < 2 { Behaviour { slowdown: 5.0, ..HEALTHY } } else { HEALTHY };
+    sim.until(30, &small, &|f| f.engines[0].penalty > 0.0 && f.engines[1].penalty > 0.0)
+        .expect("the small engines never penalised");
+    let large = |j: usize| if j < 3 { Behaviour { slowdown: 5.0, ..HEALTHY } } else { HEALTHY };
+    let took = sim
+        .until(30, &large, &|f| f.engines[2].penalty > 0.0)
+        .expect("the large grey engine never penalised");
+    eprintln!("large grey engine penalised {took} s after it slowed down");
+    assert!((0..3).all(|j| sim.fleet.engines[j].penalty > 0.0));
+    // One over the cap, no more: a second large one waits.
+    let two = |j: usize| if j < 4 { Behaviour { slowdown: 5.0, ..HEALTHY } } else { HEALTHY };
+    sim.until(30, &two, &|_| false);
+    assert_eq!(sim.fleet.engines[3].penalty, 0.0);
+    assert!(sim.fleet.engines[3].outlier_waiting.is_some());
 }
 
 #[test]
@@ -465,9 +542,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, rng_seed: RngSeed::Fixed(1), ..ProptestConfig::default() })]
 
     /// Whatever degrades, and however the degradations change, the engines with a penalty
-    /// never hold more than the cap's share of the model's nominal capacity (or are one
-    /// engine, which the cap always admits), and every penalty is within bounds and has a
-    /// reason.
+    /// never hold more than the cap's share of the model's nominal capacity but for one engine
+    /// (which the cap always admits), and every penalty is within bounds and has a reason.
     #[test]
     fn penalised_share_never_exceeds_the_cap(
         replicas in proptest::collection::vec(1u32..4, 3..9),
@@ -493,10 +569,8 @@ proptest! {
                     .map(|j| sim.fleet.nominal_capacity(j))
                     .collect();
                 let held: f64 = penalised.iter().sum();
-                prop_assert!(
-                    held <= share * total + 1e-9 || penalised.len() == 1,
-                    "{held} of {total} penalised, cap {share}"
-                );
+                let largest = penalised.iter().copied().fold(0.0, f64::max);
+                prop_assert!(held - largest <= share * total + 1e-9, "{held} of {total} penalised, cap {share}");
                 for e in &sim.fleet.engines {
                     prop_assert!((0.0..=0.98).contains(&e.penalty));
                     prop_assert_eq!(e.penalty > 0.0, e.penalty_reason.is_some());

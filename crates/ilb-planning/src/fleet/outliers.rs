@@ -11,7 +11,7 @@
 //!   (Envoy's success-rate outlier detection), and at least `success_rate_min_gap` below it;
 //! - **latency outlier**: its mean TTFT over the window, at its observed load, is at least
 //!   `latency_ratio` times its *offline* profile (times the fleet's median ratio, so a
-//!   fleet-wide slowdown is nobody's fault) *and* `latency_ratio` times its *fitted* curve,
+//!   fleet-wide slowdown is nobody's fault and a pessimistic profile hides no one) *and* `latency_ratio` times its *fitted* curve,
 //!   and, where the engine reports time between tokens, its TBOT is at least `latency_ratio`
 //!   times its fitted TBOT curve (TBOT is judged on its own too when the objective counts
 //!   decode time). The offline profile alone would convict an engine whose workload differs
@@ -42,7 +42,9 @@
 //! moves in a planned way. A new outlier starts at max(0.5, severity) — severity 1 − 1/ratio for
 //! latency (a 3× slower engine has about a third of its capacity), 1 − rate/mean for errors —
 //! and while it stays an outlier the capacity it keeps is quartered every interval, up to
-//! `max_penalty`. Every healthy interval halves the penalty, but at most doubles the capacity
+//! `max_penalty`. An interval in which it is still more than halfway to `latency_ratio`
+//! (`RECOVERY_SHARE`) leaves the penalty as it is: with less traffic a grey engine can look
+//! less slow than it is. Every healthy interval halves the penalty, but at most doubles the capacity
 //! the engine keeps; under `min_penalty` it is removed. Quick to punish, quick to forgive a
 //! light penalty, and a deep one in doubling steps: a deeply penalised engine's healthy verdict
 //! rests on a trickle of requests, so each step is judged on the traffic the last one brought.
@@ -57,7 +59,12 @@
 //! engines are not displaced, which would move traffic back and forth. While none is
 //! penalised, the most severe may be even when it alone is over the cap
 //! (`always_penalise_one`, as Envoy's `always_eject_one_host`): LLM fleets have few engines per
-//! model, and at 15 % a model of six equal engines could otherwise never penalise one.
+//! model, and at 15 % a model of six equal engines could otherwise never penalise one. So may
+//! an outlier that outweighs all the penalised engines together while they hold less than the
+//! cap: two small engines penalised must not shelter a large one that turned grey. Either way
+//! the cap is exceeded by one engine at most. A model
+//! of fewer than `success_rate_min_engines` has no median to compare with; there one may be
+//! penalised when all the others were judged healthy in the same evaluation.
 //!
 //! The fit: while an engine is penalised its observations are kept out of its latency profile,
 //! and the observations of the window that got it penalised are dropped. Otherwise the grey
@@ -90,6 +97,13 @@ const ESCALATION_FACTOR: f64 = 0.25;
 const RECOVERY_FACTOR: f64 = 0.5;
 /// A healthy interval at most multiplies the capacity a penalised engine keeps by this.
 const RECOVERY_GROWTH: f64 = 2.0;
+/// A penalised engine recovers only once its latency ratios (the same ones that convict it)
+/// are below this share of the way from 1 to `latency_ratio`: 1.5× for the default 2×.
+/// Penalised, a grey engine gets less traffic, and at the lower load it can look less slow
+/// against its curves than when it was convicted. Judged against the threshold that convicted
+/// it, it could be forgiven while still slow, get its traffic back and be convicted again.
+const RECOVERY_SHARE: f64 = 0.5;
+
 /// Prefix of the reason of a penalty that is decaying.
 const RECOVERING: &str = "recovering after ";
 
@@ -173,6 +187,9 @@ enum Verdict {
     /// The engine is down, or was during the window: give the window up.
     Expired,
     Healthy,
+    /// A penalised engine no longer an outlier but not yet below the ratios
+    /// [`RECOVERY_SHARE`] sets: it keeps its penalty as it is.
+    Suspect,
     Outlier {
         severity: f64,
         reason: String,
@@ -214,7 +231,6 @@ fn mean_and_sigma(values: &[f64]) -> (f64, f64) {
 struct Peers {
     rate: Option<(f64, f64)>,
     median_ratio: f64,
-    latency_threshold: f64,
     uses_tbot: bool,
 }
 
@@ -270,6 +286,10 @@ impl Fleet {
                 }
             }
             let mut verdicts = self.judge_model(engine_idx, now, &settings);
+            // One engine slow and every other one judged healthy: the peer comparison a model
+            // of fewer than `success_rate_min_engines` lacks (see `apply`).
+            let lone_outlier = verdicts.iter().filter(|v| matches!(v, Verdict::Outlier { .. })).count() == 1
+                && verdicts.iter().filter(|v| matches!(v, Verdict::Healthy)).count() + 1 == verdicts.len();
             if early {
                 // Between intervals only the conviction of an engine not yet penalised counts,
                 // and only on a window long enough to be more than one moment.
@@ -284,7 +304,7 @@ impl Fleet {
                     }
                 }
             }
-            self.apply(engine_idx, verdicts, now, &settings);
+            self.apply(engine_idx, verdicts, lone_outlier, now, &settings);
         }
     }
 
@@ -300,9 +320,10 @@ impl Fleet {
             .map(|(rate, _)| rate)
             .collect();
         let fleet_rate = (rates.len() >= s.success_rate_min_engines).then(|| mean_and_sigma(&rates));
-        // A latency outlier is slow against its profile *and* against its peers: when the whole
-        // model runs slower than its profiles (a miscalibrated profile, a daily peak), the
-        // threshold rises with the fleet's median ratio, so the fleet is not penalised for it.
+        // A latency outlier is slow against its profile *and* against its peers: the threshold
+        // follows the fleet's median ratio. When the whole model runs slower than its profiles
+        // (a miscalibrated profile, a daily peak), the fleet is not penalised for it; when it
+        // runs faster (a pessimistic profile), a grey engine still within its profile is found.
         let fitted = self.fitted_signals(engine_idx);
         let mut fleet_ratios: Vec<f64> = engine_idx
             .iter()
@@ -314,16 +335,11 @@ impl Fleet {
             .collect();
         fleet_ratios.sort_by(f64::total_cmp);
         let median_ratio = if fleet_ratios.len() >= s.success_rate_min_engines {
-            fleet_ratios[fleet_ratios.len() / 2].max(1.0)
+            fleet_ratios[fleet_ratios.len() / 2]
         } else {
             1.0
         };
-        let peers = Peers {
-            rate: fleet_rate,
-            median_ratio,
-            latency_threshold: s.latency_ratio * median_ratio,
-            uses_tbot,
-        };
+        let peers = Peers { rate: fleet_rate, median_ratio, uses_tbot };
         engine_idx.iter().zip(&fitted).map(|(&j, fitted)| self.judge_engine(j, fitted, s, &peers)).collect()
     }
 
@@ -363,36 +379,40 @@ impl Fleet {
             }
         }
         let ratios = self.latency_ratios(j, required, fitted);
-        // A slow first token alone may be the workload (prompts that lost their cached
-        // prefix after traffic moved); a slow engine is slow between tokens too.
-        let decode_agrees =
-            ratios.iter().find(|r| r.signal == "tbot").is_none_or(|r| r.fitted >= s.latency_ratio);
-        // TBOT convicts on its own only when the objective counts it: otherwise its
-        // offline profile is not something the operator had to get right (its defaults
-        // are placeholders).
-        for r in ratios.into_iter().filter(|r| peers.uses_tbot || r.signal == "ttft") {
-            if r.offline >= peers.latency_threshold
-                && r.fitted >= s.latency_ratio
+        // Whether `r` is at least `ratio` times its offline profile (times the fleet's median
+        // ratio) and its fitted curve. A slow first token alone may be the workload (prompts
+        // that lost their cached prefix after traffic moved); a slow engine is slow between
+        // tokens too. TBOT counts on its own only when the objective counts it: otherwise its
+        // offline profile is not something the operator had to get right (its defaults are
+        // placeholders).
+        let slow = |r: &LatencyRatio, ratio: f64| {
+            let decode_agrees = ratios.iter().find(|t| t.signal == "tbot").is_none_or(|t| t.fitted >= ratio);
+            (peers.uses_tbot || r.signal == "ttft")
+                && r.offline >= ratio * median_ratio
+                && r.fitted >= ratio
                 && (r.signal != "ttft" || decode_agrees)
-            {
-                severity = severity.max((1.0 - median_ratio / r.offline).min(1.0 - 1.0 / r.fitted));
-                let peers = if median_ratio > 1.0 {
-                    format!(" (fleet median {median_ratio:.1}×)")
-                } else {
-                    String::new()
-                };
-                reasons.push(format!(
-                    "{} {:.1}× its profile at {:.0} req/s{peers}, {:.1}× its fitted curve",
-                    r.signal, r.offline, r.load, r.fitted
-                ));
-            }
+        };
+        for r in ratios.iter().filter(|r| slow(r, s.latency_ratio)) {
+            severity = severity.max((1.0 - median_ratio / r.offline).min(1.0 - 1.0 / r.fitted));
+            let peers = if median_ratio != 1.0 {
+                format!(" (fleet median {median_ratio:.1}×)")
+            } else {
+                String::new()
+            };
+            reasons.push(format!(
+                "{} {:.1}× its profile at {:.0} req/s{peers}, {:.1}× its fitted curve",
+                r.signal, r.offline, r.load, r.fitted
+            ));
         }
         // Attempts seen by the proxies are not evidence of speed: a slow engine has many
         // requests in flight and few first tokens. Only an engine that finishes
         // requests without exposing TTFT at all is judged on errors alone.
         let latency_evidence = w.ttft_count >= required || (w.ttft_count == 0.0 && w.finished >= required);
+        let recovery_ratio = 1.0 + RECOVERY_SHARE * (s.latency_ratio - 1.0);
         if reasons.is_empty() && !latency_evidence {
             Verdict::Insufficient
+        } else if reasons.is_empty() && penalised && ratios.iter().any(|r| slow(r, recovery_ratio)) {
+            Verdict::Suspect
         } else if reasons.is_empty() {
             Verdict::Healthy
         } else {
@@ -438,8 +458,16 @@ impl Fleet {
         out
     }
 
-    /// Turns verdicts into penalties, within the model's cap.
-    fn apply(&mut self, engine_idx: &[usize], verdicts: Vec<Verdict>, now: Now, s: &OutlierSettings) {
+    /// Turns verdicts into penalties, within the model's cap. `lone_outlier`: one engine is an
+    /// outlier and all the others were judged healthy.
+    fn apply(
+        &mut self,
+        engine_idx: &[usize],
+        verdicts: Vec<Verdict>,
+        lone_outlier: bool,
+        now: Now,
+        s: &OutlierSettings,
+    ) {
         let mut candidates = Vec::new();
         for (&j, verdict) in engine_idx.iter().zip(verdicts) {
             let e = &mut self.engines[j];
@@ -450,6 +478,9 @@ impl Fleet {
             }
             match verdict {
                 Verdict::Pending => continue,
+                // Still slow, though no longer as slow as it was convicted for: neither
+                // forgiven nor punished further this interval.
+                Verdict::Suspect => {}
                 // An insufficient window here has waited too long: given up, like an expired one.
                 Verdict::Insufficient | Verdict::Expired | Verdict::Healthy => {
                     if e.penalty > 0.0 {
@@ -491,12 +522,18 @@ impl Fleet {
             .filter(|&&j| self.engines[j].penalty > 0.0)
             .map(|&j| self.nominal_capacity(j))
             .sum();
-        let one_allowed = s.always_penalise_one && engine_idx.len() >= s.success_rate_min_engines;
+        // With fewer engines there is no median to tell a fleet-wide slowdown from one slow
+        // engine, except that the others were seen healthy.
+        let one_allowed = s.always_penalise_one
+            && (engine_idx.len() >= s.success_rate_min_engines || engine_idx.len() >= 2 && lone_outlier);
         for (severity, j, reason, started) in candidates {
             let nominal = self.nominal_capacity(j);
             let id = self.config.engines[j].id.clone();
             let e = &mut self.engines[j];
-            if used + nominal <= allowed * (1.0 + 1e-12) || (one_allowed && used == 0.0) {
+            // Over the cap, one outlier still may be while the penalised hold less than the cap,
+            // if it alone outweighs them all (none penalised is the Envoy case).
+            let outweighs = used == 0.0 || (used < allowed && nominal > used);
+            if used + nominal <= allowed * (1.0 + 1e-12) || (one_allowed && outweighs) {
                 used += nominal;
                 e.penalty = severity.max(INITIAL_PENALTY).clamp(s.min_penalty, s.max_penalty);
                 tracing::info!(engine = %id, penalty = e.penalty, %reason, "engine penalised");
