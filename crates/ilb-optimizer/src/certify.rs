@@ -236,8 +236,8 @@ fn objective(model: &Model, cand: &Candidates, x: &[f64], load: &[f64], shed: &[
 /// Σ_k d_k·min(P_k, min_j (n_kj + p_j)) − Σ_j f_j*(p_j), valid for any p.
 ///
 /// The inner minimum is taken over candidate engines only; every other engine has
-/// n_kj + q_j ≥ u_k + width − (δ⁺ + δ⁻) − ερ (crate README; δ⁺ and δ⁻ the largest price rise
-/// and fall since the lists were built), so that number, when it is smaller, is used instead and
+/// n_kj + q_j ≥ u_k + width − δ − ερ (crate README; δ the spread of the price changes since the
+/// lists were built, `Candidates::drift`), so that number, when it is smaller, is used instead and
 /// the bound stays valid.
 fn lower_bound(model: &Model, cand: &Candidates, pass: &Pass, u: &[f64], eps: f64) -> f64 {
     let outside_margin = cand.width - cand.drift(u) - eps * model.rho;

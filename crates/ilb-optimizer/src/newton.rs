@@ -163,7 +163,7 @@ impl<'m, 'p> Run<'m, 'p> {
             Travel::FirstWarm | Travel::Coarse => {
                 (COLD_DRIFT_PER_EPS * eps).min(2.0 * floor).max(WARM_DRIFT_PER_EPS * eps)
             }
-            // Prices move by less than the floor after a small change (δ⁺ + δ⁻ 0.16–0.30 ms on
+            // Prices move by less than the floor after a small change (δ ≤ 0.16–0.30 ms on
             // the noisy instances against the 0.5–0.55 ms the floor allows), so a budget growing
             // with ε only lengthens the lists, most under overload, where ε stays large
             // (100 × 5,000 noisy at 108 %: 36.4 → 32.4 M instructions).
