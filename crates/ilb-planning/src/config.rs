@@ -248,8 +248,8 @@ pub struct OutlierSettings {
     /// the cap (small engines penalised do not shelter a large grey one).
     /// Without it a model of fewer than seven equal engines could never penalise a grey one
     /// at the default share. Applies to models of at least `success_rate_min_engines`
-    /// engines, where the peer comparison keeps a fleet-wide slowdown from being an outlier, and to
-    /// smaller models of two or more when every other engine was judged healthy. Default true.
+    /// engines, where the peer comparison keeps a fleet-wide slowdown from being an outlier.
+    /// Default true.
     pub always_penalise_one: bool,
     /// Largest penalty, in (0, 1): the share of an engine's capacity that may be withheld.
     /// Default 0.98: an engine that ran at a fifth of its capacity or more then keeps at most

@@ -284,24 +284,6 @@ fn a_penalised_engine_still_slow_at_its_lower_load_keeps_its_penalty() {
 }
 
 #[test]
-fn one_slow_engine_of_two_is_penalised_but_not_both() {
-    // Two engines: no median to compare with, and either is half the model's capacity, over
-    // the 15 % cap. One slow while the other is healthy is still a grey engine.
-    let mut sim = Sim::new(config(2, &[], ""));
-    sim.until(30, &|_| HEALTHY, &|_| false);
-    let slow = |j: usize| if j == 1 { Behaviour { slowdown: 3.0, ..HEALTHY } } else { HEALTHY };
-    let took =
-        sim.until(30, &slow, &|f| f.engines[1].penalty > 0.0).expect("the slow one of two never penalised");
-    assert!(took <= 10, "penalised after {took} s");
-    assert_eq!(sim.fleet.engines[0].penalty, 0.0);
-    // Both slow (a miscalibrated profile, a fleet-wide peak): neither.
-    let mut sim = Sim::new(config(2, &[], ""));
-    sim.until(30, &|_| HEALTHY, &|_| false);
-    sim.until(60, &|_| Behaviour { slowdown: 3.0, ..HEALTHY }, &|_| false);
-    assert_eq!(sim.penalties(), vec![0.0; 2]);
-}
-
-#[test]
 fn a_slow_moment_at_the_start_of_a_window_is_not_an_outlier() {
     // Eight equal engines; one is three times slower for the first two seconds of a window
     // (a queue build-up, a burst of long prompts), then normal again. Those two seconds hold

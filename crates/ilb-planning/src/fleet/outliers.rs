@@ -62,9 +62,7 @@
 //! model, and at 15 % a model of six equal engines could otherwise never penalise one. So may
 //! an outlier that outweighs all the penalised engines together while they hold less than the
 //! cap: two small engines penalised must not shelter a large one that turned grey. Either way
-//! the cap is exceeded by one engine at most. A model
-//! of fewer than `success_rate_min_engines` has no median to compare with; there one may be
-//! penalised when all the others were judged healthy in the same evaluation.
+//! the cap is exceeded by one engine at most.
 //!
 //! The fit: while an engine is penalised its observations are kept out of its latency profile,
 //! and the observations of the window that got it penalised are dropped. Otherwise the grey
@@ -286,10 +284,6 @@ impl Fleet {
                 }
             }
             let mut verdicts = self.judge_model(engine_idx, now, &settings);
-            // One engine slow and every other one judged healthy: the peer comparison a model
-            // of fewer than `success_rate_min_engines` lacks (see `apply`).
-            let lone_outlier = verdicts.iter().filter(|v| matches!(v, Verdict::Outlier { .. })).count() == 1
-                && verdicts.iter().filter(|v| matches!(v, Verdict::Healthy)).count() + 1 == verdicts.len();
             if early {
                 // Between intervals only the conviction of an engine not yet penalised counts,
                 // and only on a window long enough to be more than one moment.
@@ -304,7 +298,7 @@ impl Fleet {
                     }
                 }
             }
-            self.apply(engine_idx, verdicts, lone_outlier, now, &settings);
+            self.apply(engine_idx, verdicts, now, &settings);
         }
     }
 
@@ -458,16 +452,8 @@ impl Fleet {
         out
     }
 
-    /// Turns verdicts into penalties, within the model's cap. `lone_outlier`: one engine is an
-    /// outlier and all the others were judged healthy.
-    fn apply(
-        &mut self,
-        engine_idx: &[usize],
-        verdicts: Vec<Verdict>,
-        lone_outlier: bool,
-        now: Now,
-        s: &OutlierSettings,
-    ) {
+    /// Turns verdicts into penalties, within the model's cap.
+    fn apply(&mut self, engine_idx: &[usize], verdicts: Vec<Verdict>, now: Now, s: &OutlierSettings) {
         let mut candidates = Vec::new();
         for (&j, verdict) in engine_idx.iter().zip(verdicts) {
             let e = &mut self.engines[j];
@@ -522,10 +508,7 @@ impl Fleet {
             .filter(|&&j| self.engines[j].penalty > 0.0)
             .map(|&j| self.nominal_capacity(j))
             .sum();
-        // With fewer engines there is no median to tell a fleet-wide slowdown from one slow
-        // engine, except that the others were seen healthy.
-        let one_allowed = s.always_penalise_one
-            && (engine_idx.len() >= s.success_rate_min_engines || engine_idx.len() >= 2 && lone_outlier);
+        let one_allowed = s.always_penalise_one && engine_idx.len() >= s.success_rate_min_engines;
         for (severity, j, reason, started) in candidates {
             let nominal = self.nominal_capacity(j);
             let id = self.config.engines[j].id.clone();
