@@ -124,6 +124,9 @@ struct Exchange {
     picking: Option<stream::Pick>,
     /// Envoy closed its side.
     recv_done: bool,
+    /// Bytes received and not yet released to the flow control: released once per turn, not
+    /// per frame (a stream that ends gives its window back to the connection as it closes).
+    unreleased: usize,
 }
 
 /// How an exchange ends: gRPC status 0, or an error status (code and message).
@@ -143,6 +146,7 @@ impl Exchange {
             out: BytesMut::new(),
             picking: None,
             recv_done: false,
+            unreleased: 0,
         }
     }
 
@@ -158,7 +162,10 @@ impl Exchange {
         }
         loop {
             if let Some(pick) = &mut self.picking {
-                ready!(self.stream.poll_pick(pick, cx, &mut self.answers));
+                if self.stream.poll_pick(pick, cx, &mut self.answers).is_pending() {
+                    self.release();
+                    return Poll::Pending;
+                }
                 self.picking = None;
                 self.encode_answers();
                 if self.stream.done() {
@@ -189,7 +196,7 @@ impl Exchange {
             }
             match self.recv.poll_data(cx) {
                 Poll::Ready(Some(Ok(data))) => {
-                    let _ = self.recv.flow_control().release_capacity(data.len());
+                    self.unreleased += data.len();
                     // `received` is empty here: `next_message` moved any rest to `partial`.
                     if self.partial.is_empty() {
                         self.received = data;
@@ -205,9 +212,17 @@ impl Exchange {
                 }
                 Poll::Pending => {
                     self.flush();
+                    self.release();
                     return Poll::Pending;
                 }
             }
+        }
+    }
+
+    /// Gives the bytes received this turn back to the flow control.
+    fn release(&mut self) {
+        if self.unreleased > 0 {
+            let _ = self.recv.flow_control().release_capacity(std::mem::take(&mut self.unreleased));
         }
     }
 
