@@ -453,6 +453,9 @@ pub fn endpoint_of(engine: &EngineState) -> String {
 /// Whether two `ip:port` strings name the same endpoint (`::1` written two ways, say).
 fn same_endpoint(a: &str, b: &str) -> bool {
     let (a, b) = (a.trim(), b.trim());
+    if a == b {
+        return true;
+    }
     match (a.parse::<std::net::SocketAddr>(), b.parse::<std::net::SocketAddr>()) {
         (Ok(a), Ok(b)) => a == b,
         _ => a.eq_ignore_ascii_case(b),

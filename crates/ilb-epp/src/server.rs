@@ -39,6 +39,10 @@ const STREAM_WINDOW: u32 = 4 << 20;
 const CONNECTION_WINDOW: u32 = 16 << 20;
 const MAX_FRAME: u32 = 256 << 10;
 
+/// The room `out` takes at a time: a pick, the body sent back and the response's answers
+/// of a small request fit together.
+const OUT_ROOM: usize = 2048;
+
 /// What every connection's streams share.
 #[derive(Clone)]
 pub(crate) struct Shared {
@@ -274,6 +278,14 @@ impl Exchange {
 
     /// Moves the answers into `out` (a long body chunk is sent as it is, after what precedes it).
     fn encode_answers(&mut self) {
+        if self.answers.is_empty() {
+            return;
+        }
+        // Room for several turns' answers at once: each turn's are split off `out` to be sent,
+        // and the rest of the allocation serves the next turns.
+        if self.out.capacity() - self.out.len() < OUT_ROOM / 4 {
+            self.out.reserve(OUT_ROOM);
+        }
         let mut answers = std::mem::take(&mut self.answers);
         for answer in answers.drain(..) {
             if let Some(body) = answer.encode(&mut self.out) {
