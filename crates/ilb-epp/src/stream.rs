@@ -218,7 +218,10 @@ impl Stream {
             out.push(self.refuse(ProxyError::BodyTooLarge { limit }));
             return Ok(Step::Answered);
         }
-        if self.first_chunk.is_empty() && self.body.is_empty() {
+        if body.body.is_empty() {
+            // Nothing to keep: Envoy ends a body with an empty chunk (the HTTP/1 codec passes
+            // the body, then its end), which must not make a one-chunk body be copied.
+        } else if self.first_chunk.is_empty() && self.body.is_empty() {
             self.first_chunk = body.body;
         } else {
             if self.body.is_empty() {

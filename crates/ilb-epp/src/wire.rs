@@ -33,6 +33,8 @@ pub const BODY_CHUNK_LIMIT: usize = 62_000;
 /// Why a message's headers could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum HeaderError {
+    #[error("header {0:?} has an invalid name")]
+    Name(String),
     #[error("header {0} has an invalid value")]
     Value(String),
     #[error(transparent)]
@@ -43,7 +45,8 @@ pub enum HeaderError {
 static ROUTE_HEADER_NAMES: [http::HeaderName; 7] = ROUTE_HEADERS;
 
 /// The request's headers that routing reads ([`ROUTE_HEADERS`], as an `http::HeaderMap`) and
-/// its `:path`. The others are not copied: the router looks at no other header.
+/// its `:path`. The others are checked (a name or value `http` would refuse is an error, as
+/// for the headers kept) but not copied: the router looks at no other header.
 pub fn read_headers(headers: &HttpHeaders) -> Result<(HeaderMap, Option<String>), HeaderError> {
     let mut out = HeaderMap::new();
     let mut path = None;
@@ -54,6 +57,16 @@ pub fn read_headers(headers: &HttpHeaders) -> Result<(HeaderMap, Option<String>)
             path = Some(String::from_utf8_lossy(value).into_owned());
             continue;
         }
+        if key.starts_with(b":") {
+            continue;
+        }
+        let key_text = || String::from_utf8_lossy(key).into_owned();
+        if !valid_name(key) {
+            return Err(HeaderError::Name(key_text()));
+        }
+        if !valid_value(value) {
+            return Err(HeaderError::Value(key_text()));
+        }
         let Some(name) =
             ROUTE_HEADER_NAMES.iter().find(|name| key.eq_ignore_ascii_case(name.as_str().as_bytes()))
         else {
@@ -61,11 +74,24 @@ pub fn read_headers(headers: &HttpHeaders) -> Result<(HeaderMap, Option<String>)
         };
         // The value as the slice of the frame it came in (no copy).
         let value = whole.map_or_else(|| Bytes::copy_from_slice(value), |whole| whole.slice_ref(value));
-        let value = http::HeaderValue::from_maybe_shared(value)
-            .map_err(|_| HeaderError::Value(String::from_utf8_lossy(key).into_owned()))?;
+        let value =
+            http::HeaderValue::from_maybe_shared(value).map_err(|_| HeaderError::Value(key_text()))?;
         out.append(name.clone(), value);
     }
     Ok((out, path))
+}
+
+/// Whether `http::HeaderName::from_bytes` takes `name` (a token of up to 64 KiB - 1 bytes,
+/// uppercase allowed), checked without building one (a name not in its table allocates).
+fn valid_name(name: &[u8]) -> bool {
+    !name.is_empty()
+        && name.len() < 1 << 16
+        && name.iter().all(|&b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// Whether `http::HeaderValue::from_bytes` takes `value`.
+fn valid_value(value: &[u8]) -> bool {
+    value.iter().all(|&b| b >= 32 && b != 127 || b == b'\t')
 }
 
 /// The value of the first header named `name` (lowercase), without building a header map.
@@ -660,6 +686,24 @@ mod tests {
         assert!(endpoint_list(Some(&whole[..whole.len() - 1]), DESTINATION_NAMESPACE, DESTINATION_SERVED)
             .is_err());
         assert!(endpoint_list(Some(&[0x0b]), DESTINATION_NAMESPACE, DESTINATION_SERVED).is_err());
+    }
+
+    /// Names and values are valid exactly when `http` takes them.
+    #[test]
+    fn header_checks_agree_with_http() {
+        let mut names: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        names.extend((0..=255u8).map(|b| vec![b'x', b'-', b, b'a']));
+        names.extend([
+            b"Content-Type".to_vec(),
+            b"x-request-id".to_vec(),
+            Vec::new(),
+            vec![b'a'; 65_535],
+            vec![b'a'; 65_536],
+        ]);
+        for name in &names {
+            assert_eq!(valid_name(name), http::HeaderName::from_bytes(name).is_ok(), "{name:?}");
+            assert_eq!(valid_value(name), http::HeaderValue::from_bytes(name).is_ok(), "{name:?}");
+        }
     }
 
     /// Every answer decodes (with envoy-types) to the message it stands for, with the gRPC
