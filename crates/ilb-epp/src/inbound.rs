@@ -136,6 +136,13 @@ struct Fields<'a>(&'a [u8]);
 
 impl<'a> Fields<'a> {
     fn varint(&mut self) -> Result<u64, MalformedHeaders> {
+        // Most varints here (tags, short lengths) are one byte.
+        if let Some((&byte, rest)) = self.0.split_first() {
+            if byte < 0x80 {
+                self.0 = rest;
+                return Ok(u64::from(byte));
+            }
+        }
         let mut value = 0u64;
         for shift in (0..64).step_by(7) {
             let (&byte, rest) = self.0.split_first().ok_or(MalformedHeaders("truncated varint"))?;

@@ -67,11 +67,11 @@ pub fn read_headers(headers: &HttpHeaders) -> Result<(HeaderMap, Option<String>)
         if !valid_value(value) {
             return Err(HeaderError::Value(key_text()));
         }
-        let Some(name) =
-            ROUTE_HEADER_NAMES.iter().find(|name| key.eq_ignore_ascii_case(name.as_str().as_bytes()))
+        let Some(at) = route_header_texts().iter().position(|name| key.eq_ignore_ascii_case(name.as_bytes()))
         else {
             continue;
         };
+        let name = &ROUTE_HEADER_NAMES[at];
         // The value as the slice of the frame it came in (no copy).
         let value = whole.map_or_else(|| Bytes::copy_from_slice(value), |whole| whole.slice_ref(value));
         let value =
@@ -84,9 +84,42 @@ pub fn read_headers(headers: &HttpHeaders) -> Result<(HeaderMap, Option<String>)
 /// Whether `http::HeaderName::from_bytes` takes `name` (a token of up to 64 KiB - 1 bytes,
 /// uppercase allowed), checked without building one (a name not in its table allocates).
 fn valid_name(name: &[u8]) -> bool {
-    !name.is_empty()
-        && name.len() < 1 << 16
-        && name.iter().all(|&b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    !name.is_empty() && name.len() < 1 << 16 && name.iter().all(|&b| TOKEN[usize::from(b)])
+}
+
+/// The bytes of a token (RFC 9110): letters, digits and ``!#$%&'*+-.^_`|~``.
+static TOKEN: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = c.is_ascii_alphanumeric()
+            || matches!(
+                c,
+                b'!' | b'#'
+                    | b'$'
+                    | b'%'
+                    | b'&'
+                    | b'\''
+                    | b'*'
+                    | b'+'
+                    | b'-'
+                    | b'.'
+                    | b'^'
+                    | b'_'
+                    | b'`'
+                    | b'|'
+                    | b'~'
+            );
+        b += 1;
+    }
+    table
+};
+
+/// [`ROUTE_HEADER_NAMES`] as text, looked up once.
+fn route_header_texts() -> &'static [&'static str; 7] {
+    static TEXTS: std::sync::OnceLock<[&'static str; 7]> = std::sync::OnceLock::new();
+    TEXTS.get_or_init(|| ROUTE_HEADER_NAMES.each_ref().map(http::HeaderName::as_str))
 }
 
 /// Whether `http::HeaderValue::from_bytes` takes `value`.
@@ -190,6 +223,13 @@ struct Fields<'a>(&'a [u8]);
 
 impl<'a> Fields<'a> {
     fn varint(&mut self) -> Result<u64, DecodeError> {
+        // Most varints here (tags, short lengths) are one byte.
+        if let Some((&byte, rest)) = self.0.split_first() {
+            if byte < 0x80 {
+                self.0 = rest;
+                return Ok(u64::from(byte));
+            }
+        }
         let mut value = 0u64;
         for shift in (0..64).step_by(7) {
             let (&byte, rest) = self.0.split_first().ok_or(DecodeError("truncated varint"))?;
