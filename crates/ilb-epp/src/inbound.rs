@@ -80,6 +80,9 @@ impl HttpHeaders {
     }
 }
 
+/// One header: its key and value.
+pub type Header<'a> = (&'a [u8], &'a [u8]);
+
 /// The headers of an [`HttpHeaders`] ([`HttpHeaders::iter`]).
 pub struct Headers<'a> {
     map: Fields<'a>,
@@ -87,7 +90,7 @@ pub struct Headers<'a> {
 }
 
 impl<'a> Iterator for Headers<'a> {
-    type Item = Result<(&'a [u8], &'a [u8]), MalformedHeaders>;
+    type Item = Result<Header<'a>, MalformedHeaders>;
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.failed {
@@ -106,7 +109,7 @@ impl<'a> Iterator for Headers<'a> {
 }
 
 impl<'a> Headers<'a> {
-    fn read(&mut self) -> Result<Option<(&'a [u8], &'a [u8])>, MalformedHeaders> {
+    fn read(&mut self) -> Result<Option<Header<'a>>, MalformedHeaders> {
         while let Some((tag, field)) = self.map.next_field()? {
             let (1, Some(header)) = (tag, field) else { continue };
             let (mut key, mut value, mut raw_value): (&[u8], &[u8], &[u8]) = (&[], &[], &[]);
@@ -133,6 +136,9 @@ pub struct MalformedHeaders(&'static str);
 /// The fields of an encoded protobuf message, in order: the tag and, for a length-delimited
 /// field, its bytes (`None` for the other wire types, which are skipped).
 struct Fields<'a>(&'a [u8]);
+
+/// A field's tag and, if length-delimited, its bytes.
+type Field<'a> = (u64, Option<&'a [u8]>);
 
 impl<'a> Fields<'a> {
     fn varint(&mut self) -> Result<u64, MalformedHeaders> {
@@ -165,7 +171,7 @@ impl<'a> Fields<'a> {
         Ok(field)
     }
 
-    fn next_field(&mut self) -> Result<Option<(u64, Option<&'a [u8]>)>, MalformedHeaders> {
+    fn next_field(&mut self) -> Result<Option<Field<'a>>, MalformedHeaders> {
         if self.0.is_empty() {
             return Ok(None);
         }

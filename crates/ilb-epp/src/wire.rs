@@ -716,10 +716,7 @@ mod tests {
                 );
             }
         }
-        assert_eq!(
-            served_endpoint(Some(&twice("10.0.0.1:1", "10.0.0.2:2"))).unwrap().as_deref(),
-            Some("10.0.0.2:2")
-        );
+        assert_eq!(served_endpoint(Some(&twice("10.0.0.1:1", "10.0.0.2:2"))).unwrap(), Some("10.0.0.2:2"));
         assert_eq!(endpoint_list(None, DESTINATION_NAMESPACE, DESTINATION_SERVED).unwrap(), None);
         // Malformed: truncated, a bad wire type.
         let whole = &cases[0];
