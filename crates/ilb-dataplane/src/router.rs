@@ -23,7 +23,7 @@ use crate::proxy::{self, ClassTarget, Classified};
 use crate::shared::Shared;
 use crate::state::Installed;
 use bytes::Bytes;
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, HeaderName, StatusCode};
 use ilb_core::classify::{self, Endpoint};
 use ilb_core::table::{ClassTable, Constraints};
 use ilb_core::ModelName;
@@ -85,6 +85,19 @@ pub struct Router {
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<()>,
 }
+
+/// The request headers [`Router::route`] reads: a gateway may give it these alone
+/// (`RouteRequest::headers`), the others change nothing. The body's encoding and type, the
+/// session and affinity keys ([`proxy::SESSION_HEADERS`]), constraints, residency, priority.
+pub const ROUTE_HEADERS: [HeaderName; 7] = [
+    http::header::CONTENT_ENCODING,
+    http::header::CONTENT_TYPE,
+    HeaderName::from_static("x-session-id"),
+    HeaderName::from_static("x-ilb-affinity-key"),
+    proxy::REQUIRE_HEADER,
+    proxy::RESIDENCY_HEADER,
+    proxy::PRIORITY_HEADER,
+];
 
 /// One request as a gateway saw it, to route.
 pub struct RouteRequest<'a> {
@@ -222,8 +235,7 @@ impl Router {
             }
         }
         let picks: Vec<usize> = tried.split_off(excluded);
-        let endpoints =
-            picks.iter().map(|&c| endpoint_of(&installed.engines[class.candidates[c].engine_idx])).collect();
+        let engines = picks.iter().map(|&c| class.candidates[c].engine_idx).collect();
         let class_pos = model.classes.iter().position(|c| c.seq == class.seq).unwrap_or_default();
         Ok(Routing {
             shared: Arc::clone(shared),
@@ -232,7 +244,7 @@ impl Router {
             key_hash: classified.key_hash,
             now_s,
             picks,
-            endpoints,
+            engines,
             in_flight: Some(in_flight),
             served: None,
             status: None,
@@ -249,8 +261,8 @@ impl Router {
 fn outside_subset(installed: &Installed, class: &ClassTable, subset: &[String]) -> Vec<usize> {
     (0..class.candidates.len())
         .filter(|&c| {
-            let endpoint = endpoint_of(&installed.engines[class.candidates[c].engine_idx]);
-            !subset.iter().any(|allowed| same_endpoint(allowed, &endpoint))
+            let endpoint = &installed.endpoints[class.candidates[c].engine_idx];
+            !subset.iter().any(|allowed| same_endpoint(allowed, endpoint))
         })
         .collect()
 }
@@ -311,8 +323,8 @@ pub struct Routing {
     now_s: u32,
     /// Candidates of the class, primary first, then the fallbacks in order.
     picks: Vec<usize>,
-    /// `ip:port` of each pick.
-    endpoints: Vec<String>,
+    /// The engine of each pick (an index into `installed.engines` and `installed.endpoints`).
+    engines: Vec<usize>,
     in_flight: Option<InFlight>,
     /// Which pick served (an index into `picks`).
     served: Option<usize>,
@@ -327,8 +339,8 @@ pub struct Routing {
 
 impl Routing {
     /// The picked endpoints (`ip:port`), primary first.
-    pub fn endpoints(&self) -> &[String] {
-        &self.endpoints
+    pub fn endpoints(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
+        self.engines.iter().map(|&engine| self.installed.endpoints[engine].as_str())
     }
 
     /// The ids of the picked engines, primary first.
@@ -358,11 +370,11 @@ impl Routing {
         }
         let index = match served {
             None => Some(0),
-            Some(endpoint) => self.endpoints.iter().position(|e| same_endpoint(e, endpoint)),
+            Some(endpoint) => self.endpoints().position(|e| same_endpoint(e, endpoint)),
         };
         let Some(index) = index else {
             // Not one of ours (the gateway's fallback policy chose): say nothing about anyone.
-            tracing::debug!(served = ?served, picks = ?self.endpoints, "served by an endpoint the router did not pick");
+            tracing::debug!(served = ?served, picks = ?self.endpoints().collect::<Vec<_>>(), "served by an endpoint the router did not pick");
             self.in_flight = None;
             return;
         };
@@ -441,6 +453,9 @@ pub fn endpoint_of(engine: &EngineState) -> String {
 /// Whether two `ip:port` strings name the same endpoint (`::1` written two ways, say).
 fn same_endpoint(a: &str, b: &str) -> bool {
     let (a, b) = (a.trim(), b.trim());
+    if a == b {
+        return true;
+    }
     match (a.parse::<std::net::SocketAddr>(), b.parse::<std::net::SocketAddr>()) {
         (Ok(a), Ok(b)) => a == b,
         _ => a.eq_ignore_ascii_case(b),
@@ -450,6 +465,14 @@ fn same_endpoint(a: &str, b: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::same_endpoint;
+
+    /// The session headers the classification reads are among the route headers.
+    #[test]
+    fn route_headers_hold_the_session_headers() {
+        for name in &crate::proxy::SESSION_HEADERS {
+            assert!(super::ROUTE_HEADERS.contains(name), "{name}");
+        }
+    }
 
     #[test]
     fn endpoints_compare_as_socket_addresses() {

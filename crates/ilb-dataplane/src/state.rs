@@ -31,6 +31,9 @@ pub struct Installed {
     /// The `x-ilb-route` value of a first-try answer, by `ClassTable::seq` and candidate: built
     /// here once so that the request path formats nothing.
     pub routes: Vec<Vec<RoutePrefix>>,
+    /// Each engine's `ip:port` as a gateway addresses it ([`crate::router::endpoint_of`]),
+    /// indexed like `engines`: built here once so that a pick formats nothing.
+    pub endpoints: Vec<String>,
     /// Unix milliseconds when this data plane installed it.
     pub installed_unix_ms: u64,
 }
@@ -253,12 +256,14 @@ impl RoutingState {
         registry.engines.retain(|id, s| live.contains(id) || Arc::strong_count(s) > 1);
         registry.classes.retain(|_, c| Arc::strong_count(c) > 1);
         registry.class_engines.retain(|_, c| Arc::strong_count(c) > 1);
+        let endpoints = engines.iter().map(|engine| crate::router::endpoint_of(engine)).collect();
         let installed = Arc::new(Installed {
             table,
             engines,
             classes,
             class_engine_in_flight,
             routes,
+            endpoints,
             installed_unix_ms: now_unix_ms,
         });
         self.current.store(Some(Arc::clone(&installed)));

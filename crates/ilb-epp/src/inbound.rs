@@ -52,16 +52,157 @@ pub enum Request {
     ResponseTrailers(HttpTrailers),
 }
 
-/// `envoy.service.ext_proc.v3.HttpHeaders`.
+/// `envoy.service.ext_proc.v3.HttpHeaders`. The header map is kept encoded (a slice of the
+/// frame) and read in place with [`HttpHeaders::iter`]: no list of headers is built, and only
+/// the headers the EPP reads are looked at.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct HttpHeaders {
-    #[prost(message, optional, tag = "1")]
-    pub headers: Option<HeaderMap>,
+    /// `envoy.config.core.v3.HeaderMap`, encoded.
+    #[prost(bytes = "bytes", optional, tag = "1")]
+    pub headers: Option<Bytes>,
     #[prost(bool, tag = "3")]
     pub end_of_stream: bool,
 }
 
-/// `envoy.config.core.v3.HeaderMap`.
+impl HttpHeaders {
+    /// The headers in order, as `(key, value)`, read from the encoding: `HeaderMap { headers
+    /// (1): HeaderValue { key (1), value (2), raw_value (3) } }`, the value being `raw_value`
+    /// (which Envoy sends) or else `value`, as [`HeaderValue::value`] reads it. An item is an
+    /// error where the encoding is malformed (then iteration stops).
+    pub fn iter(&self) -> Headers<'_> {
+        Headers { map: Fields(self.headers.as_deref().unwrap_or_default()), failed: false }
+    }
+
+    /// The header map as envoy-types' message decodes it, through the EPP's [`HeaderMap`]
+    /// (tests, and the fuzz target's checks).
+    pub fn decoded(&self) -> Result<HeaderMap, prost::DecodeError> {
+        <HeaderMap as prost::Message>::decode(self.headers.clone().unwrap_or_default())
+    }
+}
+
+/// One header: its key and value.
+pub type Header<'a> = (&'a [u8], &'a [u8]);
+
+/// The headers of an [`HttpHeaders`] ([`HttpHeaders::iter`]).
+pub struct Headers<'a> {
+    map: Fields<'a>,
+    failed: bool,
+}
+
+impl<'a> Iterator for Headers<'a> {
+    type Item = Result<Header<'a>, MalformedHeaders>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        let item = self.read();
+        match item {
+            Ok(None) => None,
+            Ok(Some(header)) => Some(Ok(header)),
+            Err(error) => {
+                self.failed = true;
+                Some(Err(error))
+            }
+        }
+    }
+}
+
+impl<'a> Headers<'a> {
+    fn read(&mut self) -> Result<Option<Header<'a>>, MalformedHeaders> {
+        while let Some((tag, field)) = self.map.next_field()? {
+            let (1, Some(header)) = (tag, field) else { continue };
+            let (mut key, mut value, mut raw_value): (&[u8], &[u8], &[u8]) = (&[], &[], &[]);
+            let mut fields = Fields(header);
+            while let Some((tag, field)) = fields.next_field()? {
+                match (tag, field) {
+                    (1, Some(bytes)) => key = bytes,
+                    (2, Some(bytes)) => value = bytes,
+                    (3, Some(bytes)) => raw_value = bytes,
+                    _ => {}
+                }
+            }
+            return Ok(Some((key, if raw_value.is_empty() { value } else { raw_value })));
+        }
+        Ok(None)
+    }
+}
+
+/// A header map whose encoding is malformed.
+#[derive(Debug, thiserror::Error)]
+#[error("malformed header map: {0}")]
+pub struct MalformedHeaders(&'static str);
+
+/// The fields of an encoded protobuf message, in order: the tag and, for a length-delimited
+/// field, its bytes (`None` for the other wire types, which are skipped).
+struct Fields<'a>(&'a [u8]);
+
+/// A field's tag and, if length-delimited, its bytes.
+type Field<'a> = (u64, Option<&'a [u8]>);
+
+impl<'a> Fields<'a> {
+    fn varint(&mut self) -> Result<u64, MalformedHeaders> {
+        // Most varints here (tags, short lengths) are one byte.
+        if let Some((&byte, rest)) = self.0.split_first() {
+            if byte < 0x80 {
+                self.0 = rest;
+                return Ok(u64::from(byte));
+            }
+        }
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (&byte, rest) = self.0.split_first().ok_or(MalformedHeaders("truncated varint"))?;
+            self.0 = rest;
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte < 0x80 {
+                return Ok(value);
+            }
+        }
+        Err(MalformedHeaders("varint too long"))
+    }
+
+    fn take(&mut self, len: u64) -> Result<&'a [u8], MalformedHeaders> {
+        let len = usize::try_from(len).map_err(|_| MalformedHeaders("length too large"))?;
+        if len > self.0.len() {
+            return Err(MalformedHeaders("truncated field"));
+        }
+        let (field, rest) = self.0.split_at(len);
+        self.0 = rest;
+        Ok(field)
+    }
+
+    fn next_field(&mut self) -> Result<Option<Field<'a>>, MalformedHeaders> {
+        if self.0.is_empty() {
+            return Ok(None);
+        }
+        let key = self.varint()?;
+        let field = match key & 7 {
+            0 => {
+                self.varint()?;
+                None
+            }
+            1 => {
+                self.take(8)?;
+                None
+            }
+            2 => {
+                let len = self.varint()?;
+                Some(self.take(len)?)
+            }
+            5 => {
+                self.take(4)?;
+                None
+            }
+            _ => return Err(MalformedHeaders("unsupported wire type")),
+        };
+        if key >> 3 == 0 {
+            return Err(MalformedHeaders("field number 0"));
+        }
+        Ok(Some((key >> 3, field)))
+    }
+}
+
+/// `envoy.config.core.v3.HeaderMap`, decoded (see [`HttpHeaders::decoded`]).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct HeaderMap {
     #[prost(message, repeated, tag = "1")]
@@ -159,7 +300,15 @@ mod tests {
                     Some(full::processing_request::Request::RequestHeaders(f)),
                 ) => {
                     assert_eq!(d.end_of_stream, f.end_of_stream);
-                    let (d, f) = (d.headers.unwrap().headers, f.headers.unwrap().headers);
+                    let read: Vec<(&[u8], &[u8])> = d.iter().map(|h| h.expect("reads")).collect();
+                    let fv = &f.headers.as_ref().unwrap().headers;
+                    assert_eq!(read.len(), fv.len());
+                    for (&(key, value), f) in read.iter().zip(fv) {
+                        let fvalue =
+                            if f.raw_value.is_empty() { f.value.as_bytes() } else { &f.raw_value[..] };
+                        assert_eq!((key, value), (f.key.as_bytes(), fvalue));
+                    }
+                    let (d, f) = (d.decoded().unwrap().headers, f.headers.unwrap().headers);
                     assert_eq!(d.len(), f.len());
                     for (d, f) in d.iter().zip(&f) {
                         assert_eq!(
@@ -183,5 +332,20 @@ mod tests {
                 (d, f) => panic!("decoded {d:?} from {f:?}"),
             }
         }
+    }
+
+    /// A malformed header map is an error when read, not a panic or a silent end.
+    #[test]
+    fn malformed_header_maps_are_errors() {
+        let headers = core::HeaderMap { headers: vec![header("content-type", "", b"text/plain")] };
+        let whole = headers.encode_to_vec();
+        for cut in 1..whole.len() {
+            let truncated =
+                HttpHeaders { headers: Some(Bytes::copy_from_slice(&whole[..cut])), end_of_stream: false };
+            assert!(truncated.iter().any(|h| h.is_err()), "{cut}");
+        }
+        let bad_wire_type = HttpHeaders { headers: Some(Bytes::from_static(&[0x0b])), end_of_stream: false };
+        assert!(bad_wire_type.iter().next().expect("an item").is_err());
+        assert_eq!(HttpHeaders::default().iter().count(), 0);
     }
 }

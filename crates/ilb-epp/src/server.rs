@@ -39,6 +39,10 @@ const STREAM_WINDOW: u32 = 4 << 20;
 const CONNECTION_WINDOW: u32 = 16 << 20;
 const MAX_FRAME: u32 = 256 << 10;
 
+/// The room `out` takes at a time: a pick, the body sent back and the response's answers
+/// of a small request fit together.
+const OUT_ROOM: usize = 2048;
+
 /// What every connection's streams share.
 #[derive(Clone)]
 pub(crate) struct Shared {
@@ -124,6 +128,9 @@ struct Exchange {
     picking: Option<stream::Pick>,
     /// Envoy closed its side.
     recv_done: bool,
+    /// Bytes received and not yet released to the flow control: released once per turn, not
+    /// per frame (a stream that ends gives its window back to the connection as it closes).
+    unreleased: usize,
 }
 
 /// How an exchange ends: gRPC status 0, or an error status (code and message).
@@ -143,6 +150,7 @@ impl Exchange {
             out: BytesMut::new(),
             picking: None,
             recv_done: false,
+            unreleased: 0,
         }
     }
 
@@ -158,7 +166,10 @@ impl Exchange {
         }
         loop {
             if let Some(pick) = &mut self.picking {
-                ready!(self.stream.poll_pick(pick, cx, &mut self.answers));
+                if self.stream.poll_pick(pick, cx, &mut self.answers).is_pending() {
+                    self.release();
+                    return Poll::Pending;
+                }
                 self.picking = None;
                 self.encode_answers();
                 if self.stream.done() {
@@ -189,7 +200,7 @@ impl Exchange {
             }
             match self.recv.poll_data(cx) {
                 Poll::Ready(Some(Ok(data))) => {
-                    let _ = self.recv.flow_control().release_capacity(data.len());
+                    self.unreleased += data.len();
                     // `received` is empty here: `next_message` moved any rest to `partial`.
                     if self.partial.is_empty() {
                         self.received = data;
@@ -205,9 +216,17 @@ impl Exchange {
                 }
                 Poll::Pending => {
                     self.flush();
+                    self.release();
                     return Poll::Pending;
                 }
             }
+        }
+    }
+
+    /// Gives the bytes received this turn back to the flow control.
+    fn release(&mut self) {
+        if self.unreleased > 0 {
+            let _ = self.recv.flow_control().release_capacity(std::mem::take(&mut self.unreleased));
         }
     }
 
@@ -259,6 +278,14 @@ impl Exchange {
 
     /// Moves the answers into `out` (a long body chunk is sent as it is, after what precedes it).
     fn encode_answers(&mut self) {
+        if self.answers.is_empty() {
+            return;
+        }
+        // Room for several turns' answers at once: each turn's are split off `out` to be sent,
+        // and the rest of the allocation serves the next turns.
+        if self.out.capacity() - self.out.len() < OUT_ROOM / 4 {
+            self.out.reserve(OUT_ROOM);
+        }
         let mut answers = std::mem::take(&mut self.answers);
         for answer in answers.drain(..) {
             if let Some(body) = answer.encode(&mut self.out) {

@@ -154,7 +154,7 @@ impl Stream {
             }
             Some(Request::ResponseHeaders(headers)) => {
                 let served = wire::served_endpoint(metadata).map_err(malformed)?;
-                out.push(self.response_headers(served.as_deref(), &headers));
+                out.push(self.response_headers(served, &headers)?);
                 Ok(Step::Answered)
             }
             Some(Request::ResponseBody(body)) => {
@@ -179,11 +179,12 @@ impl Stream {
         if self.answered || !self.headers.is_empty() || self.path.is_some() {
             return Err(StreamError::Protocol("request headers sent twice on one stream".into()));
         }
-        match wire::read_headers(headers.headers.as_ref()) {
+        match wire::read_headers(headers) {
             Ok((map, path)) => {
                 self.headers = map;
                 self.path = path;
             }
+            Err(wire::HeaderError::Malformed(e)) => return Err(StreamError::Protocol(e.to_string())),
             Err(e) => {
                 out.push(self.refuse(ProxyError::BadRequest(e.to_string())));
                 return Ok(Step::Answered);
@@ -217,7 +218,10 @@ impl Stream {
             out.push(self.refuse(ProxyError::BodyTooLarge { limit }));
             return Ok(Step::Answered);
         }
-        if self.first_chunk.is_empty() && self.body.is_empty() {
+        if body.body.is_empty() {
+            // Nothing to keep: Envoy ends a body with an empty chunk (the HTTP/1 codec passes
+            // the body, then its end), which must not make a one-chunk body be copied.
+        } else if self.first_chunk.is_empty() && self.body.is_empty() {
             self.first_chunk = body.body;
         } else {
             if self.body.is_empty() {
@@ -245,7 +249,8 @@ impl Stream {
         } else {
             std::mem::take(&mut self.body).freeze()
         };
-        let path = self.path.clone().unwrap_or_default();
+        // Taken: the request is answered, no message reads it again.
+        let path = self.path.take().unwrap_or_default();
         let headers = std::mem::take(&mut self.headers);
         let subset = self.subset.take();
         let router = Arc::clone(&self.router);
@@ -277,7 +282,13 @@ impl Stream {
 
     /// The answer to a routed request `via` the message Envoy waits on.
     fn answer(&mut self, routing: Routing, via: Via, body: &Bytes, out: &mut Vec<Answer>) {
-        let endpoints = routing.endpoints().join(",");
+        let mut endpoints = String::with_capacity(routing.endpoints().map(|e| e.len() + 1).sum());
+        for endpoint in routing.endpoints() {
+            if !endpoints.is_empty() {
+                endpoints.push(',');
+            }
+            endpoints.push_str(endpoint);
+        }
         tracing::debug!(endpoints = %endpoints, engines = ?routing.engine_ids(), "picked");
         self.routing = Some(routing);
         match via {
@@ -309,17 +320,31 @@ impl Stream {
         Answer::Message(wire::immediate(status, &parts.headers, &body, &details))
     }
 
-    fn response_headers(&mut self, served: Option<&str>, headers: &HttpHeaders) -> Answer {
-        let status = wire::status_of(headers.headers.as_ref()).unwrap_or(http::StatusCode::OK);
-        let sse = wire::header_value(headers.headers.as_ref(), "content-type")
-            .is_some_and(|content_type| content_type.starts_with(b"text/event-stream"));
+    fn response_headers(
+        &mut self,
+        served: Option<&str>,
+        headers: &HttpHeaders,
+    ) -> Result<Answer, StreamError> {
+        // The first `:status` and `content-type`, in one pass over the headers.
+        let (mut status, mut content_type) = (None, None);
+        for header in headers.iter() {
+            let (key, value) = header.map_err(|e| StreamError::Protocol(e.to_string()))?;
+            if status.is_none() && key == b":status" {
+                status = Some(value);
+            } else if content_type.is_none() && key.eq_ignore_ascii_case(b"content-type") {
+                content_type = Some(value);
+            }
+        }
+        let status =
+            status.and_then(|s| http::StatusCode::from_bytes(s).ok()).unwrap_or(http::StatusCode::OK);
+        let sse = content_type.is_some_and(|content_type| content_type.starts_with(b"text/event-stream"));
         if let Some(routing) = &mut self.routing {
             routing.served(served, status, sse);
         }
         if headers.end_of_stream || self.response_mode == BodyMode::None {
             self.finish();
         }
-        Answer::Message(wire::response_headers())
+        Ok(Answer::ResponseHeaders)
     }
 
     fn response_body(&mut self, body: HttpBody) -> Answer {

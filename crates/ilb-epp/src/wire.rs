@@ -3,7 +3,7 @@
 //! building the answers (the pick as a header mutation plus `envoy.lb` dynamic metadata,
 //! streamed body chunks, immediate responses).
 
-use crate::inbound::HeaderMap as EnvoyHeaderMap;
+use crate::inbound::{HttpHeaders, MalformedHeaders};
 use bytes::{BufMut, Bytes, BytesMut};
 use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption};
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
@@ -12,7 +12,8 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     HeadersResponse, ImmediateResponse, ProcessingResponse, StreamedBodyResponse,
 };
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
-use http::{HeaderMap, HeaderName, StatusCode};
+use http::{HeaderMap, StatusCode};
+use ilb_dataplane::router::ROUTE_HEADERS;
 use prost::encoding::{encode_varint, encoded_len_varint};
 use prost::Message;
 
@@ -36,58 +37,129 @@ pub enum HeaderError {
     Name(String),
     #[error("header {0} has an invalid value")]
     Value(String),
+    #[error(transparent)]
+    Malformed(#[from] MalformedHeaders),
 }
 
-/// Envoy's headers as an `http::HeaderMap` (pseudo-headers left out) and the `:path`.
-pub fn read_headers(headers: Option<&EnvoyHeaderMap>) -> Result<(HeaderMap, Option<String>), HeaderError> {
+/// [`ROUTE_HEADERS`] in one place (the constant is a new array at each use).
+static ROUTE_HEADER_NAMES: [http::HeaderName; 7] = ROUTE_HEADERS;
+
+/// The request's headers that routing reads ([`ROUTE_HEADERS`], as an `http::HeaderMap`) and
+/// its `:path`. The others are checked (a name or value `http` would refuse is an error, as
+/// for the headers kept) but not copied: the router looks at no other header.
+pub fn read_headers(headers: &HttpHeaders) -> Result<(HeaderMap, Option<String>), HeaderError> {
     let mut out = HeaderMap::new();
     let mut path = None;
-    for header in headers.map(|h| h.headers.as_slice()).unwrap_or_default() {
-        let value = header.value();
-        if header.key == ":path" {
+    let whole = headers.headers.as_ref();
+    for header in headers.iter() {
+        let (key, value) = header?;
+        if key == b":path" {
             path = Some(String::from_utf8_lossy(value).into_owned());
             continue;
         }
-        if header.key.starts_with(b":") {
+        if key.starts_with(b":") {
             continue;
         }
-        let key = || String::from_utf8_lossy(&header.key).into_owned();
-        let name = HeaderName::from_bytes(&header.key).map_err(|_| HeaderError::Name(key()))?;
-        let value = http::HeaderValue::from_bytes(value).map_err(|_| HeaderError::Value(key()))?;
-        out.append(name, value);
+        let key_text = || String::from_utf8_lossy(key).into_owned();
+        if !valid_name(key) {
+            return Err(HeaderError::Name(key_text()));
+        }
+        if !valid_value(value) {
+            return Err(HeaderError::Value(key_text()));
+        }
+        let Some(at) = route_header_texts().iter().position(|name| key.eq_ignore_ascii_case(name.as_bytes()))
+        else {
+            continue;
+        };
+        let name = &ROUTE_HEADER_NAMES[at];
+        // The value as the slice of the frame it came in (no copy).
+        let value = whole.map_or_else(|| Bytes::copy_from_slice(value), |whole| whole.slice_ref(value));
+        let value =
+            http::HeaderValue::from_maybe_shared(value).map_err(|_| HeaderError::Value(key_text()))?;
+        out.append(name.clone(), value);
     }
     Ok((out, path))
 }
 
+/// Whether `http::HeaderName::from_bytes` takes `name` (a token of up to 64 KiB - 1 bytes,
+/// uppercase allowed), checked without building one (a name not in its table allocates).
+fn valid_name(name: &[u8]) -> bool {
+    !name.is_empty() && name.len() < 1 << 16 && name.iter().all(|&b| TOKEN[usize::from(b)])
+}
+
+/// The bytes of a token (RFC 9110): letters, digits and ``!#$%&'*+-.^_`|~``.
+static TOKEN: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = c.is_ascii_alphanumeric()
+            || matches!(
+                c,
+                b'!' | b'#'
+                    | b'$'
+                    | b'%'
+                    | b'&'
+                    | b'\''
+                    | b'*'
+                    | b'+'
+                    | b'-'
+                    | b'.'
+                    | b'^'
+                    | b'_'
+                    | b'`'
+                    | b'|'
+                    | b'~'
+            );
+        b += 1;
+    }
+    table
+};
+
+/// [`ROUTE_HEADER_NAMES`] as text, looked up once.
+fn route_header_texts() -> &'static [&'static str; 7] {
+    static TEXTS: std::sync::OnceLock<[&'static str; 7]> = std::sync::OnceLock::new();
+    TEXTS.get_or_init(|| ROUTE_HEADER_NAMES.each_ref().map(http::HeaderName::as_str))
+}
+
+/// Whether `http::HeaderValue::from_bytes` takes `value`.
+fn valid_value(value: &[u8]) -> bool {
+    value.iter().all(|&b| b >= 32 && b != 127 || b == b'\t')
+}
+
 /// The value of the first header named `name` (lowercase), without building a header map.
-pub fn header_value<'a>(headers: Option<&'a EnvoyHeaderMap>, name: &str) -> Option<&'a [u8]> {
-    let header = headers?.headers.iter().find(|h| h.key.eq_ignore_ascii_case(name.as_bytes()))?;
-    Some(header.value())
+pub fn header_value<'a>(headers: &'a HttpHeaders, name: &str) -> Result<Option<&'a [u8]>, MalformedHeaders> {
+    for header in headers.iter() {
+        let (key, value) = header?;
+        if key.eq_ignore_ascii_case(name.as_bytes()) {
+            return Ok(Some(value));
+        }
+    }
+    Ok(None)
 }
 
 /// A response's `:status`, if it has a valid one.
-pub fn status_of(headers: Option<&EnvoyHeaderMap>) -> Option<StatusCode> {
-    let header = headers?.headers.iter().find(|h| h.key == ":status")?;
-    StatusCode::from_bytes(header.value()).ok()
+pub fn status_of(headers: &HttpHeaders) -> Result<Option<StatusCode>, MalformedHeaders> {
+    Ok(header_value(headers, ":status")?.and_then(|value| StatusCode::from_bytes(value).ok()))
 }
 
-/// A string or a list of strings at `namespace`.`key` of the gateway's metadata (an encoded
-/// `envoy.config.core.v3.Metadata`), split at commas: `None` when it is not there. Read from
-/// the encoding without decoding the maps around it (a map entry given twice: the last counts,
-/// as when decoded).
-fn endpoint_list(
-    metadata: Option<&[u8]>,
+/// The strings at `namespace`.`key` of the gateway's metadata (an encoded
+/// `envoy.config.core.v3.Metadata`): a string or a list of strings, each split at commas,
+/// handed to `each` in order, trimmed, empty ones left out. `false` when the key is not there.
+/// Read from the encoding without decoding the maps around it (a map entry given twice: the
+/// last counts, as when decoded).
+fn each_endpoint<'a>(
+    metadata: Option<&'a [u8]>,
     namespace: &str,
     key: &str,
-) -> Result<Option<Vec<String>>, DecodeError> {
-    let Some(metadata) = metadata else { return Ok(None) };
+    mut each: impl FnMut(&'a str),
+) -> Result<bool, DecodeError> {
+    let Some(metadata) = metadata else { return Ok(false) };
     // Metadata { filter_metadata (1): map<string, Struct> }
-    let Some(fields) = map_value(metadata, 1, namespace)? else { return Ok(None) };
+    let Some(fields) = map_value(metadata, 1, namespace)? else { return Ok(false) };
     // Struct { fields (1): map<string, Value> }
-    let Some(value) = map_value(fields, 1, key)? else { return Ok(None) };
-    let mut out = Vec::new();
-    let mut push =
-        |s: &str| out.extend(s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned));
+    let Some(value) = map_value(fields, 1, key)? else { return Ok(false) };
+    let mut push = |s: &'a str| s.split(',').map(str::trim).filter(|s| !s.is_empty()).for_each(&mut each);
     match value_kind(value)? {
         // Value { string_value (3) }
         Some((3, string)) => push(utf8(string)?),
@@ -104,7 +176,18 @@ fn endpoint_list(
         }
         _ => {}
     }
-    Ok(Some(out))
+    Ok(true)
+}
+
+/// [`each_endpoint`]'s strings as a list; `None` when the key is not there.
+fn endpoint_list(
+    metadata: Option<&[u8]>,
+    namespace: &str,
+    key: &str,
+) -> Result<Option<Vec<String>>, DecodeError> {
+    let mut out = Vec::new();
+    let found = each_endpoint(metadata, namespace, key, |s| out.push(s.to_owned()))?;
+    Ok(found.then_some(out))
 }
 
 /// The gateway's subset hint, from its encoded metadata: `None` when it set none (any
@@ -114,10 +197,14 @@ pub fn subset_hint(metadata: Option<&[u8]>) -> Result<Option<Vec<String>>, Decod
     endpoint_list(metadata, SUBSET_NAMESPACE, SUBSET_KEY)
 }
 
-/// The endpoint that served, as the gateway reports it in `envoy.lb` (its encoded metadata).
-pub fn served_endpoint(metadata: Option<&[u8]>) -> Result<Option<String>, DecodeError> {
-    Ok(endpoint_list(metadata, DESTINATION_NAMESPACE, DESTINATION_SERVED)?
-        .and_then(|list| list.into_iter().next()))
+/// The endpoint that served, as the gateway reports it in `envoy.lb` (its encoded metadata):
+/// the first one named there.
+pub fn served_endpoint(metadata: Option<&[u8]>) -> Result<Option<&str>, DecodeError> {
+    let mut first = None;
+    each_endpoint(metadata, DESTINATION_NAMESPACE, DESTINATION_SERVED, |s| {
+        first.get_or_insert(s);
+    })?;
+    Ok(first)
 }
 
 /// Why the gateway's metadata could not be read.
@@ -136,6 +223,13 @@ struct Fields<'a>(&'a [u8]);
 
 impl<'a> Fields<'a> {
     fn varint(&mut self) -> Result<u64, DecodeError> {
+        // Most varints here (tags, short lengths) are one byte.
+        if let Some((&byte, rest)) = self.0.split_first() {
+            if byte < 0x80 {
+                self.0 = rest;
+                return Ok(u64::from(byte));
+            }
+        }
         let mut value = 0u64;
         for shift in (0..64).step_by(7) {
             let (&byte, rest) = self.0.split_first().ok_or(DecodeError("truncated varint"))?;
@@ -319,7 +413,14 @@ pub enum Answer {
     /// back streamed), clears the route cache, and puts `endpoints` in the `envoy.lb` dynamic
     /// metadata ([`pick_common`], [`pick_metadata`]); encoded by hand.
     Pick { in_body: bool, endpoints: String, content_length: Option<usize> },
+    /// The response headers' answer, which changes nothing ([`response_headers`]): constant
+    /// bytes.
+    ResponseHeaders,
 }
+
+/// [`Answer::ResponseHeaders`] as a gRPC message: ProcessingResponse { response_headers (2):
+/// HeadersResponse { response (1): CommonResponse {} } }.
+const RESPONSE_HEADERS_ANSWER: [u8; 9] = [0, 0, 0, 0, 4, 0x12, 0x02, 0x0a, 0x00];
 
 /// A chunk shorter than this is copied into the answer's buffer; a longer one is sent as the
 /// slice of the gateway's frame it came in.
@@ -352,6 +453,7 @@ impl Answer {
                 answer.dynamic_metadata = Some(pick_metadata(endpoints));
                 answer
             }
+            Answer::ResponseHeaders => response_headers(),
         }
     }
 
@@ -413,6 +515,10 @@ impl Answer {
             }
             Answer::Pick { in_body, endpoints, content_length } => {
                 encode_pick(in_body, &endpoints, content_length, out);
+                None
+            }
+            Answer::ResponseHeaders => {
+                out.extend_from_slice(&RESPONSE_HEADERS_ANSWER);
                 None
             }
         }
@@ -610,10 +716,7 @@ mod tests {
                 );
             }
         }
-        assert_eq!(
-            served_endpoint(Some(&twice("10.0.0.1:1", "10.0.0.2:2"))).unwrap().as_deref(),
-            Some("10.0.0.2:2")
-        );
+        assert_eq!(served_endpoint(Some(&twice("10.0.0.1:1", "10.0.0.2:2"))).unwrap(), Some("10.0.0.2:2"));
         assert_eq!(endpoint_list(None, DESTINATION_NAMESPACE, DESTINATION_SERVED).unwrap(), None);
         // Malformed: truncated, a bad wire type.
         let whole = &cases[0];
@@ -622,12 +725,31 @@ mod tests {
         assert!(endpoint_list(Some(&[0x0b]), DESTINATION_NAMESPACE, DESTINATION_SERVED).is_err());
     }
 
+    /// Names and values are valid exactly when `http` takes them.
+    #[test]
+    fn header_checks_agree_with_http() {
+        let mut names: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        names.extend((0..=255u8).map(|b| vec![b'x', b'-', b, b'a']));
+        names.extend([
+            b"Content-Type".to_vec(),
+            b"x-request-id".to_vec(),
+            Vec::new(),
+            vec![b'a'; 65_535],
+            vec![b'a'; 65_536],
+        ]);
+        for name in &names {
+            assert_eq!(valid_name(name), http::HeaderName::from_bytes(name).is_ok(), "{name:?}");
+            assert_eq!(valid_value(name), http::HeaderValue::from_bytes(name).is_ok(), "{name:?}");
+        }
+    }
+
     /// Every answer decodes (with envoy-types) to the message it stands for, with the gRPC
     /// prefix's length right; long bodies are handed back uncopied, short ones copied.
     #[test]
     fn answers_encode_to_the_messages_they_stand_for() {
         let mut answers = vec![
             Answer::Message(response_headers()),
+            Answer::ResponseHeaders,
             Answer::Message(request_headers(pick_common("10.0.0.1:8000,10.0.0.2:8000", Some(12)))),
             Answer::Pick { in_body: false, endpoints: "10.0.0.1:8000".into(), content_length: None },
             Answer::Pick {
