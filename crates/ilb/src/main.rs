@@ -12,12 +12,6 @@ mod traffic;
 
 use clap::{Parser, Subcommand};
 
-// mimalloc rather than glibc's malloc: the request paths allocate small, short-lived buffers
-// (h2's frames and stream slots, header maps, bodies), where glibc's malloc and free took about
-// a tenth of the EPP's time (bench/epp.sh; docs/epp.md has what it bought each side).
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Parser)]
 #[command(name = "ilb", version, about = "ilb, the inference load balancer for LLM fleets")]
 struct Cli {
