@@ -5,6 +5,7 @@
 //! `observability_mode`) are skipped. Tags as in `envoy/service/ext_proc/v3/external_processor.proto`
 //! and `envoy/config/core/v3/base.proto`.
 
+use crate::protobuf::Fields;
 use bytes::Bytes;
 use envoy_types::pb::envoy::config::core::v3::Metadata;
 use envoy_types::pb::envoy::service::ext_proc::v3::ProtocolConfiguration;
@@ -110,11 +111,11 @@ impl<'a> Iterator for Headers<'a> {
 
 impl<'a> Headers<'a> {
     fn read(&mut self) -> Result<Option<Header<'a>>, MalformedHeaders> {
-        while let Some((tag, field)) = self.map.next_field()? {
+        while let Some((tag, field)) = self.map.next_field().map_err(MalformedHeaders)? {
             let (1, Some(header)) = (tag, field) else { continue };
             let (mut key, mut value, mut raw_value): (&[u8], &[u8], &[u8]) = (&[], &[], &[]);
             let mut fields = Fields(header);
-            while let Some((tag, field)) = fields.next_field()? {
+            while let Some((tag, field)) = fields.next_field().map_err(MalformedHeaders)? {
                 match (tag, field) {
                     (1, Some(bytes)) => key = bytes,
                     (2, Some(bytes)) => value = bytes,
@@ -132,75 +133,6 @@ impl<'a> Headers<'a> {
 #[derive(Debug, thiserror::Error)]
 #[error("malformed header map: {0}")]
 pub struct MalformedHeaders(&'static str);
-
-/// The fields of an encoded protobuf message, in order: the tag and, for a length-delimited
-/// field, its bytes (`None` for the other wire types, which are skipped).
-struct Fields<'a>(&'a [u8]);
-
-/// A field's tag and, if length-delimited, its bytes.
-type Field<'a> = (u64, Option<&'a [u8]>);
-
-impl<'a> Fields<'a> {
-    fn varint(&mut self) -> Result<u64, MalformedHeaders> {
-        // Most varints here (tags, short lengths) are one byte.
-        if let Some((&byte, rest)) = self.0.split_first() {
-            if byte < 0x80 {
-                self.0 = rest;
-                return Ok(u64::from(byte));
-            }
-        }
-        let mut value = 0u64;
-        for shift in (0..64).step_by(7) {
-            let (&byte, rest) = self.0.split_first().ok_or(MalformedHeaders("truncated varint"))?;
-            self.0 = rest;
-            value |= u64::from(byte & 0x7f) << shift;
-            if byte < 0x80 {
-                return Ok(value);
-            }
-        }
-        Err(MalformedHeaders("varint too long"))
-    }
-
-    fn take(&mut self, len: u64) -> Result<&'a [u8], MalformedHeaders> {
-        let len = usize::try_from(len).map_err(|_| MalformedHeaders("length too large"))?;
-        if len > self.0.len() {
-            return Err(MalformedHeaders("truncated field"));
-        }
-        let (field, rest) = self.0.split_at(len);
-        self.0 = rest;
-        Ok(field)
-    }
-
-    fn next_field(&mut self) -> Result<Option<Field<'a>>, MalformedHeaders> {
-        if self.0.is_empty() {
-            return Ok(None);
-        }
-        let key = self.varint()?;
-        let field = match key & 7 {
-            0 => {
-                self.varint()?;
-                None
-            }
-            1 => {
-                self.take(8)?;
-                None
-            }
-            2 => {
-                let len = self.varint()?;
-                Some(self.take(len)?)
-            }
-            5 => {
-                self.take(4)?;
-                None
-            }
-            _ => return Err(MalformedHeaders("unsupported wire type")),
-        };
-        if key >> 3 == 0 {
-            return Err(MalformedHeaders("field number 0"));
-        }
-        Ok(Some((key >> 3, field)))
-    }
-}
 
 /// `envoy.config.core.v3.HeaderMap`, decoded (see [`HttpHeaders::decoded`]).
 #[derive(Clone, PartialEq, prost::Message)]

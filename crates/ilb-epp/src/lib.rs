@@ -30,6 +30,7 @@
 
 pub mod inbound;
 mod io;
+mod protobuf;
 mod server;
 mod stream;
 mod tls;

@@ -4,6 +4,7 @@
 //! streamed body chunks, immediate responses).
 
 use crate::inbound::{HttpHeaders, MalformedHeaders};
+use crate::protobuf::Fields;
 use bytes::{BufMut, Bytes, BytesMut};
 use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption};
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
@@ -166,8 +167,8 @@ fn each_endpoint<'a>(
         // Value { list_value (6): ListValue { values (1): Value } }
         Some((6, list)) => {
             let mut fields = Fields(list);
-            while let Some((tag, item)) = fields.next_field()? {
-                if let (1, Field::Bytes(item)) = (tag, item) {
+            while let Some((tag, item)) = fields.next_field().map_err(DecodeError)? {
+                if let (1, Some(item)) = (tag, item) {
                     if let Some((3, string)) = value_kind(item)? {
                         push(utf8(string)?);
                     }
@@ -212,87 +213,19 @@ pub fn served_endpoint(metadata: Option<&[u8]>) -> Result<Option<&str>, DecodeEr
 #[error("malformed metadata: {0}")]
 pub struct DecodeError(&'static str);
 
-/// One field of a protobuf message: a length-delimited one's bytes, or another wire type's.
-enum Field<'a> {
-    Bytes(&'a [u8]),
-    Other,
-}
-
-/// The fields of an encoded protobuf message, in order.
-struct Fields<'a>(&'a [u8]);
-
-impl<'a> Fields<'a> {
-    fn varint(&mut self) -> Result<u64, DecodeError> {
-        // Most varints here (tags, short lengths) are one byte.
-        if let Some((&byte, rest)) = self.0.split_first() {
-            if byte < 0x80 {
-                self.0 = rest;
-                return Ok(u64::from(byte));
-            }
-        }
-        let mut value = 0u64;
-        for shift in (0..64).step_by(7) {
-            let (&byte, rest) = self.0.split_first().ok_or(DecodeError("truncated varint"))?;
-            self.0 = rest;
-            value |= u64::from(byte & 0x7f) << shift;
-            if byte < 0x80 {
-                return Ok(value);
-            }
-        }
-        Err(DecodeError("varint too long"))
-    }
-
-    fn take(&mut self, len: u64) -> Result<&'a [u8], DecodeError> {
-        let len = usize::try_from(len).map_err(|_| DecodeError("length too large"))?;
-        if len > self.0.len() {
-            return Err(DecodeError("truncated field"));
-        }
-        let (field, rest) = self.0.split_at(len);
-        self.0 = rest;
-        Ok(field)
-    }
-
-    fn next_field(&mut self) -> Result<Option<(u64, Field<'a>)>, DecodeError> {
-        if self.0.is_empty() {
-            return Ok(None);
-        }
-        let key = self.varint()?;
-        let field = match key & 7 {
-            0 => {
-                self.varint()?;
-                Field::Other
-            }
-            1 => {
-                self.take(8)?;
-                Field::Other
-            }
-            2 => {
-                let len = self.varint()?;
-                Field::Bytes(self.take(len)?)
-            }
-            5 => {
-                self.take(4)?;
-                Field::Other
-            }
-            _ => return Err(DecodeError("unsupported wire type")),
-        };
-        Ok(Some((key >> 3, field)))
-    }
-}
-
 /// The value of the last entry of the map field `tag` whose key is `key`.
 fn map_value<'a>(message: &'a [u8], tag: u64, key: &str) -> Result<Option<&'a [u8]>, DecodeError> {
     let mut found = None;
     let mut fields = Fields(message);
-    while let Some((field_tag, field)) = fields.next_field()? {
-        let (true, Field::Bytes(entry)) = (field_tag == tag, field) else { continue };
+    while let Some((field_tag, field)) = fields.next_field().map_err(DecodeError)? {
+        let (true, Some(entry)) = (field_tag == tag, field) else { continue };
         // A map entry: { key (1), value (2) }, either possibly absent (empty).
         let (mut entry_key, mut entry_value): (&[u8], &[u8]) = (&[], &[]);
         let mut entry = Fields(entry);
-        while let Some((entry_tag, field)) = entry.next_field()? {
+        while let Some((entry_tag, field)) = entry.next_field().map_err(DecodeError)? {
             match (entry_tag, field) {
-                (1, Field::Bytes(bytes)) => entry_key = bytes,
-                (2, Field::Bytes(bytes)) => entry_value = bytes,
+                (1, Some(bytes)) => entry_key = bytes,
+                (2, Some(bytes)) => entry_value = bytes,
                 _ => {}
             }
         }
@@ -308,9 +241,9 @@ fn map_value<'a>(message: &'a [u8], tag: u64, key: &str) -> Result<Option<&'a [u
 fn value_kind(value: &[u8]) -> Result<Option<(u64, &[u8])>, DecodeError> {
     let mut kind = None;
     let mut fields = Fields(value);
-    while let Some((tag, field)) = fields.next_field()? {
+    while let Some((tag, field)) = fields.next_field().map_err(DecodeError)? {
         if (1..=6).contains(&tag) {
-            kind = Some((tag, if let Field::Bytes(bytes) = field { bytes } else { &[][..] }));
+            kind = Some((tag, field.unwrap_or_default()));
         }
     }
     Ok(kind)
