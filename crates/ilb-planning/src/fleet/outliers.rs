@@ -11,10 +11,10 @@
 //!   (Envoy's success-rate outlier detection), and at least `success_rate_min_gap` below it;
 //! - **latency outlier**: its mean TTFT over the window, at its observed load, is at least
 //!   `latency_ratio` times its *offline* profile (times the fleet's median ratio, so a
-//!   fleet-wide slowdown is nobody's fault and a pessimistic profile hides no one) *and* `latency_ratio` times its *fitted* curve,
-//!   and, where the engine reports time between tokens, its TBOT is at least `latency_ratio`
-//!   times its fitted TBOT curve (TBOT is judged on its own too when the objective counts
-//!   decode time). The offline profile alone would convict an engine whose workload differs
+//!   fleet-wide slowdown is nobody's fault and a pessimistic profile hides no one) *and*
+//!   `latency_ratio` times its *fitted* curve, and, where the engine reports time between
+//!   tokens, its TBOT is at least `latency_ratio` times its fitted TBOT curve (TBOT is judged
+//!   on its own too when the objective counts decode time). The offline profile alone would convict an engine whose workload differs
 //!   from its peers' (longer prompts, traffic that lost its cached prefixes after moving to
 //!   it): against its fitted curve such an engine is normal. The fitted curve alone would
 //!   learn a grey engine's slowness as its normal; with both, a latency outlier is an engine
@@ -44,10 +44,11 @@
 //! and while it stays an outlier the capacity it keeps is quartered every interval, up to
 //! `max_penalty`. An interval in which it is still more than halfway to `latency_ratio`
 //! (`RECOVERY_SHARE`) leaves the penalty as it is: with less traffic a grey engine can look
-//! less slow than it is. Every healthy interval halves the penalty, but at most doubles the capacity
-//! the engine keeps; under `min_penalty` it is removed. Quick to punish, quick to forgive a
-//! light penalty, and a deep one in doubling steps: a deeply penalised engine's healthy verdict
-//! rests on a trickle of requests, so each step is judged on the traffic the last one brought.
+//! less slow than it is. Every healthy interval halves the penalty, but at most doubles the
+//! capacity the engine keeps; under `min_penalty` it is removed. Quick to punish, quick to
+//! forgive a light penalty, and a deep one in doubling steps: a deeply penalised engine's
+//! healthy verdict rests on a trickle of requests, so each step is judged on the traffic the
+//! last one brought.
 //! A penalised engine gets little traffic by design, so it is judged again after only
 //! `probe_requests`; a window that gathers too few requests for `max_window_intervals` is given
 //! up, and a penalised engine then recovers one step on the benefit of the doubt, so a penalty
