@@ -15,7 +15,7 @@ use crate::admission;
 use crate::body::{ResponseIdReader, ResponseStore};
 use crate::config::DataPlaneConfig;
 use crate::config::SnapshotSource;
-use crate::engines::{EngineState, Outcome};
+use crate::engines::Outcome;
 use crate::error::ProxyError;
 use crate::in_flight::InFlight;
 use crate::pick::{choose, NoCandidate, Pick};
@@ -435,18 +435,6 @@ impl Routing {
             }
         }
         in_flight.finish(Outcome::Answered(status));
-    }
-}
-
-/// An engine's `ip:port` as a gateway addresses it (IPv6 in brackets). Engines named by host
-/// name give `name:port`, which a gateway's override-host policy will not find among its
-/// endpoints: the EPP wants engines addressed by IP (docs/epp.md).
-pub fn endpoint_of(engine: &EngineState) -> String {
-    let (host, port) = engine.origin.connect_addr();
-    if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
     }
 }
 

@@ -31,7 +31,7 @@ pub struct Installed {
     /// The `x-ilb-route` value of a first-try answer, by `ClassTable::seq` and candidate: built
     /// here once so that the request path formats nothing.
     pub routes: Vec<Vec<RoutePrefix>>,
-    /// Each engine's `ip:port` as a gateway addresses it ([`crate::router::endpoint_of`]),
+    /// Each engine's `ip:port` as a gateway addresses it ([`endpoint_of`]),
     /// indexed like `engines`: built here once so that a pick formats nothing.
     pub endpoints: Vec<String>,
     /// Unix milliseconds when this data plane installed it.
@@ -256,7 +256,7 @@ impl RoutingState {
         registry.engines.retain(|id, s| live.contains(id) || Arc::strong_count(s) > 1);
         registry.classes.retain(|_, c| Arc::strong_count(c) > 1);
         registry.class_engines.retain(|_, c| Arc::strong_count(c) > 1);
-        let endpoints = engines.iter().map(|engine| crate::router::endpoint_of(engine)).collect();
+        let endpoints = engines.iter().map(|engine| endpoint_of(engine)).collect();
         let installed = Arc::new(Installed {
             table,
             engines,
@@ -268,5 +268,17 @@ impl RoutingState {
         });
         self.current.store(Some(Arc::clone(&installed)));
         Ok(installed)
+    }
+}
+
+/// An engine's `ip:port` as a gateway addresses it (IPv6 in brackets). Engines named by host
+/// name give `name:port`, which a gateway's override-host policy will not find among its
+/// endpoints: the EPP wants engines addressed by IP (docs/epp.md).
+pub fn endpoint_of(engine: &EngineState) -> String {
+    let (host, port) = engine.origin.connect_addr();
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
     }
 }

@@ -76,7 +76,7 @@ async fn full_duplex_pick_in_header_and_metadata_then_the_response_passes_throug
     assert_eq!(distinct.len(), 3, "fallbacks are other engines: {endpoints:?}");
     let installed = epp.router().installed().unwrap();
     let engine = |endpoint: &str| {
-        installed.engines.iter().find(|e| ilb_dataplane::router::endpoint_of(e) == endpoint).unwrap().clone()
+        installed.engines.iter().find(|e| ilb_dataplane::state::endpoint_of(e) == endpoint).unwrap().clone()
     };
     assert_eq!(
         engine(&endpoints[0]).in_flight.load(Relaxed),
