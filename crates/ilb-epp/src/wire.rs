@@ -128,22 +128,6 @@ fn valid_value(value: &[u8]) -> bool {
     value.iter().all(|&b| b >= 32 && b != 127 || b == b'\t')
 }
 
-/// The value of the first header named `name` (lowercase), without building a header map.
-pub fn header_value<'a>(headers: &'a HttpHeaders, name: &str) -> Result<Option<&'a [u8]>, MalformedHeaders> {
-    for header in headers.iter() {
-        let (key, value) = header?;
-        if key.eq_ignore_ascii_case(name.as_bytes()) {
-            return Ok(Some(value));
-        }
-    }
-    Ok(None)
-}
-
-/// A response's `:status`, if it has a valid one.
-pub fn status_of(headers: &HttpHeaders) -> Result<Option<StatusCode>, MalformedHeaders> {
-    Ok(header_value(headers, ":status")?.and_then(|value| StatusCode::from_bytes(value).ok()))
-}
-
 /// The strings at `namespace`.`key` of the gateway's metadata (an encoded
 /// `envoy.config.core.v3.Metadata`): a string or a list of strings, each split at commas,
 /// handed to `each` in order, trimmed, empty ones left out. `false` when the key is not there.
