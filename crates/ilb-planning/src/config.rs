@@ -209,10 +209,9 @@ impl Default for ControlPlaneSettings {
 /// unreachable is not judged, nor, for three `smoothing_ms` after an engine of the model went
 /// down or came back, the windows of engines not yet penalised (the traffic that moved queues
 /// and lost its cached prefixes). A penalty withholds that share of the engine's capacity from
-/// the optimizer; it grows while the engine stays an outlier; it holds while the engine is still
-/// more than halfway to `latency_ratio` (1.5× for 2×: less traffic hides some of a grey engine's
-/// slowness); every healthy interval halves it, but at most doubles the capacity the engine
-/// keeps (a deep penalty is lifted in steps, each judged on the traffic it brings back).
+/// the optimizer; it grows while the engine stays an outlier; every healthy interval halves it,
+/// but at most doubles the capacity the engine keeps (a deep penalty is lifted in steps, each
+/// judged on the traffic it brings back).
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OutlierSettings {

@@ -42,9 +42,7 @@
 //! moves in a planned way. A new outlier starts at max(0.5, severity) — severity 1 − 1/ratio for
 //! latency (a 3× slower engine has about a third of its capacity), 1 − rate/mean for errors —
 //! and while it stays an outlier the capacity it keeps is quartered every interval, up to
-//! `max_penalty`. An interval in which it is still more than halfway to `latency_ratio`
-//! (`RECOVERY_SHARE`) leaves the penalty as it is: with less traffic a grey engine can look
-//! less slow than it is. Every healthy interval halves the penalty, but at most doubles the
+//! `max_penalty`. Every healthy interval halves the penalty, but at most doubles the
 //! capacity the engine keeps; under `min_penalty` it is removed. Quick to punish, quick to
 //! forgive a light penalty, and a deep one in doubling steps: a deeply penalised engine's
 //! healthy verdict rests on a trickle of requests, so each step is judged on the traffic the
@@ -96,13 +94,6 @@ const ESCALATION_FACTOR: f64 = 0.25;
 const RECOVERY_FACTOR: f64 = 0.5;
 /// A healthy interval at most multiplies the capacity a penalised engine keeps by this.
 const RECOVERY_GROWTH: f64 = 2.0;
-/// A penalised engine recovers only once its latency ratios (the same ones that convict it)
-/// are below this share of the way from 1 to `latency_ratio`: 1.5× for the default 2×.
-/// Penalised, a grey engine gets less traffic, and at the lower load it can look less slow
-/// against its curves than when it was convicted. Judged against the threshold that convicted
-/// it, it could be forgiven while still slow, get its traffic back and be convicted again.
-const RECOVERY_SHARE: f64 = 0.5;
-
 /// Prefix of the reason of a penalty that is decaying.
 const RECOVERING: &str = "recovering after ";
 
@@ -186,9 +177,6 @@ enum Verdict {
     /// The engine is down, or was during the window: give the window up.
     Expired,
     Healthy,
-    /// A penalised engine no longer an outlier but not yet below the ratios
-    /// [`RECOVERY_SHARE`] sets: it keeps its penalty as it is.
-    Suspect,
     Outlier {
         severity: f64,
         reason: String,
@@ -403,11 +391,8 @@ impl Fleet {
         // requests in flight and few first tokens. Only an engine that finishes
         // requests without exposing TTFT at all is judged on errors alone.
         let latency_evidence = w.ttft_count >= required || (w.ttft_count == 0.0 && w.finished >= required);
-        let recovery_ratio = 1.0 + RECOVERY_SHARE * (s.latency_ratio - 1.0);
         if reasons.is_empty() && !latency_evidence {
             Verdict::Insufficient
-        } else if reasons.is_empty() && penalised && ratios.iter().any(|r| slow(r, recovery_ratio)) {
-            Verdict::Suspect
         } else if reasons.is_empty() {
             Verdict::Healthy
         } else {
@@ -465,9 +450,6 @@ impl Fleet {
             }
             match verdict {
                 Verdict::Pending => continue,
-                // Still slow, though no longer as slow as it was convicted for: neither
-                // forgiven nor punished further this interval.
-                Verdict::Suspect => {}
                 // An insufficient window here has waited too long: given up, like an expired one.
                 Verdict::Insufficient | Verdict::Expired | Verdict::Healthy => {
                     if e.penalty > 0.0 {
