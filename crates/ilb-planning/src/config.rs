@@ -205,7 +205,7 @@ impl Default for ControlPlaneSettings {
 /// fleet's median ratio) and what its fitted curve predicts, and decodes `latency_ratio` times
 /// slower than its fitted TBOT curve where it reports TBOT: it became slow, and its workload
 /// does not explain it. Unpenalised engines are also judged between intervals, to be convicted
-/// early, once their window spans half an interval. A window in which the engine was
+/// early, on their window once it spans half an interval and on their latest half interval. A window in which the engine was
 /// unreachable is not judged, nor, for three `smoothing_ms` after an engine of the model went
 /// down or came back, the windows of engines not yet penalised (the traffic that moved queues
 /// and lost its cached prefixes). A penalty withholds that share of the engine's capacity from

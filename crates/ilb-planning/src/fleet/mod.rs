@@ -16,7 +16,7 @@ mod outliers;
 mod saturation;
 
 pub use changes::FleetDiff;
-pub use outliers::OutlierWindow;
+pub use outliers::{OutlierWindow, RecentWindows};
 
 use crate::config::FleetConfig;
 use crate::profile::{
@@ -130,6 +130,8 @@ pub struct EngineRuntime {
     pub outlier_waiting: Option<String>,
     /// What the engine did since it was last judged.
     pub outlier_window: OutlierWindow,
+    /// Its latest half interval, also judged between intervals.
+    pub recent: RecentWindows,
     /// When the engine joined a running fleet (None: it was there from the start); until its
     /// first scrape it counts as up for the staleness bound from then.
     pub added: Option<Now>,
@@ -168,6 +170,7 @@ impl EngineRuntime {
             penalty_reason: None,
             outlier_waiting: None,
             outlier_window: OutlierWindow::default(),
+            recent: RecentWindows::default(),
             added: None,
         }
     }
@@ -293,6 +296,8 @@ impl Fleet {
     ) {
         let model = self.config.engines[idx].model.clone();
         let nominal_rps = self.nominal_capacity(idx);
+        let early_span_s =
+            outliers::EARLY_WINDOW_SHARE * self.config.control_plane.outliers.interval_ms as f64 / 1000.0;
         let e = &mut self.engines[idx];
         let samples = match result {
             Ok(samples) => samples,
@@ -342,6 +347,7 @@ impl Fleet {
                 }
                 e.outlier_window.add_scrape(&w);
                 e.outlier_window.disturbed |= resumed;
+                e.recent.add_scrape(&w, resumed, early_span_s);
                 let waiting = (previous.waiting.unwrap_or(0.0), sample.waiting.unwrap_or(0.0));
                 e.saturation.on_window(now, waiting, w.request_rate, nominal_rps);
                 if let Some(rate) = w.request_rate {
@@ -417,6 +423,7 @@ impl Fleet {
         for obs in &report.engines {
             if let Some(&idx) = self.engine_index.get(obs.engine.as_str()) {
                 self.engines[idx].outlier_window.add_report(obs.requests, obs.errors);
+                self.engines[idx].recent.add_report(obs.requests, obs.errors);
             }
             if let Some(rtt) = obs.rtt_ms.filter(|r| r.is_finite() && *r >= 0.0) {
                 self.rtt

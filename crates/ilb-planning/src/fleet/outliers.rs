@@ -23,8 +23,12 @@
 //!
 //! Between intervals (every call) engines that are not penalised are judged early, only to be
 //! convicted: a grey engine is penalised as soon as its open window shows it, not at the end
-//! of an interval that may have begun before it turned slow. An early verdict needs a window
-//! at least half an interval long (`EARLY_WINDOW_SHARE`), however many requests it holds:
+//! of an interval that may have begun before it turned slow. So is one whose recent window (its
+//! latest scrapes covering half an interval, judged against its peers' over the same span)
+//! shows it: healthy seconds at the start of the open window dilute its mean, and a slowdown
+//! that began mid-interval would otherwise wait for the next window to fill. An early verdict
+//! needs a window at least half an interval long (`EARLY_WINDOW_SHARE`), however many
+//! requests it holds:
 //! latency is correlated in time (one queue build-up or a few long prompts last seconds), so
 //! the first seconds of a window are one sample of it, and judging the open window on every
 //! call tests it again and again: without the rule, healthy engines were penalised on short
@@ -75,15 +79,16 @@ use super::{Fleet, Now};
 use crate::config::OutlierSettings;
 use crate::profile::{LatencyProfile, Objective};
 use crate::signals::WindowStats;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 /// Windows with load above this share of nominal capacity are not judged on latency.
 const NEAR_CAPACITY: f64 = 0.9;
 
 /// The share of `interval_ms` an engine's window must span before an early verdict (between
-/// intervals) may convict it (see the module's documentation).
-const EARLY_WINDOW_SHARE: f64 = 0.5;
+/// intervals) may convict it, and the span of the recent window it is also judged on (see the
+/// module's documentation).
+pub(super) const EARLY_WINDOW_SHARE: f64 = 0.5;
 
 /// The smallest penalty a newly detected outlier gets.
 const INITIAL_PENALTY: f64 = 0.5;
@@ -164,6 +169,61 @@ impl OutlierWindow {
     /// Requests seen in the window by whichever source saw more.
     fn volume(&self) -> f64 {
         self.finished.max(self.proxy_requests as f64)
+    }
+
+    /// Adds what `other` saw (a later or earlier stretch of the same engine's time).
+    fn absorb(&mut self, other: &OutlierWindow) {
+        self.elapsed_s += other.elapsed_s;
+        self.finished += other.finished;
+        self.failed += other.failed;
+        self.proxy_requests = self.proxy_requests.saturating_add(other.proxy_requests);
+        self.proxy_errors = self.proxy_errors.saturating_add(other.proxy_errors);
+        self.ttft_count += other.ttft_count;
+        self.ttft_sum_ms += other.ttft_sum_ms;
+        self.tbot_count += other.tbot_count;
+        self.tbot_sum_ms += other.tbot_sum_ms;
+        self.disturbed |= other.disturbed;
+    }
+}
+
+/// An engine's latest scrape windows, as few as cover the early span (half an interval): the
+/// recent window an unpenalised engine is also judged on between intervals. The open window
+/// may have begun seconds before the engine turned slow, and those healthy seconds dilute its
+/// mean; the recent one holds only the last span, so a grey engine is convicted once its slow
+/// spell fills it, wherever the interval boundary fell.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RecentWindows {
+    scrapes: VecDeque<OutlierWindow>,
+}
+
+impl RecentWindows {
+    /// Adds one scrape window (`disturbed`: the engine was down during it) and drops the oldest
+    /// while the rest still cover `span_s`.
+    pub fn add_scrape(&mut self, w: &WindowStats, disturbed: bool, span_s: f64) {
+        let mut scrape = OutlierWindow { disturbed, ..OutlierWindow::default() };
+        scrape.add_scrape(w);
+        self.scrapes.push_back(scrape);
+        let mut covered: f64 = self.scrapes.iter().map(|s| s.elapsed_s).sum();
+        while self.scrapes.len() > 1 && covered - self.scrapes[0].elapsed_s >= span_s {
+            covered -= self.scrapes[0].elapsed_s;
+            self.scrapes.pop_front();
+        }
+    }
+
+    /// Folds a data-plane report into the latest scrape window.
+    pub fn add_report(&mut self, requests: u64, errors: u64) {
+        if let Some(last) = self.scrapes.back_mut() {
+            last.add_report(requests, errors);
+        }
+    }
+
+    /// The windows held, merged, once they cover `span_s`.
+    fn window(&self, span_s: f64) -> Option<OutlierWindow> {
+        let mut merged = OutlierWindow::default();
+        for scrape in &self.scrapes {
+            merged.absorb(scrape);
+        }
+        (merged.elapsed_s >= span_s * (1.0 - 1e-9)).then_some(merged)
     }
 }
 
@@ -272,17 +332,41 @@ impl Fleet {
                     self.engines[j].outlier_window.disturbed = true;
                 }
             }
-            let mut verdicts = self.judge_model(engine_idx, now, &settings);
+            let open: Vec<&OutlierWindow> =
+                engine_idx.iter().map(|&j| &self.engines[j].outlier_window).collect();
+            let mut verdicts = self.judge_model(engine_idx, &open, now, &settings);
             if early {
                 // Between intervals only the conviction of an engine not yet penalised counts,
-                // and only on a window long enough to be more than one moment.
+                // on its open window once that spans more than one moment, or on its recent
+                // window (the last half interval, judged against its peers' over the same span).
                 let least_s = EARLY_WINDOW_SHARE * settings.interval_ms as f64 / 1000.0;
-                for (verdict, &j) in verdicts.iter_mut().zip(engine_idx) {
-                    let engine = &self.engines[j];
-                    if !matches!(verdict, Verdict::Outlier { .. })
-                        || engine.penalty > 0.0
-                        || engine.outlier_window.elapsed_s < least_s
-                    {
+                let recent: Vec<OutlierWindow> = engine_idx
+                    .iter()
+                    .map(|&j| {
+                        let engine = &self.engines[j];
+                        let mut w = engine.recent.window(least_s).unwrap_or_default();
+                        w.disturbed |= engine.outlier_window.disturbed;
+                        w
+                    })
+                    .collect();
+                let recent_verdicts =
+                    self.judge_model(engine_idx, &recent.iter().collect::<Vec<_>>(), now, &settings);
+                for ((verdict, recent_verdict), (&j, recent)) in
+                    verdicts.iter_mut().zip(recent_verdicts).zip(engine_idx.iter().zip(&recent))
+                {
+                    let engine = &mut self.engines[j];
+                    let open_convicts = matches!(verdict, Verdict::Outlier { .. })
+                        && engine.outlier_window.elapsed_s >= least_s;
+                    if engine.penalty > 0.0 {
+                        *verdict = Verdict::Pending;
+                    } else if matches!(recent_verdict, Verdict::Outlier { .. }) && !open_convicts {
+                        // Its slow spell may have begun before the open window: keep it out
+                        // of the fit from where the recent window starts.
+                        let recent_start = now.saturating_sub(Duration::from_secs_f64(recent.elapsed_s));
+                        let window = &mut engine.outlier_window;
+                        window.started = Some(window.started.map_or(recent_start, |s| s.min(recent_start)));
+                        *verdict = recent_verdict;
+                    } else if !open_convicts {
                         *verdict = Verdict::Pending;
                     }
                 }
@@ -291,15 +375,23 @@ impl Fleet {
         }
     }
 
-    /// One verdict per engine of one model (same order as `engine_idx`).
-    fn judge_model(&self, engine_idx: &[usize], now: Now, s: &OutlierSettings) -> Vec<Verdict> {
+    /// One verdict per engine of one model (same order as `engine_idx`), each judged on its
+    /// window in `windows` (same order).
+    fn judge_model(
+        &self,
+        engine_idx: &[usize],
+        windows: &[&OutlierWindow],
+        now: Now,
+        s: &OutlierSettings,
+    ) -> Vec<Verdict> {
         let uses_tbot = matches!(self.config.objective(), Objective::TtftPlusDecode { .. });
         let min_requests = s.min_requests as f64;
         // The fleet's success-rate statistics, over engines with the full volume.
         let rates: Vec<f64> = engine_idx
             .iter()
-            .filter(|&&j| self.health(j, now) > 0.0)
-            .filter_map(|&j| success_rate(&self.engines[j].outlier_window, min_requests))
+            .zip(windows)
+            .filter(|(&j, _)| self.health(j, now) > 0.0)
+            .filter_map(|(_, w)| success_rate(w, min_requests))
             .map(|(rate, _)| rate)
             .collect();
         let fleet_rate = (rates.len() >= s.success_rate_min_engines).then(|| mean_and_sigma(&rates));
@@ -310,9 +402,10 @@ impl Fleet {
         let fitted = self.fitted_signals(engine_idx);
         let mut fleet_ratios: Vec<f64> = engine_idx
             .iter()
+            .zip(windows)
             .zip(&fitted)
-            .filter(|(&j, _)| self.health(j, now) > 0.0)
-            .flat_map(|(&j, fitted)| self.latency_ratios(j, min_requests, fitted))
+            .filter(|((&j, _), _)| self.health(j, now) > 0.0)
+            .flat_map(|((&j, w), fitted)| self.latency_ratios(j, w, min_requests, fitted))
             .filter(|r| r.signal == "ttft")
             .map(|r| r.offline)
             .collect();
@@ -323,13 +416,20 @@ impl Fleet {
             1.0
         };
         let peers = Peers { rate: fleet_rate, median_ratio, uses_tbot };
-        engine_idx.iter().zip(&fitted).map(|(&j, fitted)| self.judge_engine(j, fitted, s, &peers)).collect()
+        engine_idx
+            .iter()
+            .zip(windows)
+            .zip(&fitted)
+            .map(|((&j, w), fitted)| self.judge_engine(j, w, fitted, s, &peers))
+            .collect()
     }
 
-    /// Engine `j`'s verdict against its peers (`fitted`: its fitted TTFT and TBOT curves).
+    /// Engine `j`'s verdict on window `w` against its peers (`fitted`: its fitted TTFT and
+    /// TBOT curves).
     fn judge_engine(
         &self,
         j: usize,
+        w: &OutlierWindow,
         fitted: &(LatencyProfile, LatencyProfile),
         s: &OutlierSettings,
         peers: &Peers,
@@ -337,7 +437,6 @@ impl Fleet {
         let median_ratio = peers.median_ratio;
         // Down engines (marked disturbed by the caller) get no capacity through health; a
         // penalty would only take budget from engines that are up.
-        let w = &self.engines[j].outlier_window;
         if w.disturbed {
             return Verdict::Expired;
         }
@@ -361,7 +460,7 @@ impl Fleet {
                 ));
             }
         }
-        let ratios = self.latency_ratios(j, required, fitted);
+        let ratios = self.latency_ratios(j, w, required, fitted);
         // Whether `r` is at least `ratio` times its offline profile (times the fleet's median
         // ratio) and its fitted curve. A slow first token alone may be the workload (prompts
         // that lost their cached prefix after traffic moved); a slow engine is slow between
@@ -400,15 +499,15 @@ impl Fleet {
         }
     }
 
-    /// Observed TTFT and TBOT over engine `j`'s window against its offline profiles and its
-    /// fitted curves `fitted` (TTFT, TBOT), at the window's load.
+    /// Observed TTFT and TBOT of engine `j` over window `w` against its offline profiles and
+    /// its fitted curves `fitted` (TTFT, TBOT), at the window's load.
     fn latency_ratios(
         &self,
         j: usize,
+        w: &OutlierWindow,
         required: f64,
         fitted: &(LatencyProfile, LatencyProfile),
     ) -> Vec<LatencyRatio> {
-        let w = &self.engines[j].outlier_window;
         let profile = &self.config.profiles[&self.config.engines[j].profile];
         let capacity = self.nominal_capacity(j);
         if w.elapsed_s <= 0.0 {
