@@ -82,7 +82,7 @@ pub struct DataPlaneArgs {
     #[arg(long)]
     https_only: bool,
     /// Worker threads (default: one per available core). 1 runs a single-threaded runtime,
-    /// the cheapest way to use one pinned core.
+    /// the cheapest way to use one pinned core, and the default when only one is available.
     #[arg(long)]
     threads: Option<usize>,
 }
@@ -196,6 +196,10 @@ pub fn prepare(args: &DataPlaneArgs) -> anyhow::Result<Prepared> {
         Some(0) => bail!("--threads must be at least 1"),
         Some(1) => tokio::runtime::Builder::new_current_thread().enable_all().build()?,
         Some(n) => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build()?,
+        // One available core (a pinned data plane): the single-threaded runtime, as `--threads 1`.
+        None if std::thread::available_parallelism().is_ok_and(|n| n.get() == 1) => {
+            tokio::runtime::Builder::new_current_thread().enable_all().build()?
+        }
         None => tokio::runtime::Builder::new_multi_thread().enable_all().build()?,
     };
     Ok(Prepared { config, source, snapshot_file: file, reports, listener, runtime })
