@@ -449,15 +449,14 @@ fn nearest_clusters(model: &Model) -> Option<Clusters> {
             // Every member forbids the same groups: +∞ stays +∞, the rest is a plain mean.
             for &j in members {
                 let b = offset[j as usize];
-                for ((a, &v), (l, h)) in column
-                    .iter_mut()
-                    .zip(model.network.engine_column(j as usize))
-                    .zip(low_s.iter_mut().zip(high_s.iter_mut()))
-                {
-                    let d = v - b;
-                    *a += d;
-                    *l = if d < *l { d } else { *l };
-                    *h = if d > *h { d } else { *h };
+                // Slices of one length, indexed: the compiler vectorises this form.
+                let values = &model.network.engine_column(j as usize)[..n];
+                let (a, l, h) = (&mut column[..n], &mut low_s[..n], &mut high_s[..n]);
+                for k in 0..n {
+                    let d = values[k] - b;
+                    a[k] += d;
+                    l[k] = if d < l[k] { d } else { l[k] };
+                    h[k] = if d > h[k] { d } else { h[k] };
                 }
             }
             let count = members.len() as f64;
@@ -469,20 +468,19 @@ fn nearest_clusters(model: &Model) -> Option<Clusters> {
         allowed.fill(0);
         for &j in members {
             let b = offset[j as usize];
-            for (((a, &v), c), (l, h)) in column
-                .iter_mut()
-                .zip(model.network.engine_column(j as usize))
-                .zip(&mut allowed)
-                .zip(low_s.iter_mut().zip(high_s.iter_mut()))
-            {
+            let values = &model.network.engine_column(j as usize)[..n];
+            let (a, c, l, h) = (&mut column[..n], &mut allowed[..n], &mut low_s[..n], &mut high_s[..n]);
+            for k in 0..n {
                 // Branch-free: adding 0.0 leaves the sum as it was; +∞ (forbidden) leaves the
-                // low bound as it was and makes the high one +∞.
+                // low bound as it was and makes the high one +∞. Indexed slices of one length:
+                // the compiler vectorises this form.
+                let v = values[k];
                 let allowed = v.is_finite();
                 let d = v - b;
-                *a += if allowed { d } else { 0.0 };
-                *c += u32::from(allowed);
-                *l = if d < *l { d } else { *l };
-                *h = if d > *h { d } else { *h };
+                a[k] += if allowed { d } else { 0.0 };
+                c[k] += u32::from(allowed);
+                l[k] = if d < l[k] { d } else { l[k] };
+                h[k] = if d > h[k] { d } else { h[k] };
             }
         }
         for (a, &c) in column.iter_mut().zip(&allowed) {
