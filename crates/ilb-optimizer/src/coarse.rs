@@ -578,17 +578,20 @@ fn cluster_curve(model: &Model, members: &[u32], offset: &[f64]) -> Option<Curve
         return None;
     }
     let growth = (1.0 / FIRST_SAMPLE).ln();
+    let prices: Vec<f64> = (1..SAMPLES)
+        .map(|i| {
+            base + range * ((growth * i as f64 / SAMPLES as f64).exp() - 1.0) / (1.0 / FIRST_SAMPLE - 1.0)
+        })
+        .collect();
+    // Member by member (each sample's sum still in member order): a member's curve is read
+    // once, and its samples past saturation cost nothing.
+    let mut loads = vec![0.0; prices.len()];
+    for &j in members {
+        model.curves[j as usize].add_responses(&prices, offset[j as usize], &mut loads);
+    }
     let mut points = Vec::with_capacity(SAMPLES + 1);
     points.push((base, 0.0));
-    for i in 1..SAMPLES {
-        let price =
-            base + range * ((growth * i as f64 / SAMPLES as f64).exp() - 1.0) / (1.0 / FIRST_SAMPLE - 1.0);
-        let load = members
-            .iter()
-            .map(|&j| model.curves[j as usize].response(price - offset[j as usize]).0)
-            .sum::<f64>();
-        points.push((price, load));
-    }
+    points.extend(prices.iter().copied().zip(loads));
     points.push((top, cap));
     Curve::from_marginal_table(&points)
 }
