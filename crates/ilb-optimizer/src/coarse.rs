@@ -13,7 +13,7 @@
 use crate::curve::Curve;
 use crate::newton::Run;
 use crate::options::{SolverOptions, WARM_MIN_EPSILON};
-use crate::pass::{Model, PrevRoutes};
+use crate::pass::{ListBounds, Model, PrevRoutes};
 use crate::problem::NetworkMatrix;
 use crate::warm::cold_prices;
 
@@ -64,6 +64,8 @@ pub(crate) struct CoarseStart {
     pub epsilon: f64,
     /// Engines of the coarse problem.
     pub clusters: usize,
+    /// Bounds on the fitted clusters' columns, for the full solve's list rebuilds.
+    pub bounds: Option<ListBounds>,
 }
 
 /// Engines grouped by normalised column (CSR), with each engine's offset b_j and each
@@ -75,6 +77,9 @@ struct Clusters {
     values: Vec<f64>,
     /// The columns agree within `TOLERANCE_MS` (else they were fitted, see `nearest_clusters`).
     exact: bool,
+    /// Fitted clusters: per cluster (cluster-major, n classes each) the least and the largest
+    /// n_kj − b_j over its members (+∞ where a member forbids k), for `ListBounds`.
+    bounds: Option<(Vec<f64>, Vec<f64>)>,
 }
 
 impl Clusters {
@@ -184,7 +189,8 @@ pub(crate) fn start(model: &Model, options: &SolverOptions, scale: f64) -> Optio
     } else {
         (0.5 * epsilon).max(WARM_MIN_EPSILON * scale).min(epsilon).max(FITTED_MIN_EPSILON * scale)
     };
-    Some(CoarseStart { prices: run.u, prev, epsilon, clusters: clusters.len() })
+    let bounds = clusters.bounds.take().map(|(lo, hi)| ListBounds::new(cluster_of, lo, hi));
+    Some(CoarseStart { prices: run.u, prev, epsilon, clusters: clusters.len(), bounds })
 }
 
 /// The proximal centre of the full problem: each coarse entry's flow (class k, cluster S) split
@@ -331,7 +337,7 @@ fn exact_clusters(model: &Model) -> Option<Clusters> {
         let b = offset[first];
         values.extend(model.network.engine_column(first).iter().map(|&v| (v - b).max(0.0)));
     }
-    Some(Clusters { start, engine, offset, values, exact: true })
+    Some(Clusters { start, engine, offset, values, exact: true, bounds: None })
 }
 
 /// One engine's column of the network matrix over the `active` groups (all `n_classes` of
@@ -428,6 +434,7 @@ fn nearest_clusters(model: &Model) -> Option<Clusters> {
     }
     let engine: Vec<u32> = keyed.into_iter().map(|(_, _, j)| j).collect();
     let mut values = vec![0.0; n * clusters];
+    let (mut lo, mut hi) = (vec![f64::INFINITY; n * clusters], vec![f64::NEG_INFINITY; n * clusters]);
     let mut allowed = vec![0u32; n];
     for s in 0..clusters {
         let members = &engine[start[s]..start[s + 1]];
@@ -436,13 +443,20 @@ fn nearest_clusters(model: &Model) -> Option<Clusters> {
             offset[j as usize] -= low;
         }
         let column = &mut values[s * n..(s + 1) * n];
+        let (low_s, high_s) = (&mut lo[s * n..(s + 1) * n], &mut hi[s * n..(s + 1) * n]);
         let first_hash = forbidden_hash[members[0] as usize];
         if members.iter().all(|&j| forbidden_hash[j as usize] == first_hash) {
             // Every member forbids the same groups: +∞ stays +∞, the rest is a plain mean.
             for &j in members {
                 let b = offset[j as usize];
-                for (a, &v) in column.iter_mut().zip(model.network.engine_column(j as usize)) {
-                    *a += v - b;
+                // Slices of one length, indexed: the compiler vectorises this form.
+                let values = &model.network.engine_column(j as usize)[..n];
+                let (a, l, h) = (&mut column[..n], &mut low_s[..n], &mut high_s[..n]);
+                for k in 0..n {
+                    let d = values[k] - b;
+                    a[k] += d;
+                    l[k] = if d < l[k] { d } else { l[k] };
+                    h[k] = if d > h[k] { d } else { h[k] };
                 }
             }
             let count = members.len() as f64;
@@ -454,20 +468,26 @@ fn nearest_clusters(model: &Model) -> Option<Clusters> {
         allowed.fill(0);
         for &j in members {
             let b = offset[j as usize];
-            for ((a, &v), c) in
-                column.iter_mut().zip(model.network.engine_column(j as usize)).zip(&mut allowed)
-            {
-                // Branch-free: adding 0.0 leaves the sum as it was.
+            let values = &model.network.engine_column(j as usize)[..n];
+            let (a, c, l, h) = (&mut column[..n], &mut allowed[..n], &mut low_s[..n], &mut high_s[..n]);
+            for k in 0..n {
+                // Branch-free: adding 0.0 leaves the sum as it was; +∞ (forbidden) leaves the
+                // low bound as it was and makes the high one +∞. Indexed slices of one length:
+                // the compiler vectorises this form.
+                let v = values[k];
                 let allowed = v.is_finite();
-                *a += if allowed { v - b } else { 0.0 };
-                *c += u32::from(allowed);
+                let d = v - b;
+                a[k] += if allowed { d } else { 0.0 };
+                c[k] += u32::from(allowed);
+                l[k] = if d < l[k] { d } else { l[k] };
+                h[k] = if d > h[k] { d } else { h[k] };
             }
         }
         for (a, &c) in column.iter_mut().zip(&allowed) {
             *a = if 2 * c as usize > members.len() { (*a / c as f64).max(0.0) } else { f64::INFINITY };
         }
     }
-    Some(Clusters { start, engine, offset, values, exact: false })
+    Some(Clusters { start, engine, offset, values, exact: false, bounds: Some((lo, hi)) })
 }
 
 /// A group splits a bucket of engines (same nearest group) when it is forbidden at more than this
@@ -558,17 +578,20 @@ fn cluster_curve(model: &Model, members: &[u32], offset: &[f64]) -> Option<Curve
         return None;
     }
     let growth = (1.0 / FIRST_SAMPLE).ln();
+    let prices: Vec<f64> = (1..SAMPLES)
+        .map(|i| {
+            base + range * ((growth * i as f64 / SAMPLES as f64).exp() - 1.0) / (1.0 / FIRST_SAMPLE - 1.0)
+        })
+        .collect();
+    // Member by member (each sample's sum still in member order): a member's curve is read
+    // once, and its samples past saturation cost nothing.
+    let mut loads = vec![0.0; prices.len()];
+    for &j in members {
+        model.curves[j as usize].add_responses(&prices, offset[j as usize], &mut loads);
+    }
     let mut points = Vec::with_capacity(SAMPLES + 1);
     points.push((base, 0.0));
-    for i in 1..SAMPLES {
-        let price =
-            base + range * ((growth * i as f64 / SAMPLES as f64).exp() - 1.0) / (1.0 / FIRST_SAMPLE - 1.0);
-        let load = members
-            .iter()
-            .map(|&j| model.curves[j as usize].response(price - offset[j as usize]).0)
-            .sum::<f64>();
-        points.push((price, load));
-    }
+    points.extend(prices.iter().copied().zip(loads));
     points.push((top, cap));
     Curve::from_marginal_table(&points)
 }

@@ -221,6 +221,30 @@ impl Curve {
         self.response_tabulated(q)
     }
 
+    /// Adds the load at each of `prices` (ascending) less `offset` to `loads`: `response(p −
+    /// offset).0` each, the same sums. The queueing shape's load never falls as the price rises,
+    /// so once one is the capacity so are the rest, added without evaluating them.
+    pub fn add_responses(&self, prices: &[f64], offset: f64, loads: &mut [f64]) {
+        if let Shape::Queueing { t0, b, c } = self.shape {
+            let mut i = 0;
+            while i < prices.len() {
+                let y = clamp(self.cap, queueing_response(t0, b, c, prices[i] - offset).0, 0.0).0;
+                loads[i] += y;
+                i += 1;
+                if y == self.cap {
+                    break;
+                }
+            }
+            for load in &mut loads[i..prices.len()] {
+                *load += self.cap;
+            }
+            return;
+        }
+        for (load, &price) in loads.iter_mut().zip(prices) {
+            *load += self.response(price - offset).0;
+        }
+    }
+
     /// `response` for the piecewise shapes.
     #[inline(never)]
     fn response_tabulated(&self, q: f64) -> (f64, f64) {

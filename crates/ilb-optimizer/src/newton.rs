@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::certify::{repair, Repaired};
 use crate::linalg::Cholesky;
 use crate::options::SolverOptions;
-use crate::pass::{Candidates, Model, Pass, PrevRoutes};
+use crate::pass::{Candidates, ListBounds, Model, Pass, PrevRoutes};
 
 /// Relative demand residual to which a stage that only prepares the next ε is solved.
 const STAGE_TOLERANCE: f64 = 1e-3;
@@ -57,6 +57,9 @@ pub(crate) struct Run<'m, 'p> {
     /// Whether a warm re-solve builds wider lists to keep (not when the matrix changed since the
     /// previous solve).
     pub keep_lists: bool,
+    /// Bounds on clustered engines' columns that let a rebuild scan fewer classes (the full
+    /// solve after a fitted coarse start).
+    pub bounds: Option<ListBounds>,
 }
 
 /// The kind of solve, as far as the candidate lists' drift budget is concerned.
@@ -123,6 +126,7 @@ impl<'m, 'p> Run<'m, 'p> {
             idle_reach_per_eps: f64::INFINITY,
             kept: None,
             keep_lists: true,
+            bounds: None,
         }
     }
 
@@ -133,12 +137,12 @@ impl<'m, 'p> Run<'m, 'p> {
     fn build_lists(&mut self, u: &[f64], width: f64, into_spare: bool) {
         let target = if into_spare { &mut self.spare } else { &mut self.cand };
         if matches!(self.travel, Travel::Cold | Travel::Coarse) || !self.keep_lists {
-            target.rebuild(self.model, u, width, &self.prev);
+            target.rebuild(self.model, u, width, &self.prev, self.bounds.as_mut());
             return;
         }
         if !self.kept.as_ref().is_some_and(|k| k.covers(u, width)) {
             let mut wide = Candidates::default();
-            wide.rebuild(self.model, u, width + KEPT_MARGIN * self.scale, &self.prev);
+            wide.rebuild(self.model, u, width + KEPT_MARGIN * self.scale, &self.prev, None);
             self.kept = Some(Arc::new(wide));
         }
         if let Some(kept) = &self.kept {

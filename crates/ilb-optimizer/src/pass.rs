@@ -234,6 +234,62 @@ pub(crate) struct Candidates {
     blocks: Vec<f64>,
 }
 
+/// Bounds on the network columns of clustered engines that let a rebuild skip most classes
+/// (from the fitted coarse start, `coarse::nearest_clusters`). Engine j of cluster S has
+/// n_kj − b_j within [lo_kS, hi_kS] (hi_kS = +∞ unless every member allows k). At prices u its
+/// best reduced cost is then at least max_l (u_l − hi_lS) − b_j =: LB_S − b_j, and a class k
+/// can be within W of it only if u_k − lo_kS ≥ LB_S − W: per cluster, one pass over the classes
+/// finds those (`possible`), and its engines scan only them. The lists are those of a full scan.
+pub(crate) struct ListBounds {
+    /// Each engine's cluster (u32::MAX: none; its column is scanned in full).
+    pub cluster_of: Vec<u32>,
+    /// Per cluster (cluster-major, n classes each): lo_kS and hi_kS.
+    pub lo: Vec<f64>,
+    pub hi: Vec<f64>,
+    /// Each cluster's possible classes at the last rebuild's prices (CSR, ascending).
+    possible_start: Vec<usize>,
+    possible: Vec<u32>,
+}
+
+impl ListBounds {
+    pub fn new(cluster_of: Vec<u32>, lo: Vec<f64>, hi: Vec<f64>) -> Self {
+        ListBounds { cluster_of, lo, hi, possible_start: Vec::new(), possible: Vec::new() }
+    }
+
+    /// Per cluster, the classes k with u_k − lo_kS ≥ LB_S − `width` (less a margin for the
+    /// rounding of the reduced costs), ascending, into `possible` (CSR).
+    #[inline(never)]
+    fn find_possible(&mut self, u: &[f64], width: f64) {
+        let (start, classes) = (&mut self.possible_start, &mut self.possible);
+        let n = u.len();
+        start.clear();
+        classes.clear();
+        start.push(0);
+        if n == 0 {
+            return;
+        }
+        // The rounding of a reduced cost scales with the prices.
+        let size = u.iter().filter(|v| v.is_finite()).fold(0.0f64, |a, v| a.max(v.abs()));
+        for (lo, hi) in self.lo.chunks_exact(n).zip(self.hi.chunks_exact(n)) {
+            let mut lb = f64::NEG_INFINITY;
+            for (&uk, &h) in u.iter().zip(hi) {
+                let v = uk - h;
+                lb = if v > lb { v } else { lb };
+            }
+            // The bound is a rounding away from the reduced costs it bounds: a class it keeps
+            // in vain is only scanned.
+            let floor = lb - width - 1e-9 * (1.0 + lb.abs() + width + size);
+            for (k, (&uk, &l)) in u.iter().zip(lo).enumerate() {
+                // Unordered (a NaN) keeps the class: scanned, never wrongly left out.
+                if (uk - l).partial_cmp(&floor) != Some(std::cmp::Ordering::Less) {
+                    classes.push(k as u32);
+                }
+            }
+            start.push(classes.len());
+        }
+    }
+}
+
 impl Candidates {
     /// Empties the lists for a build around prices `u` with window `width`.
     fn reset(&mut self, u: &[f64], width: f64) {
@@ -246,9 +302,22 @@ impl Candidates {
         self.width = width;
     }
 
-    /// Rebuilds the lists around prices `u`: one full scan of the network matrix.
-    pub fn rebuild(&mut self, model: &Model, u: &[f64], width: f64, prev: &PrevRoutes) {
+    /// Rebuilds the lists around prices `u`: one full scan of the network matrix, or with
+    /// `bounds` (engines grouped into clusters with bounds on their columns, see `ListBounds`)
+    /// a scan of only the classes each cluster's bounds leave possible, the same lists.
+    pub fn rebuild(
+        &mut self,
+        model: &Model,
+        u: &[f64],
+        width: f64,
+        prev: &PrevRoutes,
+        mut bounds: Option<&mut ListBounds>,
+    ) {
         self.reset(u, width);
+        if let Some(b) = bounds.as_deref_mut() {
+            b.find_possible(u, width);
+        }
+        let bounds = bounds.as_deref();
         let n = model.n_classes();
         let have_prev = !prev.start.is_empty();
         // A few classes per engine are typical: reserving avoids most regrowth (and its copies).
@@ -273,13 +342,34 @@ impl Candidates {
             }
             if model.engine_on[j] && n > 0 {
                 let column = model.network.engine_column(j);
-                // Forbidden pairs are +∞ and classes without demand have u = −∞.
-                let threshold = best_reduced_cost(u, column, &mut self.blocks) - width;
                 let (p_lo, p_hi) = if have_prev { (prev.start[j], prev.start[j + 1]) } else { (0, 0) };
                 let allowed = |k: usize| column[k].is_finite() && model.class_on[k];
-                // The classes within the window, ascending (one compare per pair, the few that
-                // pass are checked).
-                window_classes(u, column, threshold, &self.blocks, &mut self.window);
+                match bounds.map(|b| b.cluster_of[j]).filter(|&c| c != u32::MAX) {
+                    Some(c) => {
+                        // Only the classes the cluster's bounds leave possible: the engine's
+                        // best class and every class within `width` of it are among them
+                        // (`ListBounds`), ascending, so the window is the full scan's.
+                        let c = c as usize;
+                        let b = bounds.expect("a cluster comes with bounds");
+                        let classes = &b.possible[b.possible_start[c]..b.possible_start[c + 1]];
+                        bounded_window(u, column, classes, width, &mut self.blocks, &mut self.window);
+                        #[cfg(debug_assertions)]
+                        {
+                            // The full scan's window, to check the bounds against (tests).
+                            let (mut blocks, mut window) = (Vec::new(), Vec::new());
+                            let threshold = best_reduced_cost(u, column, &mut blocks) - width;
+                            window_classes(u, column, threshold, &blocks, &mut window);
+                            debug_assert_eq!(window, self.window, "engine {j}: bounded window differs");
+                        }
+                    }
+                    None => {
+                        // Forbidden pairs are +∞ and classes without demand have u = −∞.
+                        let threshold = best_reduced_cost(u, column, &mut self.blocks) - width;
+                        // The classes within the window, ascending (one compare per pair, the
+                        // few that pass are checked).
+                        window_classes(u, column, threshold, &self.blocks, &mut self.window);
+                    }
+                }
                 self.emit_window(column, allowed, prev, p_lo, p_hi);
             }
             self.start.push(self.class.len());
@@ -457,6 +547,40 @@ impl Candidates {
             high - low
         } else {
             0.0
+        }
+    }
+}
+
+/// The classes of `classes` (ascending, among them the column's best and every class within
+/// `width` of it) with u_k − n_kj ≥ that best − `width`, ascending, into `out` (`reduced`:
+/// scratch). Out of line: inlined, it changed how the compiler laid out the passes.
+#[inline(never)]
+fn bounded_window(
+    u: &[f64],
+    column: &[f64],
+    classes: &[u32],
+    width: f64,
+    reduced: &mut Vec<f64>,
+    out: &mut Vec<u32>,
+) {
+    // The reduced costs into a scratch sized once (pushing cost as much as the rest of the scan).
+    if reduced.len() < classes.len() {
+        reduced.resize(classes.len(), 0.0);
+    }
+    let reduced = &mut reduced[..classes.len()];
+    let n = u.len();
+    let column = &column[..n];
+    let mut best = f64::NEG_INFINITY;
+    for (r, &k) in reduced.iter_mut().zip(classes) {
+        let v = u[k as usize] - column[k as usize];
+        *r = v;
+        best = if v > best { v } else { best };
+    }
+    let threshold = best - width;
+    out.clear();
+    for (&k, &r) in classes.iter().zip(reduced.iter()) {
+        if r >= threshold {
+            out.push(k);
         }
     }
 }

@@ -87,6 +87,7 @@ pub fn solve(
     let scale = price_scale(&model);
     let mapped = warm.map(|w| map_warm_start(problem, &model, &groups, w));
     let mut coarse_engines = None;
+    let mut bounds = None;
     let (u, prev, eps_start, lost) = match mapped {
         Some(m) => {
             let prev = if options.proximal { m.prev } else { PrevRoutes::default() };
@@ -97,6 +98,7 @@ pub fn solve(
         None => match coarse::start(&model, options, scale) {
             Some(c) => {
                 coarse_engines = Some(c.clusters);
+                bounds = c.bounds;
                 let prev = if options.proximal { c.prev } else { PrevRoutes::default() };
                 (c.prices, prev, c.epsilon.clamp(1e-7 * scale, 0.05 * scale), None)
             }
@@ -106,6 +108,7 @@ pub fn solve(
     let mut run = Run::new(&model, options, scale, prev);
     if coarse_engines.is_some() {
         run.travel = Travel::Coarse;
+        run.bounds = bounds;
     }
     if let Some(w) = warm.filter(|_| lost.is_some()) {
         run.travel = if w.after_cold { Travel::FirstWarm } else { Travel::SteadyWarm };
