@@ -40,7 +40,24 @@ impl<'a> Fields<'a> {
         Ok(field)
     }
 
+    #[inline]
     pub(crate) fn next_field(&mut self) -> Result<Option<Field<'a>>, &'static str> {
+        // Most fields read here (a header, its key and value, a metadata key) are
+        // length-delimited with a one-byte tag and a one-byte length.
+        if let [key, len, rest @ ..] = self.0 {
+            let (key, len) = (*key, usize::from(*len));
+            if key & 0x87 == 2 && key >= 8 && len < 0x80 && len <= rest.len() {
+                let (field, rest) = rest.split_at(len);
+                self.0 = rest;
+                return Ok(Some((u64::from(key >> 3), Some(field))));
+            }
+        }
+        self.any_field()
+    }
+
+    /// [`Fields::next_field`] for any field.
+    #[inline(never)]
+    fn any_field(&mut self) -> Result<Option<Field<'a>>, &'static str> {
         if self.0.is_empty() {
             return Ok(None);
         }

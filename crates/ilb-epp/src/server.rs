@@ -39,6 +39,13 @@ const STREAM_WINDOW: u32 = 4 << 20;
 const CONNECTION_WINDOW: u32 = 16 << 20;
 const MAX_FRAME: u32 = 256 << 10;
 
+/// Received bytes a stream keeps unreleased to the flow control while it runs: a small
+/// request's messages (about 1 KiB in all) are never released one by one, since a stream that
+/// ends gives its window back to the connection as it closes. A stream waiting on a pick
+/// releases all it holds, so only streams being served hold any, under 16 KiB each: 1,024 of
+/// them at once before the 16 MiB connection window would wait on them.
+const RELEASE_AT: usize = 16 << 10;
+
 /// The room `out` takes at a time: a pick, the body sent back and the response's answers
 /// of a small request fit together.
 const OUT_ROOM: usize = 2048;
@@ -128,8 +135,9 @@ struct Exchange {
     picking: Option<stream::Pick>,
     /// Envoy closed its side.
     recv_done: bool,
-    /// Bytes received and not yet released to the flow control: released once per turn, not
-    /// per frame (a stream that ends gives its window back to the connection as it closes).
+    /// Bytes received and not yet released to the flow control: released once per turn when
+    /// over [`RELEASE_AT`] or when the stream waits on a pick, not per frame (a stream that
+    /// ends gives its window back to the connection as it closes).
     unreleased: usize,
 }
 
@@ -167,7 +175,7 @@ impl Exchange {
         loop {
             if let Some(pick) = &mut self.picking {
                 if self.stream.poll_pick(pick, cx, &mut self.answers).is_pending() {
-                    self.release();
+                    self.release(0);
                     return Poll::Pending;
                 }
                 self.picking = None;
@@ -216,16 +224,16 @@ impl Exchange {
                 }
                 Poll::Pending => {
                     self.flush();
-                    self.release();
+                    self.release(RELEASE_AT);
                     return Poll::Pending;
                 }
             }
         }
     }
 
-    /// Gives the bytes received this turn back to the flow control.
-    fn release(&mut self) {
-        if self.unreleased > 0 {
+    /// Gives the bytes received back to the flow control once they are more than `keep`.
+    fn release(&mut self, keep: usize) {
+        if self.unreleased > keep {
             let _ = self.recv.flow_control().release_capacity(std::mem::take(&mut self.unreleased));
         }
     }
