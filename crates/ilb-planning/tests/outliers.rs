@@ -228,6 +228,10 @@ fn grey_engine_is_penalised_and_recovers() {
     assert_eq!(took, 4, "penalised after {took} s");
     let e = &sim.fleet.engines[grey];
     assert!(e.penalty >= 0.5, "penalty {}", e.penalty);
+    // At 40 % of its capacity, a penalty of its severity (0.62 at 2.6×) would leave it more
+    // usable capacity than it serves: the penalty leaves it three quarters of its 40 req/s.
+    let usable = 0.95 * sim.fleet.effective_capacity(grey, sim.now);
+    assert!((usable - 30.0).abs() < 1e-6, "usable capacity {usable} after its penalty");
     let reason = e.penalty_reason.clone().unwrap();
     assert!(reason.starts_with("ttft 2.6× its profile at 40 req/s"), "{reason}");
     assert!(sim.fleet.engines.iter().enumerate().all(|(j, e)| (j == grey) == (e.penalty > 0.0)));

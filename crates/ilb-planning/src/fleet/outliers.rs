@@ -45,7 +45,10 @@
 //! A penalty withholds a share of the engine's capacity from the optimizer, so its traffic
 //! moves in a planned way. A new outlier starts at max(0.5, severity) — severity 1 − 1/ratio for
 //! latency (a 3× slower engine has about a third of its capacity), 1 − rate/mean for errors —
-//! and while it stays an outlier the capacity it keeps is quartered every interval, up to
+//! or more, so that the usable capacity it keeps is at most three quarters of the load it was
+//! convicted at (`LOAD_KEPT`): withheld from an engine running at a third of its capacity, half
+//! of it moves nothing, and its traffic would wait an interval for the escalation. While it
+//! stays an outlier the capacity it keeps is quartered every interval, up to
 //! `max_penalty`. Every healthy interval halves the penalty, but at most doubles the
 //! capacity the engine keeps; under `min_penalty` it is removed. Quick to punish, quick to
 //! forgive a light penalty, and a deep one in doubling steps: a deeply penalised engine's
@@ -90,6 +93,9 @@ const NEAR_CAPACITY: f64 = 0.9;
 /// module's documentation).
 pub(super) const EARLY_WINDOW_SHARE: f64 = 0.5;
 
+/// A new outlier's usable capacity is at most this share of the load it was convicted at, so
+/// its penalty moves at least a quarter of its traffic at once (see the module's documentation).
+const LOAD_KEPT: f64 = 0.75;
 /// The smallest penalty a newly detected outlier gets.
 const INITIAL_PENALTY: f64 = 0.5;
 /// Each interval an engine stays an outlier multiplies the capacity it keeps by this: it had
@@ -239,6 +245,8 @@ enum Verdict {
     Healthy,
     Outlier {
         severity: f64,
+        /// Requests per second the engine served over the window that convicts it.
+        load_rps: f64,
         reason: String,
     },
 }
@@ -495,7 +503,8 @@ impl Fleet {
         } else if reasons.is_empty() {
             Verdict::Healthy
         } else {
-            Verdict::Outlier { severity, reason: reasons.join("; ") }
+            let load_rps = if w.elapsed_s > 0.0 { w.volume() / w.elapsed_s } else { 0.0 };
+            Verdict::Outlier { severity, load_rps, reason: reasons.join("; ") }
         }
     }
 
@@ -565,14 +574,14 @@ impl Fleet {
                     }
                     e.outlier_waiting = None;
                 }
-                Verdict::Outlier { severity, reason } => {
+                Verdict::Outlier { severity, load_rps, reason } => {
                     if e.penalty > 0.0 {
                         let escalated = 1.0 - (1.0 - e.penalty) * ESCALATION_FACTOR;
                         e.penalty = severity.max(escalated).min(s.max_penalty);
                         e.penalty_reason = Some(reason);
                     } else {
                         let started = e.outlier_window.started.unwrap_or(Duration::ZERO);
-                        candidates.push((severity, j, reason, started));
+                        candidates.push((severity, load_rps, j, reason, started));
                     }
                 }
             }
@@ -582,7 +591,7 @@ impl Fleet {
             return;
         }
         // Most severe first; ties by engine order so that equal inputs give equal penalties.
-        candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.2.cmp(&b.2)));
         let total: f64 = engine_idx.iter().map(|&j| self.nominal_capacity(j)).sum();
         let allowed = s.max_penalised_share * total;
         let mut used: f64 = engine_idx
@@ -591,8 +600,11 @@ impl Fleet {
             .map(|&j| self.nominal_capacity(j))
             .sum();
         let one_allowed = s.always_penalise_one && engine_idx.len() >= s.success_rate_min_engines;
-        for (severity, j, reason, started) in candidates {
+        for (severity, load_rps, j, reason, started) in candidates {
             let nominal = self.nominal_capacity(j);
+            // The penalty that leaves it `LOAD_KEPT` of its load to plan with.
+            let usable = self.config.control_plane.rho * self.learned_capacity(j) * self.health(j, now);
+            let binding = if usable > 0.0 { 1.0 - LOAD_KEPT * load_rps / usable } else { 0.0 };
             let id = self.config.engines[j].id.clone();
             let e = &mut self.engines[j];
             // Over the cap, one outlier still may be while the penalised hold less than the cap,
@@ -600,7 +612,7 @@ impl Fleet {
             let outweighs = used == 0.0 || (used < allowed && nominal > used);
             if used + nominal <= allowed * (1.0 + 1e-12) || (one_allowed && outweighs) {
                 used += nominal;
-                e.penalty = severity.max(INITIAL_PENALTY).clamp(s.min_penalty, s.max_penalty);
+                e.penalty = severity.max(INITIAL_PENALTY).max(binding).clamp(s.min_penalty, s.max_penalty);
                 tracing::info!(engine = %id, penalty = e.penalty, %reason, "engine penalised");
                 e.penalty_reason = Some(reason);
                 e.outlier_waiting = None;
