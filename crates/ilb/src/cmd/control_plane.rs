@@ -71,6 +71,9 @@ pub fn run(args: ControlPlaneArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let path = args.config.clone().context("--config is required")?;
+    // What the watcher compares the file with: taken before the file is loaded, so an edit
+    // made once the control plane is up is never mistaken for the file it started from.
+    let baseline = (modified(&path), std::fs::read_to_string(&path).ok());
     let file = config::load(&path)?;
     let (mut listener_tls, mut engine_tls) = (file.control_plane_tls, file.control_plane_engine_tls);
     let fleet = file
@@ -126,7 +129,8 @@ pub fn run(args: ControlPlaneArgs) -> anyhow::Result<()> {
         let stop = crate::cmd::stop_signal();
         println!("control-plane: {}", cp.url());
         let cert_watcher = listener.map(|l| tokio::spawn(l.watch(std::time::Duration::from_secs(1))));
-        let watcher = tokio::spawn(watch(path, cp.reloader(), Duration::from_millis(args.watch_ms), hangup));
+        let watcher =
+            tokio::spawn(watch(path, baseline, cp.reloader(), Duration::from_millis(args.watch_ms), hangup));
         stop.await;
         watcher.abort();
         if let Some(cert_watcher) = cert_watcher {
@@ -142,17 +146,17 @@ fn modified(path: &Path) -> Option<(SystemTime, u64)> {
     Some((meta.modified().ok()?, meta.len()))
 }
 
-/// Re-reads `path` when its modification time or size changes (checked every `every`; never
-/// if zero) or on SIGHUP, and hands the result to the control plane. A file whose text did
-/// not change is not applied again.
+/// Re-reads `path` when its modification time or size changes from `baseline`'s (checked
+/// every `every`; never if zero) or on SIGHUP, and hands the result to the control plane. A
+/// file whose text did not change is not applied again.
 async fn watch(
     path: PathBuf,
+    baseline: (Option<(SystemTime, u64)>, Option<String>),
     reloader: Reloader,
     every: Duration,
     mut hangup: Option<tokio::signal::unix::Signal>,
 ) {
-    let mut stamp = modified(&path);
-    let mut last_text = std::fs::read_to_string(&path).ok();
+    let (mut stamp, mut last_text) = baseline;
     let mut poll = tokio::time::interval(if every.is_zero() { Duration::from_secs(3600) } else { every });
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
