@@ -2,7 +2,7 @@
 //! at the bundled file's own (short) duration and calibration, and each asserting what the
 //! scenario is for: `ilb` against the policies the scenario is built to beat, on every seed.
 //! The fleets are six small engines so that a seed runs in seconds in a debug build; the
-//! tables over all policies are in crates/ilb-fleet-sim/README.md (`ilb simulate --seeds`).
+//! means over all policies are in crates/ilb-fleet-sim/README.md (`ilb simulate --seeds`).
 
 use ilb_fleet_sim::metrics::TransientStats;
 use ilb_fleet_sim::{simulate, Comparison, Options, PolicyResult, Scenario};

@@ -341,7 +341,7 @@ const REAL_CHANGE_BANDS: f64 = 2.0;
 /// ρ × its capacity whenever the bursts fill the slack: a split in proportion to capacity, whatever
 /// the engines' latencies and distances (on the fleet simulator's `three-regions`, at 89 % of
 /// capacity, that cost 3 % of the p99). Half or three quarters both avoid it; a quarter gave up
-/// some of what the headroom is for (figures in crates/ilb-fleet-sim/README.md).
+/// some of what the headroom is for (figures in docs/results.md, 2026-12-02).
 const HEADROOM_SHARE_OF_SLACK: f64 = 0.75;
 
 /// An engine whose effective capacity moves by more than this fraction between rounds counts

@@ -581,7 +581,7 @@ impl Fleet {
                         e.penalty_reason = Some(reason);
                     } else {
                         let started = e.outlier_window.started.unwrap_or(Duration::ZERO);
-                        candidates.push((severity, load_rps, j, reason, started));
+                        candidates.push(Candidate { severity, load_rps, engine: j, reason, started });
                     }
                 }
             }
@@ -591,7 +591,7 @@ impl Fleet {
             return;
         }
         // Most severe first; ties by engine order so that equal inputs give equal penalties.
-        candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.2.cmp(&b.2)));
+        candidates.sort_by(|a, b| b.severity.total_cmp(&a.severity).then(a.engine.cmp(&b.engine)));
         let total: f64 = engine_idx.iter().map(|&j| self.nominal_capacity(j)).sum();
         let allowed = s.max_penalised_share * total;
         let mut used: f64 = engine_idx
@@ -600,7 +600,7 @@ impl Fleet {
             .map(|&j| self.nominal_capacity(j))
             .sum();
         let one_allowed = s.always_penalise_one && engine_idx.len() >= s.success_rate_min_engines;
-        for (severity, load_rps, j, reason, started) in candidates {
+        for Candidate { severity, load_rps, engine: j, reason, started } in candidates {
             let nominal = self.nominal_capacity(j);
             // The penalty that leaves it `LOAD_KEPT` of its load to plan with.
             let usable = self.config.control_plane.rho * self.learned_capacity(j) * self.health(j, now);
@@ -624,6 +624,18 @@ impl Fleet {
             }
         }
     }
+}
+
+/// An engine convicted this interval that was not penalised yet: whether it is depends on the
+/// cap on the penalised share, most severe first.
+struct Candidate {
+    severity: f64,
+    /// The load it was convicted at, requests/s.
+    load_rps: f64,
+    engine: usize,
+    reason: String,
+    /// Where the convicting window began: its observations are forgotten from there.
+    started: Duration,
 }
 
 /// The penalty after a healthy interval: halved ([`RECOVERY_FACTOR`]), but the capacity the
