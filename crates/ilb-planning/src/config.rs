@@ -249,9 +249,9 @@ pub struct OutlierSettings {
     /// so may one that outweighs all the penalised engines together while they hold less than
     /// the cap (small engines penalised do not shelter a large grey one).
     /// Without it a model of fewer than seven equal engines could never penalise a grey one
-    /// at the default share. Applies to models of at least `success_rate_min_engines`
-    /// engines, where the peer comparison keeps a fleet-wide slowdown from being an outlier.
-    /// Default true.
+    /// at the default share. In models of fewer than `success_rate_min_engines` engines, too
+    /// few for a median to tell a fleet-wide slowdown, only an engine slow alone may: its peers
+    /// run within 1.5× their profiles, and it runs below 90 % of its capacity. Default true.
     pub always_penalise_one: bool,
     /// Largest penalty, in (0, 1): the share of an engine's capacity that may be withheld.
     /// Default 0.98: an engine that ran at a fifth of its capacity or more then keeps at most

@@ -486,6 +486,34 @@ fn small_penalised_engines_do_not_keep_a_large_grey_one_from_its_penalty() {
 }
 
 #[test]
+fn of_two_engines_one_slow_alone_is_penalised_and_two_slow_are_not() {
+    // Too few engines for a median, and each is half the model, over the cap: the one that
+    // turns slow beside a peer running at its profile is penalised all the same (the fleet
+    // simulator's `random-1-78`). Both slow (a shared overload, a long-prompt spell) convicts
+    // neither: moving traffic from one onto the other would not help.
+    let mut sim = Sim::new(config(2, &[], ""));
+    sim.until(30, &|_| HEALTHY, &|_| false);
+    let both = |_: usize| Behaviour { slowdown: 3.0, ..HEALTHY };
+    sim.until(40, &both, &|_| false);
+    assert_eq!(sim.penalties(), [0.0, 0.0], "two engines slow together penalised");
+
+    let mut sim = Sim::new(config(2, &[], ""));
+    sim.until(30, &|_| HEALTHY, &|_| false);
+    let grey = |j: usize| if j == 1 { Behaviour { slowdown: 3.0, ..HEALTHY } } else { HEALTHY };
+    let took = sim.until(30, &grey, &|f| f.engines[1].penalty > 0.0).expect("the grey engine never penalised");
+    eprintln!("one of two engines penalised {took} s after it slowed down");
+    assert_eq!(sim.fleet.engines[0].penalty, 0.0);
+    // A peer running at 1.6× its profile, halfway to the threshold, shares the slowdown: the
+    // engine that then turns slower still is not penalised.
+    let mut sim = Sim::new(config(2, &[], ""));
+    let peer_slow = |j: usize| Behaviour { slowdown: if j == 1 { 1.1 } else { 1.6 }, ..HEALTHY };
+    sim.until(30, &peer_slow, &|_| false);
+    let shared = |j: usize| Behaviour { slowdown: if j == 1 { 4.0 } else { 1.6 }, ..HEALTHY };
+    sim.until(40, &shared, &|_| false);
+    assert_eq!(sim.penalties(), [0.0, 0.0], "penalised beside a slowed peer");
+}
+
+#[test]
 fn disabled_detection_penalises_nothing() {
     let mut sim = Sim::new(config(8, &[], "enabled = false"));
     let slow =

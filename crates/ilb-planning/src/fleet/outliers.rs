@@ -68,7 +68,13 @@
 //! model, and at 15 % a model of six equal engines could otherwise never penalise one. So may
 //! an outlier that outweighs all the penalised engines together while they hold less than the
 //! cap: two small engines penalised must not shelter a large one that turned grey. Either way
-//! the cap is exceeded by one engine at most.
+//! the cap is exceeded by one engine at most. A model with too few engines for a median (fewer
+//! than `success_rate_min_engines`) judges each engine against the slowest of its peers instead,
+//! and may penalise one over the cap only when it is slow alone: its peers run within
+//! [`PEERS_CALM`] of their profiles, none is penalised or down, and it runs below
+//! [`NEAR_CAPACITY`] of its learned capacity (an overloaded engine is slow because of its load).
+//! Otherwise a grey engine of a two-engine model kept its traffic until its fitted curve had
+//! learned its slowness (26.5 s against feedback's 7.5 in the fleet simulator).
 //!
 //! The fit: while an engine is penalised its observations are kept out of its latency profile,
 //! and the observations of the window that got it penalised are dropped. Otherwise the grey
@@ -87,6 +93,12 @@ use std::time::Duration;
 
 /// Windows with load above this share of nominal capacity are not judged on latency.
 const NEAR_CAPACITY: f64 = 0.9;
+
+/// With too few engines for a median, peers whose latency is within this multiple of their
+/// profiles run normally, halfway to the outlier threshold's default: one engine slow beside
+/// them is slow alone. Peers slower than that share the slowdown (an overload, a long-prompt
+/// spell), and moving traffic onto them would not help.
+const PEERS_CALM: f64 = 1.5;
 
 /// The share of `interval_ms` an engine's window must span before an early verdict (between
 /// intervals) may convict it, and the span of the recent window it is also judged on (see the
@@ -247,6 +259,8 @@ enum Verdict {
         severity: f64,
         /// Requests per second the engine served over the window that convicts it.
         load_rps: f64,
+        /// Its peers, too few for a median, all ran near their profiles (`Peers::calm`).
+        alone: bool,
         reason: String,
     },
 }
@@ -281,12 +295,16 @@ fn mean_and_sigma(values: &[f64]) -> (f64, f64) {
 }
 
 /// What one engine of a model is judged against: its peers' success rate (mean, σ) when enough
-/// of them have the volume, their median TTFT over its profile (at least 1), the threshold
-/// that makes, and whether the objective counts TBOT.
+/// of them have the volume, their median TTFT over its profile (with too few for a median, the
+/// slowest peer's worst counted signal over its profile, at least 1), and whether the objective
+/// counts TBOT.
 struct Peers {
     rate: Option<(f64, f64)>,
     median_ratio: f64,
     uses_tbot: bool,
+    /// Too few engines for a median, and every other one runs within [`PEERS_CALM`] of its
+    /// profile: an outlier here is slow alone (see [`Fleet::slow_alone`]).
+    calm: bool,
 }
 
 impl Fleet {
@@ -408,27 +426,39 @@ impl Fleet {
         // (a miscalibrated profile, a daily peak), the fleet is not penalised for it; when it
         // runs faster (a pessimistic profile), a grey engine still within its profile is found.
         let fitted = self.fitted_signals(engine_idx);
-        let mut fleet_ratios: Vec<f64> = engine_idx
+        // Per engine that is up, its TTFT over its profile, and the worst of the signals that
+        // count (TBOT too when the objective counts it).
+        let ratios: Vec<(Option<f64>, f64)> = engine_idx
             .iter()
             .zip(windows)
             .zip(&fitted)
-            .filter(|((&j, _), _)| self.health(j, now) > 0.0)
-            .flat_map(|((&j, w), fitted)| self.latency_ratios(j, w, min_requests, fitted))
-            .filter(|r| r.signal == "ttft")
-            .map(|r| r.offline)
+            .map(|((&j, w), fitted)| {
+                let up = self.health(j, now) > 0.0;
+                let ratios = if up { self.latency_ratios(j, w, min_requests, fitted) } else { Vec::new() };
+                let ttft = ratios.iter().find(|r| r.signal == "ttft").map(|r| r.offline);
+                let counted = ratios.iter().filter(|r| uses_tbot || r.signal == "ttft");
+                (ttft, counted.map(|r| r.offline).fold(1.0, f64::max))
+            })
             .collect();
+        let mut fleet_ratios: Vec<f64> = ratios.iter().filter_map(|r| r.0).collect();
         fleet_ratios.sort_by(f64::total_cmp);
-        let median_ratio = if fleet_ratios.len() >= s.success_rate_min_engines {
-            fleet_ratios[fleet_ratios.len() / 2]
-        } else {
-            1.0
-        };
-        let peers = Peers { rate: fleet_rate, median_ratio, uses_tbot };
+        // Too few for a median: each engine is judged against the slowest of its peers on any
+        // signal that counts (if that one ran slower than its profile), so two engines that are
+        // both slow (a shared overload) convict neither.
+        let median = (fleet_ratios.len() >= s.success_rate_min_engines).then(|| fleet_ratios[fleet_ratios.len() / 2]);
         engine_idx
             .iter()
+            .enumerate()
             .zip(windows)
             .zip(&fitted)
-            .map(|((&j, w), fitted)| self.judge_engine(j, w, fitted, s, &peers))
+            .map(|(((i, &j), w), fitted)| {
+                let slowest_peer = ratios.iter().enumerate().filter(|&(k, _)| k != i).map(|(_, r)| r.1);
+                let slowest_peer = slowest_peer.fold(1.0, f64::max);
+                let median_ratio = median.unwrap_or(slowest_peer);
+                let calm = median.is_none() && slowest_peer < PEERS_CALM;
+                let peers = Peers { rate: fleet_rate, median_ratio, uses_tbot, calm };
+                self.judge_engine(j, w, fitted, s, &peers)
+            })
             .collect()
     }
 
@@ -504,7 +534,7 @@ impl Fleet {
             Verdict::Healthy
         } else {
             let load_rps = if w.elapsed_s > 0.0 { w.volume() / w.elapsed_s } else { 0.0 };
-            Verdict::Outlier { severity, load_rps, reason: reasons.join("; ") }
+            Verdict::Outlier { severity, load_rps, alone: peers.calm, reason: reasons.join("; ") }
         }
     }
 
@@ -574,14 +604,14 @@ impl Fleet {
                     }
                     e.outlier_waiting = None;
                 }
-                Verdict::Outlier { severity, load_rps, reason } => {
+                Verdict::Outlier { severity, load_rps, alone, reason } => {
                     if e.penalty > 0.0 {
                         let escalated = 1.0 - (1.0 - e.penalty) * ESCALATION_FACTOR;
                         e.penalty = severity.max(escalated).min(s.max_penalty);
                         e.penalty_reason = Some(reason);
                     } else {
                         let started = e.outlier_window.started.unwrap_or(Duration::ZERO);
-                        candidates.push(Candidate { severity, load_rps, engine: j, reason, started });
+                        candidates.push(Candidate { severity, load_rps, alone, engine: j, reason, started });
                     }
                 }
             }
@@ -599,8 +629,12 @@ impl Fleet {
             .filter(|&&j| self.engines[j].penalty > 0.0)
             .map(|&j| self.nominal_capacity(j))
             .sum();
-        let one_allowed = s.always_penalise_one && engine_idx.len() >= s.success_rate_min_engines;
-        for Candidate { severity, load_rps, engine: j, reason, started } in candidates {
+        // With too few engines for a peer comparison, one that turned slow alone may be
+        // (`slow_alone`).
+        let one_allowed = s.always_penalise_one
+            && (engine_idx.len() >= s.success_rate_min_engines
+                || candidates.len() == 1 && self.slow_alone(engine_idx, &candidates[0], now));
+        for Candidate { severity, load_rps, engine: j, reason, started, .. } in candidates {
             let nominal = self.nominal_capacity(j);
             // The penalty that leaves it `LOAD_KEPT` of its load to plan with.
             let usable = self.config.control_plane.rho * self.learned_capacity(j) * self.health(j, now);
@@ -626,12 +660,34 @@ impl Fleet {
     }
 }
 
+impl Fleet {
+    /// Whether `candidate` is the one engine of its model that turned slow while its peers are
+    /// fine, and not because it is overloaded: they ran near their profiles (`alone`), every
+    /// other engine is up and unpenalised (it is the only candidate), and it ran below
+    /// [`NEAR_CAPACITY`] of its learned capacity. An overloaded engine is slow because of its
+    /// load: its queue grows, and its learned capacity comes down to what it completes
+    /// (`saturation.rs`).
+    fn slow_alone(&self, engine_idx: &[usize], candidate: &Candidate, now: Now) -> bool {
+        let j = candidate.engine;
+        if !candidate.alone {
+            return false;
+        }
+        let peers_fine = engine_idx
+            .iter()
+            .filter(|&&k| k != j)
+            .all(|&k| self.health(k, now) > 0.0 && self.engines[k].penalty == 0.0);
+        peers_fine && candidate.load_rps < NEAR_CAPACITY * self.learned_capacity(j)
+    }
+}
+
 /// An engine convicted this interval that was not penalised yet: whether it is depends on the
 /// cap on the penalised share, most severe first.
 struct Candidate {
     severity: f64,
     /// The load it was convicted at, requests/s.
     load_rps: f64,
+    /// Convicted beside calm peers, too few for a median (`Peers::calm`).
+    alone: bool,
     engine: usize,
     reason: String,
     /// Where the convicting window began: its observations are forgotten from there.
