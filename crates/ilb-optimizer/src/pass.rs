@@ -4,9 +4,9 @@
 //!
 //! Candidate lists keep a pass from scanning the whole N × M matrix: an engine only looks at the
 //! classes whose reduced cost u_k − n_kj was within `width` of its best one when the lists were
-//! built at prices `base_u`. While the largest price rise plus the largest price fall since then
-//! stay below `width − ερ`, no other class can receive flow (proof in the crate README), so the
-//! pass is exact.
+//! built at prices `base_u`. While the spread of the price changes since then (the largest
+//! change less the smallest, [`Candidates::drift`]) stays below `width − ερ`, no other class can
+//! receive flow (proof in the crate README), so the pass is exact.
 
 use std::sync::Arc;
 
