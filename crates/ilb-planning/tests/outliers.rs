@@ -500,7 +500,8 @@ fn of_two_engines_one_slow_alone_is_penalised_and_two_slow_are_not() {
     let mut sim = Sim::new(config(2, &[], ""));
     sim.until(30, &|_| HEALTHY, &|_| false);
     let grey = |j: usize| if j == 1 { Behaviour { slowdown: 3.0, ..HEALTHY } } else { HEALTHY };
-    let took = sim.until(30, &grey, &|f| f.engines[1].penalty > 0.0).expect("the grey engine never penalised");
+    let took =
+        sim.until(30, &grey, &|f| f.engines[1].penalty > 0.0).expect("the grey engine never penalised");
     eprintln!("one of two engines penalised {took} s after it slowed down");
     assert_eq!(sim.fleet.engines[0].penalty, 0.0);
     // A peer running at 1.6× its profile, halfway to the threshold, shares the slowdown: the

@@ -68,9 +68,10 @@
 //! model, and at 15 % a model of six equal engines could otherwise never penalise one. So may
 //! an outlier that outweighs all the penalised engines together while they hold less than the
 //! cap: two small engines penalised must not shelter a large one that turned grey. Either way
-//! the cap is exceeded by one engine at most. A model with too few engines for a median (fewer
-//! than `success_rate_min_engines`) judges each engine against the slowest of its peers instead,
-//! and may penalise one over the cap only when it is slow alone: its peers run within
+//! the cap is exceeded by one engine at most. When too few engines have a latency ratio for a
+//! median (fewer than `success_rate_min_engines`), each is judged against the slowest of its
+//! peers instead; and a model that small may penalise one over the cap only when it is slow
+//! alone: its peers run within
 //! [`PEERS_CALM`] of their profiles, none is penalised or down, and it runs below
 //! [`NEAR_CAPACITY`] of its learned capacity (an overloaded engine is slow because of its load).
 //! Otherwise a grey engine of a two-engine model kept its traffic until its fitted curve had
@@ -445,7 +446,8 @@ impl Fleet {
         // Too few for a median: each engine is judged against the slowest of its peers on any
         // signal that counts (if that one ran slower than its profile), so two engines that are
         // both slow (a shared overload) convict neither.
-        let median = (fleet_ratios.len() >= s.success_rate_min_engines).then(|| fleet_ratios[fleet_ratios.len() / 2]);
+        let median =
+            (fleet_ratios.len() >= s.success_rate_min_engines).then(|| fleet_ratios[fleet_ratios.len() / 2]);
         engine_idx
             .iter()
             .enumerate()
@@ -658,9 +660,7 @@ impl Fleet {
             }
         }
     }
-}
 
-impl Fleet {
     /// Whether `candidate` is the one engine of its model that turned slow while its peers are
     /// fine, and not because it is overloaded: they ran near their profiles (`alone`), every
     /// other engine is up and unpenalised (it is the only candidate), and it ran below
