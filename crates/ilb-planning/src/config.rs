@@ -205,15 +205,15 @@ impl Default for ControlPlaneSettings {
 /// fleet's median ratio) and what its fitted curve predicts, and decodes `latency_ratio` times
 /// slower than its fitted TBOT curve where it reports TBOT: it became slow, and its workload
 /// does not explain it. Unpenalised engines are also judged between intervals, to be convicted
-/// early, on their window once it spans half an interval and on their latest half interval. A window in which the engine was
-/// unreachable is not judged, nor, for three `smoothing_ms` after an engine of the model went
-/// down or came back, the windows of engines not yet penalised (the traffic that moved queues
-/// and lost its cached prefixes). A penalty withholds a share of the engine's capacity from
-/// the optimizer: at first at least half, more for a worse outlier, and enough that the engine
-/// keeps at most three quarters of the load it was convicted at; it grows while the engine
-/// stays an outlier; every healthy interval halves it,
-/// but at most doubles the capacity the engine keeps (a deep penalty is lifted in steps, each
-/// judged on the traffic it brings back).
+/// early, on their window once it spans half an interval and on their latest half interval. A
+/// window in which the engine was unreachable is not judged, nor, for three `smoothing_ms` after an
+/// engine of the model went down or came back, the windows of engines not yet penalised (the
+/// traffic that moved queues and lost its cached prefixes). A penalty withholds a share of the
+/// engine's capacity from the optimizer: at first at least half, more for a worse outlier, and
+/// enough that the engine keeps at most three quarters of the load it was convicted at; it grows
+/// while the engine stays an outlier; every healthy interval halves it, but at most doubles the
+/// capacity the engine keeps (a deep penalty is lifted in steps, each judged on the traffic it
+/// brings back).
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OutlierSettings {

@@ -192,14 +192,12 @@ pub fn prepare(args: &DataPlaneArgs) -> anyhow::Result<Prepared> {
     config.engine_tls = Some(engine_tls);
     config.control_plane_tls = Some(control_plane_tls);
     config.listener_tls = listener.as_ref().map(|l| l.tls.clone());
-    let runtime = match args.threads {
+    // One available core (a pinned data plane): the single-threaded runtime, as `--threads 1`.
+    let one_core = std::thread::available_parallelism().is_ok_and(|n| n.get() == 1);
+    let runtime = match args.threads.or(one_core.then_some(1)) {
         Some(0) => bail!("--threads must be at least 1"),
         Some(1) => tokio::runtime::Builder::new_current_thread().enable_all().build()?,
         Some(n) => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build()?,
-        // One available core (a pinned data plane): the single-threaded runtime, as `--threads 1`.
-        None if std::thread::available_parallelism().is_ok_and(|n| n.get() == 1) => {
-            tokio::runtime::Builder::new_current_thread().enable_all().build()?
-        }
         None => tokio::runtime::Builder::new_multi_thread().enable_all().build()?,
     };
     Ok(Prepared { config, source, snapshot_file: file, reports, listener, runtime })
