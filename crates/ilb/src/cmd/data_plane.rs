@@ -19,7 +19,8 @@ pub struct DataPlaneArgs {
     #[arg(long)]
     listen: Option<SocketAddr>,
     /// Serve /metrics, /debug/route and /health on this address instead of the client
-    /// listener (which then no longer serves the first two).
+    /// listener (which then no longer serves the first two); `ilb epp`: where it serves them
+    /// (it has no HTTP listener otherwise).
     #[arg(long, value_name = "ADDR")]
     admin_listen: Option<SocketAddr>,
     /// What the x-ilb-route response header tells clients: full, id (default) or off.
@@ -104,9 +105,7 @@ impl DataPlaneArgs {
     /// Whether the flags set a client-listener option that only the proxy has (`ilb epp`
     /// refuses them): its name.
     pub fn proxy_only_flag(&self) -> Option<&'static str> {
-        if self.admin_listen.is_some() {
-            Some("--admin-listen")
-        } else if self.route_header.is_some() {
+        if self.route_header.is_some() {
             Some("--route-header")
         } else if !self.peers.is_empty() {
             // Peers post their deltas to the HTTP listener, which `ilb epp` does not have.

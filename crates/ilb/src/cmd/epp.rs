@@ -1,6 +1,6 @@
 //! `ilb epp`: ilb as the Endpoint Picker of an Envoy gateway (docs/epp.md). It takes the data
 //! plane's routing flags and config (`--engine`, `--control-plane`/`--cluster`, `--snapshot`,
-//! `--config`, the engine and control-plane TLS flags), routes with the data plane's own code
+//! `--config`, the engine and control-plane TLS flags, `--admin-listen` for `/metrics`), routes with the data plane's own code
 //! (`ilb_dataplane::Router`) and answers Envoy's ext_proc stream on `--listen` (gRPC; over TLS
 //! with `--tls-cert`/`--tls-key`, reloaded when the files change).
 
@@ -36,6 +36,9 @@ pub fn run(args: EppArgs) -> anyhow::Result<()> {
         let stop = crate::cmd::stop_signal();
         let scheme = if listener.is_some() { "gRPC over TLS" } else { "gRPC" };
         println!("epp (ext_proc {scheme}): {}", epp.local_addr());
+        if let Some(admin) = epp.admin_addr() {
+            println!("epp admin (metrics, debug/route, health): http://{admin}");
+        }
         let _watcher = listener.map(|l| AbortOnDrop(tokio::spawn(l.watch(Duration::from_secs(1)))));
         data_plane::follow_snapshot_file(
             snapshot_file.as_deref(),
