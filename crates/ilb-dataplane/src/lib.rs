@@ -50,6 +50,14 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+impl Router {
+    /// Serves the operator's endpoints on `listener` (`/metrics`, `/debug/route`, `/health`, as
+    /// a data plane's `admin_listen` does) until [`Router::shutdown`].
+    pub fn serve_admin(&mut self, listener: TcpListener) {
+        self.spawn(|shared, shutdown| server::serve(listener, shared, server::Role::Admin, shutdown));
+    }
+}
+
 /// A running data plane.
 pub struct DataPlane {
     shared: Arc<Shared>,

@@ -146,12 +146,13 @@ impl Router {
         self.shared.install_json(bytes)
     }
 
-    /// Serves the operator's endpoints on `listener` (`/metrics`, `/debug/route`, `/health`, as
-    /// a data plane's `admin_listen` does) until [`Router::shutdown`].
-    pub fn serve_admin(&mut self, listener: tokio::net::TcpListener) {
-        let shutdown = self.shutdown.subscribe();
-        let shared = Arc::clone(&self.shared);
-        self.tasks.spawn(crate::server::serve(listener, shared, crate::server::Role::Admin, shutdown));
+    /// Runs the task `make` builds from the shared state and the shutdown signal until
+    /// [`Router::shutdown`] (a module listed after this one adds its own, as `serve_admin`).
+    pub(crate) fn spawn<F>(&mut self, make: impl FnOnce(Arc<Shared>, watch::Receiver<bool>) -> F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.tasks.spawn(make(Arc::clone(&self.shared), self.shutdown.subscribe()));
     }
 
     /// Stops the background tasks.
