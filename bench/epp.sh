@@ -121,9 +121,10 @@ start_envoy() { # config
 
 measure() { # contender run port pid... (the port the clients use; the router processes, whose CPU is counted)
   local name=$1 run=$2 port=$3; shift 3
-  local small='{"p50_ms":0,"p99_ms":0,"errors":0}' big before=() after=() out requests errors
+  local small='{"errors":0}' big before=() after=() out requests errors
   big=$small
-  # PACE_MS set: wrk waits that long before each request on a connection, and TTFT is not measured.
+  # PACE_MS set: wrk waits that long before each request on a connection, and TTFT is not
+  # measured (its columns print "-").
   if [ -z "${PACE_MS:-}" ]; then
     small=$(taskset -c 0 python3 bench/epp_ttft.py --port "$port" --n "$N_TTFT" --prompt-bytes 100)
     big=$(taskset -c 0 python3 bench/epp_ttft.py --port "$port" --n "$N_BIG" --warmup 5 --prompt-bytes 200000)
@@ -144,7 +145,8 @@ measure() { # contender run port pid... (the port the clients use; the router pr
 import json, sys
 name, run, small, big, requests, errors, duration, cpu = sys.argv[1:]
 small, big = json.loads(small), json.loads(big)
-print("\t".join([name, run, f"{small['p50_ms']:.3f}", f"{small['p99_ms']:.3f}", f"{big['p50_ms']:.3f}", f"{big['p99_ms']:.3f}",
+ms = lambda d, k: f"{d[k]:.3f}" if k in d else "-"
+print("\t".join([name, run, ms(small, "p50_ms"), ms(small, "p99_ms"), ms(big, "p50_ms"), ms(big, "p99_ms"),
                  f"{int(requests) / float(duration):.0f}", errors, str(small["errors"] + big["errors"]), cpu.strip()]))
 PY
 }

@@ -1,8 +1,8 @@
 //! `ilb epp`: ilb as the Endpoint Picker of an Envoy gateway (docs/epp.md). It takes the data
 //! plane's routing flags and config (`--engine`, `--control-plane`/`--cluster`, `--snapshot`,
-//! `--config`, the engine and control-plane TLS flags, `--admin-listen` for `/metrics`), routes with the data plane's own code
-//! (`ilb_dataplane::Router`) and answers Envoy's ext_proc stream on `--listen` (gRPC; over TLS
-//! with `--tls-cert`/`--tls-key`, reloaded when the files change).
+//! `--config`, the engine and control-plane TLS flags, `--admin-listen` for `/metrics`), routes
+//! with the data plane's own code (`ilb_dataplane::Router`) and answers Envoy's ext_proc stream
+//! on `--listen` (gRPC; over TLS with `--tls-cert`/`--tls-key`, reloaded when the files change).
 
 use crate::cmd::data_plane::{self, AbortOnDrop, DataPlaneArgs, Prepared};
 use anyhow::{bail, Context};
