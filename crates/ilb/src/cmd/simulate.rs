@@ -120,10 +120,12 @@ fn run_many(args: SimulateArgs) -> anyhow::Result<()> {
         })
         .collect();
     let results = simulate_all(&runs, args.jobs)?;
+    let (done, failed) = survivors(jobs.iter().zip(results).map(|(&(i, _), result)| result.map(|c| (i, c))));
     let mut by_scenario: Vec<Vec<ilb_fleet_sim::Comparison>> = scenarios.iter().map(|_| Vec::new()).collect();
-    for ((i, _), result) in jobs.iter().zip(results) {
-        by_scenario[*i].push(result?);
+    for (i, comparison) in done {
+        by_scenario[i].push(comparison);
     }
+    by_scenario.retain(|runs| !runs.is_empty());
     for runs in &by_scenario {
         println!("{}", ilb_fleet_sim::report::seeds(runs));
     }
@@ -136,7 +138,30 @@ fn run_many(args: SimulateArgs) -> anyhow::Result<()> {
         let json = serde_json::to_string_pretty(&all)?;
         std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
     }
-    Ok(())
+    failed.map_or(Ok(()), Err)
+}
+
+/// The runs that succeeded, in order, and an error counting the failures if there were any
+/// (each one is on stderr): one failed run must not lose a batch's others.
+fn survivors<T>(results: impl IntoIterator<Item = anyhow::Result<T>>) -> (Vec<T>, Option<anyhow::Error>) {
+    let (mut done, mut failed) = (Vec::new(), Vec::new());
+    for result in results {
+        match result {
+            Ok(value) => done.push(value),
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                failed.push(e);
+            }
+        }
+    }
+    let error = failed.first().map(|first| {
+        anyhow::anyhow!(
+            "{} of {} runs failed and are left out of the results, the first: {first:#}",
+            failed.len(),
+            done.len() + failed.len()
+        )
+    });
+    (done, error)
 }
 
 /// Runs every (scenario, options, label) of `runs`, `jobs` at a time, each run's wall-clock
@@ -194,11 +219,31 @@ fn run_random(args: &SimulateArgs, n: u64) -> anyhow::Result<()> {
         sharing: args.sharing,
     };
     let runs: Vec<_> = scenarios.iter().map(|s| (s, options.clone(), s.file.name.clone())).collect();
-    let results = simulate_all(&runs, args.jobs)?.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+    let (results, failed) = survivors(simulate_all(&runs, args.jobs)?);
     print!("{}", ilb_fleet_sim::report::random_batch(&results));
     if let Some(path) = &args.json {
         let json = serde_json::to_string_pretty(&results)?;
         std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
     }
-    Ok(())
+    failed.map_or(Ok(()), Err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_run_leaves_the_others_and_is_counted() {
+        let results = vec![Ok(1), Err(anyhow::anyhow!("calibration failed")), Ok(3)];
+        let (done, failed) = survivors(results);
+        assert_eq!(done, vec![1, 3]);
+        let message = format!("{:#}", failed.expect("an error"));
+        assert!(
+            message.contains("1 of 3 runs failed") && message.contains("calibration failed"),
+            "{message}"
+        );
+        let (done, failed) = survivors(vec![Ok::<_, anyhow::Error>(1)]);
+        assert_eq!(done, vec![1]);
+        assert!(failed.is_none());
+    }
 }
