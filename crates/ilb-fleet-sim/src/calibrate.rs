@@ -1,21 +1,21 @@
 //! Calibration of the control plane's configured latency profiles against the engine model.
 //!
-//! The control plane plans with `L(y) = t0 + b·y/(c − y)` per engine (TTFT, and TBOT for the
-//! decode objective) and a per-replica capacity `c`. For its predictions to mean anything those
-//! must describe the engine model under the scenario's workload, so before the comparison the
-//! simulator measures them, the way one would profile a GPU offline:
+//! The control plane plans with a latency curve per engine (TTFT, and TBOT for the decode
+//! objective) and a per-replica capacity, learned online from what it sees and starting from
+//! the fleet's configured profiles. Before the comparison the simulator writes those profiles
+//! the way an operator would, with `ilb profile`'s search ([`search`]) against the engine model
+//! under the scenario's workload:
 //!
-//! 1. a pilot run of one engine at a light load measures the workload's mean prompt and output
-//!    lengths and the prefix-cache hit rate `h` (sessions stay on the one engine);
-//! 2. capacity is the engine model's own closed-form estimate,
-//!    `HardwareProfile::capacity_rps(P·(1 − h), O)` per replica (computed prompt tokens);
-//! 3. eight runs at 30 % … 95 % of that capacity measure mean TTFT and mean time between tokens;
-//! 4. the measured points themselves become the profile's measured curves (per replica), which
-//!    the control plane plans with: the engine model's TBOT in particular is not
-//!    queueing-shaped, and one queueing curve misses it by several per cent at 85–90 % load;
-//! 5. `t0` and `b` are still fitted to them by the control plane's own least-squares fit
-//!    (`fit_queueing`, without a prior), weighted by the 8th power of the load fraction: the
-//!    queueing profile is the offline reference for outlier detection.
+//! 1. an idle run of one engine, at a tenth of the closed-form capacity for the workload's
+//!    nominal lengths, measures the idle TTFT and the workload's actual mean prompt and output
+//!    lengths and prefix-cache hit rate (sessions stay on the one engine);
+//! 2. the search starts at half the engine model's closed-form capacity for those lengths
+//!    (`HardwareProfile::engine_capacity_rps`), doubles to the knee, brackets it within 10 %
+//!    and fills in the loads below it; a step is past the knee on the same tests `ilb profile`
+//!    applies (completions, TTFT against idle, latency growing through the step);
+//! 3. the capacity, the queueing fits and the measured curves are [`search::fit`]'s, as
+//!    `ilb profile` prints them. The measured curves are handed to the planner only with
+//!    `measured_curves = true`.
 //!
 //! Every run is this simulator with the `round-robin` policy over a one-engine fleet.
 
@@ -27,12 +27,20 @@ use crate::sim::{self, RunSpec};
 use crate::SimError;
 use ilb_engine_sim::HardwareProfile;
 use ilb_planning::config::MeasuredCurves;
-use ilb_planning::profile::{fit_queueing, LatencyProfile, Observation, QueueingPrior};
+use ilb_planning::profile::search::{self, Measured, Step};
+use ilb_planning::profile::Observation;
 use serde::Serialize;
 
-/// Fractions of capacity measured.
-/// Denser near the top, where a planned fleet runs (the optimizer loads engines to 85–95 %).
-const LOADS: [f64; 8] = [0.3, 0.5, 0.65, 0.75, 0.82, 0.88, 0.92, 0.95];
+/// The idle measurement's rate, as a share of the closed-form capacity for the workload's
+/// nominal lengths: light enough that requests barely queue, busy enough to measure the
+/// workload's lengths and prefix-cache hit rate.
+const IDLE_SHARE: f64 = 0.1;
+
+/// The share of each run not measured: the engine starts empty.
+const WARM_UP_SHARE: f64 = 0.25;
+
+/// Load steps of the search at most (it takes 8–10 on the built-in hardware).
+const MAX_STEPS: usize = 14;
 
 /// A calibrated control-plane profile for one hardware type (and replica count).
 #[derive(Clone, Debug, Serialize)]
@@ -48,30 +56,11 @@ pub struct Calibration {
     pub cache_hit_rate: f64,
     pub mean_prompt_tokens: f64,
     pub mean_output_tokens: f64,
-    /// Measured (load rps, mean TTFT ms, mean TBOT ms).
-    pub points: Vec<(f64, f64, f64)>,
-}
-
-impl Calibration {
-    /// The measured (load rps per replica, mean TTFT ms) and (…, mean TBOT ms) curves, for the
-    /// control plane's `measured_curves`; a curve is `None` unless it has two points.
-    pub fn curves(&self) -> MeasuredCurves {
-        let replicas = f64::from(self.replicas.max(1));
-        let curve = |latency: fn(&(f64, f64, f64)) -> f64| {
-            let mut points: Vec<[f64; 2]> = Vec::with_capacity(self.points.len());
-            for p in &self.points {
-                let point = [p.0 / replicas, latency(p)];
-                // Completed-request rates of neighbouring runs can cross; keep loads increasing.
-                if point.iter().all(|v| v.is_finite() && *v >= 0.0)
-                    && points.last().is_none_or(|last| point[0] > last[0])
-                {
-                    points.push(point);
-                }
-            }
-            (points.len() >= 2).then_some(points)
-        };
-        MeasuredCurves { ttft_curve: curve(|p| p.1), tbot_curve: curve(|p| p.2) }
-    }
+    /// The steps below the knee as (load rps, mean latency ms) curves per replica, for the
+    /// control plane's `measured_curves`.
+    pub curves: MeasuredCurves,
+    /// Every step of the search: (load rps, mean TTFT ms, mean TBOT ms, past the knee).
+    pub steps: Vec<(f64, f64, f64, bool)>,
 }
 
 pub fn key(hardware: &str, profile: &HardwareProfile) -> String {
@@ -88,7 +77,7 @@ fn one_engine(
         name: "calibration".into(),
         description: String::new(),
         duration_s: seconds,
-        warmup_s: seconds * 0.25,
+        warmup_s: seconds * WARM_UP_SHARE,
         seed: scenario.file.seed,
         policies: vec!["round-robin".into()],
         slo_ttft_ms: scenario.file.slo_ttft_ms,
@@ -133,11 +122,68 @@ fn one_engine(
         Baseline::new("round-robin", 1).ok_or_else(|| SimError::Config("no round-robin".into()))?;
     let spec = RunSpec {
         duration_s: seconds,
-        warmup_s: seconds * 0.25,
+        warmup_s: seconds * WARM_UP_SHARE,
         seed: scenario.file.seed,
-        sample_period_s: seconds,
+        // Quarters: the warm-up, then three to see a queue grow.
+        sample_period_s: seconds / 4.0 * (1.0 - 1e-9),
     };
     sim::run(&calibration, &topology, &mut policy, spec)
+}
+
+/// Requests counted per run at least: past the knee's tests are on means and shares, which a
+/// handful of requests leaves to chance.
+const MIN_REQUESTS: f64 = 200.0;
+
+/// How long a run at `rate` lasts: the scenario's `calibration_s`, or long enough that its
+/// measured part counts [`MIN_REQUESTS`] arrivals, or (past the idle run) long enough that its
+/// warm-up quarter spans one and a half conversations (turns of thinking and answering at
+/// idle), so that follow-up turns arrive at their steady rate before it is measured.
+fn run_seconds(scenario: &Scenario, rate: f64, idle: Option<&crate::PolicyResult>) -> f64 {
+    let w = &scenario.file.workload;
+    let counted = MIN_REQUESTS / ((1.0 - WARM_UP_SHARE) * rate.max(1e-3));
+    let conversations = idle.map_or(0.0, |idle| {
+        1.5 * w.turns_mean * (w.think_s + idle.e2e_ms.mean / 1000.0) / WARM_UP_SHARE
+    });
+    scenario.file.control.calibration_s.max(counted).max(conversations)
+}
+
+/// One load step of the search at `rate` (requests/s offered to the workload), judged against
+/// the `idle` run as `ilb profile` judges a step.
+fn step(
+    scenario: &Scenario,
+    profile: &HardwareProfile,
+    rate: f64,
+    idle: &crate::PolicyResult,
+) -> Result<Step, SimError> {
+    let seconds = run_seconds(scenario, rate, Some(idle));
+    let run = one_engine(scenario, profile, rate, seconds)?;
+    // Samples every quarter of the run: the first is the warm-up's, the last the end's.
+    let e2e = &run.series.e2e_ms;
+    let queue_grew = e2e.len() >= 4 && search::grew(e2e[1], e2e[3], idle.e2e_ms.mean);
+    let measured = Measured {
+        sent: run.arrivals,
+        completed: run.completed,
+        ttft_ms: run.engine_ttft_ms,
+        idle_ttft_ms: idle.engine_ttft_ms,
+        queue_grew,
+    };
+    Ok(Step {
+        offered_rps: rate,
+        // Sessions end early at the context limit, so fewer requests arrive than offered.
+        load_rps: run.arrivals as f64 / (seconds * (1.0 - WARM_UP_SHARE)),
+        ttft_ms: run.engine_ttft_ms,
+        tbot_ms: run.engine_tbot_ms,
+        overloaded: measured.past_knee(),
+    })
+}
+
+/// The idle run: one engine at [`IDLE_SHARE`] of the closed-form capacity for the workload's
+/// nominal lengths.
+fn idle(scenario: &Scenario, profile: &HardwareProfile) -> Result<crate::PolicyResult, SimError> {
+    let w = &scenario.file.workload;
+    let nominal_prompt = f64::from(w.system_prompt_tokens) + w.first_prompt_tokens.mean;
+    let rate = IDLE_SHARE * profile.engine_capacity_rps(nominal_prompt, w.output_tokens.mean);
+    one_engine(scenario, profile, rate, run_seconds(scenario, rate, None))
 }
 
 /// Calibrates one hardware profile under `scenario`'s workload.
@@ -146,46 +192,35 @@ pub fn calibrate(
     hardware: &str,
     profile: &HardwareProfile,
 ) -> Result<Calibration, SimError> {
-    let seconds = scenario.file.control.calibration_s;
-    let w = &scenario.file.workload;
-    let guess_prompt = f64::from(w.system_prompt_tokens) + w.first_prompt_tokens.mean;
-    let guess = profile.engine_capacity_rps(guess_prompt, w.output_tokens.mean);
-    let pilot = one_engine(scenario, profile, 0.3 * guess, seconds)?;
-    let computed_prompt = pilot.mean_prompt_tokens * (1.0 - pilot.cache_hit_rate);
-    let output = pilot.mean_output_tokens.max(1.0);
-    let capacity = profile.engine_capacity_rps(computed_prompt, output);
-    let mut points = Vec::new();
-    let (mut ttft_obs, mut tbot_obs) = (Vec::new(), Vec::new());
-    for f in LOADS {
-        let r = one_engine(scenario, profile, f * capacity, seconds)?;
-        let load = r.completed as f64 / (seconds * 0.75);
-        points.push((load, r.engine_ttft_ms, r.engine_tbot_ms));
-        // Weighted by load to the 8th power: the fit has to be right where the fleet will run.
-        let weight = f.powi(8);
-        ttft_obs.push(Observation { load_rps: load, latency_ms: r.engine_ttft_ms, weight });
-        tbot_obs.push(Observation { load_rps: load, latency_ms: r.engine_tbot_ms, weight });
+    let idle = idle(scenario, profile)?;
+    let computed_prompt = idle.mean_prompt_tokens * (1.0 - idle.cache_hit_rate);
+    let output = idle.mean_output_tokens.max(1.0);
+    let estimate = profile.engine_capacity_rps(computed_prompt, output);
+    let mut steps: Vec<Step> = Vec::new();
+    let mut rate = Some(0.5 * estimate);
+    while let Some(r) = rate.filter(|_| steps.len() < MAX_STEPS) {
+        steps.push(step(scenario, profile, r, &idle)?);
+
+        rate = search::next_rate(&steps);
     }
-    let fit = |obs: &[Observation]| {
-        let first = obs.first().map_or(1.0, |o| o.latency_ms);
-        match fit_queueing(QueueingPrior { t0_ms: first, b_ms: 1.0, weight: 0.0 }, capacity, obs) {
-            LatencyProfile::Queueing { t0_ms, b_ms } => (t0_ms, b_ms),
-            LatencyProfile::Piecewise(_) => (first, 1.0),
-        }
+    let fitted = search::fit(&steps, profile.replicas)
+        .map_err(|e| SimError::Config(format!("calibrating {hardware} under {}: {e}", scenario.file.name)))?;
+    let curve = |points: &[Observation]| -> Option<Vec<[f64; 2]>> {
+        (points.len() >= 2).then(|| points.iter().map(|o| [o.load_rps, o.latency_ms]).collect())
     };
-    let (ttft_t0_ms, ttft_b_ms) = fit(&ttft_obs);
-    let (tbot_t0_ms, tbot_b_ms) = fit(&tbot_obs);
     Ok(Calibration {
         key: key(hardware, profile),
-        capacity_rps_per_replica: capacity / f64::from(profile.replicas),
+        capacity_rps_per_replica: fitted.capacity_rps,
         replicas: profile.replicas,
-        ttft_t0_ms,
-        ttft_b_ms,
-        tbot_t0_ms,
-        tbot_b_ms,
-        cache_hit_rate: pilot.cache_hit_rate,
-        mean_prompt_tokens: pilot.mean_prompt_tokens,
+        ttft_t0_ms: fitted.ttft_t0_ms,
+        ttft_b_ms: fitted.ttft_b_ms,
+        tbot_t0_ms: fitted.tbot_t0_ms,
+        tbot_b_ms: fitted.tbot_b_ms,
+        cache_hit_rate: idle.cache_hit_rate,
+        mean_prompt_tokens: idle.mean_prompt_tokens,
         mean_output_tokens: output,
-        points,
+        curves: MeasuredCurves { ttft_curve: curve(&fitted.ttft_curve), tbot_curve: curve(&fitted.tbot_curve) },
+        steps: steps.iter().map(|s| (s.load_rps, s.ttft_ms, s.tbot_ms, s.overloaded)).collect(),
     })
 }
 
@@ -214,4 +249,37 @@ pub fn capacities(scenario: &Scenario, calibrations: &[Calibration]) -> Vec<f64>
                 .map_or(1.0, |c| c.capacity_rps_per_replica * f64::from(c.replicas))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The calibrated capacity is where the engine model saturates under the scenario's
+    /// workload: at 80 % of it an engine keeps up, at 125 % it does not. On this fleet's L4 the
+    /// closed-form estimate the search starts from is far above that.
+    #[test]
+    fn the_calibrated_capacity_is_where_the_engine_saturates() {
+        let scenario = Scenario::new(crate::scenario::random_fleet(1, 68)).expect("a valid fleet");
+        let engine = scenario.engines.iter().find(|e| e.hardware == "l4").expect("an l4 group");
+        let (hardware, profile) = (engine.hardware.clone(), engine.profile.clone());
+        let calibration = calibrate(&scenario, &hardware, &profile).expect("calibrated");
+        let capacity = calibration.capacity_rps_per_replica * f64::from(calibration.replicas);
+        let idle = idle(&scenario, &profile).expect("idle run");
+        // Offered rates give fewer arrivals (sessions end at the context limit): the ratio
+        // from a step well below the knee.
+        let probe = step(&scenario, &profile, 0.5 * capacity, &idle).expect("a step");
+        let arrivals_per_offered = probe.load_rps / probe.offered_rps;
+        let at = |share: f64| {
+            step(&scenario, &profile, share * capacity / arrivals_per_offered, &idle).expect("a step")
+        };
+        let estimate = profile.engine_capacity_rps(
+            idle.mean_prompt_tokens * (1.0 - idle.cache_hit_rate),
+            idle.mean_output_tokens,
+        );
+        assert!(estimate > 1.3 * capacity, "closed form {estimate} against calibrated {capacity}");
+        let (under, over) = (at(0.8), at(1.25));
+        assert!(!under.overloaded, "{under:?} against {calibration:?}");
+        assert!(over.overloaded, "{over:?} against {calibration:?}");
+    }
 }

@@ -40,7 +40,7 @@ pub fn build(scenario: &Scenario, calibrations: &[Calibration]) -> Result<FleetC
             shed_penalty_ms: control.shed_penalty_ms.clone(),
             shed_price_floor: control.shed_price_floor,
             measured_curves: if control.measured_curves {
-                calibrations.iter().map(|c| (c.key.clone(), c.curves())).collect()
+                calibrations.iter().map(|c| (c.key.clone(), c.curves.clone())).collect()
             } else {
                 Default::default()
             },

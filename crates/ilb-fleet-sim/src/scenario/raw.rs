@@ -296,8 +296,9 @@ pub struct ControlSpec {
     pub shed_penalty_ms: BTreeMap<String, f64>,
     /// The control plane's `shed_price_floor`. Default: the control plane's.
     pub shed_price_floor: f64,
-    /// Simulated seconds per load level when calibrating the control plane's latency profiles
-    /// against the engine model. Default 60.
+    /// Simulated seconds per load step, at least, when calibrating the control plane's profiles
+    /// against the engine model (longer where 200 requests or the conversations' warm-up need
+    /// it). Default 60.
     pub calibration_s: f64,
     /// Seconds between time-series samples (plots, weight churn, oscillation). Default: the
     /// solve period.

@@ -17,6 +17,7 @@
 
 mod convex;
 mod fit;
+pub mod search;
 mod tail;
 
 pub use convex::{project_convex_increasing, project_convex_increasing_weighted};

@@ -8,7 +8,8 @@
 //! the in-flight bound reached), then bisecting until the knee is bracketed within 10 % (a good
 //! step at or above a bad one counts as noise near the knee), then measuring ½, ¾ and ¼ of the
 //! knee, so that the curve spans the loads a fleet runs at. The search ends there or when the
-//! time budget is spent. Each step records the rate it sent, the mean time to first token and
+//! time budget is spent. The search and the fit are [`search`]'s, which the fleet simulator's
+//! calibration runs too. Each step records the rate it sent, the mean time to first token and
 //! the mean time between output tokens, and the engine drains before the next step starts.
 //!
 //! A step lasts `--step-seconds` or until `--min-requests` arrivals past its warm-up,
@@ -30,7 +31,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use ilb_planning::config::{MeasuredCurves, Profile};
-use ilb_planning::profile::{fit_queueing, LatencyProfile, Observation, QueueingPrior};
+use ilb_planning::profile::search::{self, Measured, Step};
+use ilb_planning::profile::{LatencyProfile, Observation};
 use rand::{Rng, SeedableRng};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -82,17 +84,6 @@ pub struct ProfileArgs {
     check: Option<std::path::PathBuf>,
 }
 
-/// One load step's outcome.
-#[derive(Clone, Copy, Debug)]
-struct Step {
-    offered_rps: f64,
-    /// Arrivals sent per second.
-    load_rps: f64,
-    ttft_ms: f64,
-    tbot_ms: f64,
-    overloaded: bool,
-}
-
 /// What an idle engine does: one request at a time.
 #[derive(Clone, Copy, Debug)]
 struct Idle {
@@ -102,12 +93,6 @@ struct Idle {
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
-/// A step is past the knee when TTFT's mean exceeds idle's by this factor (and by a second).
-const KNEE_TTFT_FACTOR: f64 = 8.0;
-/// … or when fewer than this share of its arrivals completed within the step and the drain.
-const KNEE_COMPLETED_SHARE: f64 = 0.9;
-/// … or when its last arrivals waited this many times as long for a first token as its first.
-const KNEE_GROWTH: f64 = 3.0;
 /// The share of a step's first arrivals not counted: the engine's queue is still filling.
 const WARM_UP_SHARE: f64 = 0.25;
 /// Longest wait for one request (a hung engine fails the profile instead of stalling it).
@@ -255,7 +240,7 @@ impl Probe {
             spent += length;
             report(&step);
             steps.push(step);
-            match next_rate(&steps) {
+            match search::next_rate(&steps) {
                 Some(next) => rate = next,
                 None => break,
             }
@@ -314,7 +299,7 @@ impl Probe {
             }
         }
         let warm_up = (WARM_UP_SHARE * sent as f64).floor() as u64;
-        let completed = results.iter().filter(|(_, r)| r.is_ok()).count() as f64;
+        let completed = results.iter().filter(|(_, r)| r.is_ok()).count() as u64;
         let timings: Vec<Timing> = results
             .into_iter()
             .filter(|(arrival, _)| *arrival >= warm_up)
@@ -322,10 +307,9 @@ impl Probe {
             .collect();
         let ttft_ms = mean(timings.iter().map(|t| t.0));
         let tbot_ms = mean(timings.iter().filter_map(|t| t.1));
-        let overloaded = saturated
-            || completed < KNEE_COMPLETED_SHARE * sent as f64
-            || ttft_ms > (KNEE_TTFT_FACTOR * idle.ttft_ms).max(idle.ttft_ms + 1000.0)
-            || queue_grew(&timings, idle);
+        let measured =
+            Measured { sent, completed, ttft_ms, idle_ttft_ms: idle.ttft_ms, queue_grew: queue_grew(&timings, idle) };
+        let overloaded = saturated || measured.past_knee();
         // Below the knee every arrival completes, so the load is the rate the step sent
         // (completions include the stragglers drained after it).
         Ok(Step { offered_rps: rate, load_rps: sent as f64 / elapsed_s, ttft_ms, tbot_ms, overloaded })
@@ -404,42 +388,7 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 }
 
 /// Whether TTFT rose through the step (timings in arrival order) as a queue that outgrows
-/// the engine makes it: the last quarter's mean above [`KNEE_GROWTH`] times the first
-/// quarter's and above it by more than an idle TTFT. A stable queue starting empty also rises,
-/// but by a fraction, not a multiple.
-/// The knee is bracketed once the lowest bad rate is within this factor of the highest good one.
-const KNEE_BRACKET: f64 = 1.1;
-/// Once the knee is bracketed, the loads measured below it, as shares of the knee: the curve
-/// then spans the loads a fleet runs at, not only the knee's neighbourhood.
-const FILL_SHARES: [f64; 3] = [0.5, 0.75, 0.25];
-
-/// The knee as the steps so far show it: the lowest rate past it, and the highest rate below
-/// that which was not (a good step at or above a bad one was noise near the knee, not a load
-/// the engine sustains).
-fn knee(steps: &[Step]) -> (Option<f64>, Option<f64>) {
-    let bad = steps.iter().filter(|s| s.overloaded).map(|s| s.offered_rps).reduce(f64::min);
-    let good = steps
-        .iter()
-        .filter(|s| !s.overloaded && bad.is_none_or(|b| s.offered_rps < b))
-        .map(|s| s.offered_rps)
-        .reduce(f64::max);
-    (good, bad)
-}
-
-/// The next rate of the search, or `None` when it is done: doubling to the knee, bisecting until
-/// it is bracketed within [`KNEE_BRACKET`], then the [`FILL_SHARES`] below it not measured yet.
-fn next_rate(steps: &[Step]) -> Option<f64> {
-    match knee(steps) {
-        (Some(good), None) => Some(2.0 * good),
-        (None, Some(bad)) => Some(0.5 * bad),
-        (Some(good), Some(bad)) if bad > KNEE_BRACKET * good => Some(0.5 * (good + bad)),
-        (Some(good), Some(_)) => FILL_SHARES.iter().map(|share| share * good).find(|&target| {
-            !steps.iter().any(|s| (s.offered_rps / target - 1.0).abs() < 0.5 * (KNEE_BRACKET - 1.0))
-        }),
-        (None, None) => None,
-    }
-}
-
+/// the engine makes it: its last quarter's mean against its first quarter's.
 fn queue_grew(timings: &[Timing], idle: Idle) -> bool {
     let quarter = timings.len() / 4;
     if quarter < 2 {
@@ -447,7 +396,7 @@ fn queue_grew(timings: &[Timing], idle: Idle) -> bool {
     }
     let first = mean(timings[..quarter].iter().map(|t| t.0));
     let last = mean(timings[timings.len() - quarter..].iter().map(|t| t.0));
-    last > KNEE_GROWTH * first && last > first + idle.ttft_ms
+    search::grew(first, last, idle.ttft_ms)
 }
 
 fn mean(values: impl Iterator<Item = f64>) -> f64 {
@@ -568,48 +517,13 @@ impl Prediction {
 
 /// The profile block: capacity and queueing fits, and the measured curves, per replica.
 fn render(probe: &Probe, steps: &[Step]) -> anyhow::Result<String> {
-    let replicas = f64::from(probe.args.replicas);
-    let first_bad = knee(steps).1.unwrap_or(f64::INFINITY);
-    let mut good: Vec<Step> = steps
-        .iter()
-        .copied()
-        .filter(|s| !s.overloaded && s.ttft_ms.is_finite() && s.offered_rps < first_bad)
-        .collect();
-    good.sort_by(|a, b| a.load_rps.total_cmp(&b.load_rps));
-    if good.len() < 2 {
-        bail!(
-            "only {} of {} steps measured the engine below its knee (two are needed): give more --seconds \
-             or a longer --step-seconds, and check that the engine is not busy with other work",
-            good.len(),
-            steps.len()
-        );
-    }
-    let points = |latency: fn(&Step) -> f64| -> Vec<Observation> {
-        let mut out: Vec<Observation> = Vec::new();
-        for s in good.iter().filter(|s| latency(s).is_finite() && s.load_rps > 0.0) {
-            // Measured curves need strictly increasing loads.
-            if out.last().is_none_or(|o| s.load_rps / replicas > o.load_rps) {
-                out.push(Observation {
-                    load_rps: s.load_rps / replicas,
-                    latency_ms: latency(s),
-                    weight: 1.0,
-                });
-            }
-        }
-        out
-    };
-    let (ttft, tbot) = (points(|s| s.ttft_ms), points(|s| s.tbot_ms));
-    let top = ttft.last().map_or(0.0, |o| o.load_rps);
-    let capacity = pole(&ttft, top, (first_bad / replicas).min(4.0 * top));
-    let queueing = |observations: &[Observation]| match fit_queueing(
-        QueueingPrior { t0_ms: 0.0, b_ms: 0.0, weight: 0.0 },
-        capacity,
-        observations,
-    ) {
-        LatencyProfile::Queueing { t0_ms, b_ms } => (t0_ms, b_ms),
-        LatencyProfile::Piecewise(_) => (0.0, 0.0),
-    };
-    let ((ttft_t0, ttft_b), (tbot_t0, tbot_b)) = (queueing(&ttft), queueing(&tbot));
+    let fitted = search::fit(steps, probe.args.replicas).map_err(|e| {
+        anyhow::anyhow!(
+            "{e}: give more --seconds or a longer --step-seconds, and check that the engine is not busy \
+             with other work"
+        )
+    })?;
+    let (ttft, tbot) = (&fitted.ttft_curve, &fitted.tbot_curve);
     let curve = |observations: &[Observation]| -> String {
         let knots: Vec<String> =
             observations.iter().map(|o| format!("[{:.3}, {:.2}]", o.load_rps, o.latency_ms)).collect();
@@ -622,85 +536,23 @@ fn render(probe: &Probe, steps: &[Step]) -> anyhow::Result<String> {
         probe.args.engine,
         probe.model,
         steps.len(),
-        good.len(),
+        fitted.below_knee,
         probe.args.prompt_words,
         probe.args.max_tokens,
         probe.args.replicas
     );
     out += &format!(
-        "[profiles.{name}]\ncapacity_rps = {capacity:.3}\nttft_t0_ms = {ttft_t0:.2}\nttft_b_ms = {ttft_b:.2}\n\
-         tbot_t0_ms = {tbot_t0:.3}\ntbot_b_ms = {tbot_b:.3}\n\n"
+        "[profiles.{name}]\ncapacity_rps = {:.3}\nttft_t0_ms = {:.2}\nttft_b_ms = {:.2}\n\
+         tbot_t0_ms = {:.3}\ntbot_b_ms = {:.3}\n\n",
+        fitted.capacity_rps,
+        fitted.ttft_t0_ms,
+        fitted.ttft_b_ms,
+        fitted.tbot_t0_ms,
+        fitted.tbot_b_ms
     );
-    out += &format!("[control_plane.measured_curves.{name}]\nttft_curve = {}\n", curve(&ttft));
+    out += &format!("[control_plane.measured_curves.{name}]\nttft_curve = {}\n", curve(ttft));
     if tbot.len() >= 2 {
-        out += &format!("tbot_curve = {}\n", curve(&tbot));
+        out += &format!("tbot_curve = {}\n", curve(tbot));
     }
     Ok(out)
-}
-
-/// The capacity where a queueing curve t0 + b·y/(c − y) fits the TTFT points best: a search
-/// over c between just above the highest good load and `upper` (the first overloaded rate).
-fn pole(points: &[Observation], top: f64, upper: f64) -> f64 {
-    if points.len() < 2 || top.is_nan() || top <= 0.0 {
-        return top.max(1e-3) * 1.25;
-    }
-    let upper = if upper.is_finite() && upper > top { upper } else { 2.0 * top };
-    let error = |c: f64| -> f64 {
-        let fit = fit_queueing(QueueingPrior { t0_ms: 0.0, b_ms: 0.0, weight: 0.0 }, c, points);
-        points.iter().map(|o| (fit.latency_ms(o.load_rps, c) - o.latency_ms).powi(2)).sum()
-    };
-    let candidates = (1..=40).map(|i| top * 1.01 + (upper - top * 1.01) * f64::from(i) / 40.0);
-    candidates.min_by(|a, b| error(*a).total_cmp(&error(*b))).unwrap_or(upper)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The steps the search takes against an engine past its knee above `knee` (and at the rates
-    /// in `noise`, which a noisy step called wrongly), until it stops.
-    fn search(first: f64, knee: f64, noise: &[(f64, bool)]) -> Vec<Step> {
-        let mut steps: Vec<Step> = Vec::new();
-        let mut rate = Some(first);
-        while let Some(r) = rate {
-            assert!(steps.len() < 30, "the search does not end: {steps:?}");
-            let overloaded = noise.iter().find(|(at, _)| (at - r).abs() < 1e-9).map_or(r > knee, |n| n.1);
-            steps.push(Step { offered_rps: r, load_rps: r, ttft_ms: 1.0, tbot_ms: 1.0, overloaded });
-            rate = next_rate(&steps);
-        }
-        steps
-    }
-
-    fn rates(steps: &[Step]) -> Vec<f64> {
-        steps.iter().map(|s| s.offered_rps).collect()
-    }
-
-    #[test]
-    fn the_search_brackets_the_knee_then_measures_below_it() {
-        let steps = search(0.25, 0.6, &[]);
-        let (Some(good), Some(bad)) = knee(&steps) else { panic!("no knee: {steps:?}") };
-        assert!(good <= 0.6 && bad > 0.6 && bad <= KNEE_BRACKET * good, "{:?}", rates(&steps));
-        for share in FILL_SHARES {
-            let target = share * good;
-            assert!(
-                steps.iter().any(|s| (s.offered_rps / target - 1.0).abs() < 0.05),
-                "{share}: {:?}",
-                rates(&steps)
-            );
-        }
-    }
-
-    #[test]
-    fn a_bad_step_below_a_good_one_voids_it() {
-        // The step at 0.75 looked good by chance; the knee is at 0.5. The search brackets a
-        // false knee above 0.75, and its measurement at ¾ of that (0.5625) is past the knee.
-        let steps = search(0.25, 0.5, &[(0.75, false)]);
-        let (Some(good), Some(bad)) = knee(&steps) else { panic!("no knee: {:?}", rates(&steps)) };
-        assert!(good <= 0.5 && bad > 0.5 && bad <= KNEE_BRACKET * good, "{:?}", rates(&steps));
-    }
-
-    #[test]
-    fn a_first_step_past_the_knee_halves_the_rate() {
-        assert_eq!(&rates(&search(2.0, 0.6, &[]))[..3], &[2.0, 1.0, 0.5]);
-    }
 }
