@@ -59,8 +59,8 @@ pub struct Calibration {
     /// The steps below the knee as (load rps, mean latency ms) curves per replica, for the
     /// control plane's `measured_curves`.
     pub curves: MeasuredCurves,
-    /// Every step of the search: (load rps, mean TTFT ms, mean TBOT ms, past the knee).
-    pub steps: Vec<(f64, f64, f64, bool)>,
+    /// Every step of the search, in order.
+    pub steps: Vec<Step>,
 }
 
 pub fn key(hardware: &str, profile: &HardwareProfile) -> String {
@@ -220,7 +220,7 @@ pub fn calibrate(
         mean_prompt_tokens: idle.mean_prompt_tokens,
         mean_output_tokens: output,
         curves: MeasuredCurves { ttft_curve: curve(&fitted.ttft_curve), tbot_curve: curve(&fitted.tbot_curve) },
-        steps: steps.iter().map(|s| (s.load_rps, s.ttft_ms, s.tbot_ms, s.overloaded)).collect(),
+        steps,
     })
 }
 

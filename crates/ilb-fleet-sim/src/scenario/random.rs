@@ -107,7 +107,7 @@ pub fn random_fleet(seed: u64, index: u64) -> ScenarioFile {
         hardware: BTreeMap::new(),
         engines,
         workload,
-        control: ControlSpec { calibration_s: 30.0, measured_curves: std::env::var_os("ILB_MC").is_some(), ..ControlSpec::default() },
+        control: ControlSpec { calibration_s: 30.0, ..ControlSpec::default() },
         feedback: Default::default(),
         events,
     }

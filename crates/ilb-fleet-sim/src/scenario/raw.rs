@@ -303,10 +303,10 @@ pub struct ControlSpec {
     /// Seconds between time-series samples (plots, weight churn, oscillation). Default: the
     /// solve period.
     pub sample_period_s: Option<f64>,
-    /// Plan with the calibration's measured latency points as piecewise curves
-    /// (`control_plane.measured_curves`) instead of the fitted queueing shape. Default false:
-    /// on `global-day` the kinked curves raised weight churn and oscillation more than they
-    /// improved the steady-state prediction on `three-regions` (8.5 % → 7.4 % error).
+    /// Hand the control plane the calibration's measured curves
+    /// (`control_plane.measured_curves`, the second block `ilb profile` prints) besides its
+    /// queueing profile. Default false: on `surge` the kinked curves delayed the re-plan and
+    /// doubled steady churn on one seed of three (docs/results.md).
     pub measured_curves: bool,
     /// The data planes place new conversations by load (`data_plane.place_new_keys_by_load`,
     /// `ilb_core::table::ClassTable::select`). Default true, as in the data plane; false hashes

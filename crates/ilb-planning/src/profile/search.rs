@@ -12,7 +12,7 @@
 use super::{fit_queueing, LatencyProfile, Observation, QueueingPrior};
 
 /// One load step's outcome.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, serde::Serialize)]
 pub struct Step {
     /// The rate the search asked for, req/s.
     pub offered_rps: f64,
