@@ -141,9 +141,8 @@ const MIN_REQUESTS: f64 = 200.0;
 fn run_seconds(scenario: &Scenario, rate: f64, idle: Option<&crate::PolicyResult>) -> f64 {
     let w = &scenario.file.workload;
     let counted = MIN_REQUESTS / ((1.0 - WARM_UP_SHARE) * rate.max(1e-3));
-    let conversations = idle.map_or(0.0, |idle| {
-        1.5 * w.turns_mean * (w.think_s + idle.e2e_ms.mean / 1000.0) / WARM_UP_SHARE
-    });
+    let conversations =
+        idle.map_or(0.0, |idle| 1.5 * w.turns_mean * (w.think_s + idle.e2e_ms.mean / 1000.0) / WARM_UP_SHARE);
     scenario.file.control.calibration_s.max(counted).max(conversations)
 }
 
@@ -200,7 +199,6 @@ pub fn calibrate(
     let mut rate = Some(0.5 * estimate);
     while let Some(r) = rate.filter(|_| steps.len() < MAX_STEPS) {
         steps.push(step(scenario, profile, r, &idle)?);
-
         rate = search::next_rate(&steps);
     }
     let fitted = search::fit(&steps, profile.replicas)
@@ -219,7 +217,10 @@ pub fn calibrate(
         cache_hit_rate: idle.cache_hit_rate,
         mean_prompt_tokens: idle.mean_prompt_tokens,
         mean_output_tokens: output,
-        curves: MeasuredCurves { ttft_curve: curve(&fitted.ttft_curve), tbot_curve: curve(&fitted.tbot_curve) },
+        curves: MeasuredCurves {
+            ttft_curve: curve(&fitted.ttft_curve),
+            tbot_curve: curve(&fitted.tbot_curve),
+        },
         steps,
     })
 }

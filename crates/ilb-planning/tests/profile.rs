@@ -382,3 +382,45 @@ proptest! {
         prop_assert!((b_ms / b - 1.0).abs() < 0.01, "b {} vs {}", b_ms, b);
     }
 }
+
+#[test]
+fn measured_points_are_joined_by_a_smooth_convex_curve() {
+    // Points of t0 + b·y/(c − y) with t0 40, b 10, c 100 at a quarter, a half, three quarters
+    // and 95 % of capacity.
+    let queueing = LatencyProfile::Queueing { t0_ms: 40.0, b_ms: 10.0 };
+    let points: Vec<(f64, f64)> =
+        [25.0, 50.0, 75.0, 95.0].iter().map(|&y| (y, queueing.latency_ms(y, 100.0))).collect();
+    let joined = LatencyProfile::through_measured(&points);
+    let LatencyProfile::Piecewise(knots) = &joined else { panic!("{joined:?}") };
+    assert_convex_increasing(knots, 1.0);
+    // Through every point.
+    for &(y, ms) in &points {
+        assert!((joined.latency_ms(y, 100.0) - ms).abs() < 1e-9, "{y}: {joined:?}");
+    }
+    // Between them, below the chord and nearer the curve than it.
+    let chords = LatencyProfile::Piecewise(points.clone());
+    for y in [40.0, 60.0, 85.0, 90.0] {
+        let (truth, got, chord) =
+            (queueing.latency_ms(y, 100.0), joined.latency_ms(y, 100.0), chords.latency_ms(y, 100.0));
+        assert!(
+            got < chord && (got - truth).abs() < chord - truth,
+            "{y}: {got}, chord {chord}, truth {truth}"
+        );
+    }
+    // No kink at a measured point: the slope changes there by less than a fifth of the jump
+    // between the chords either side.
+    let slopes = slopes(knots);
+    let chord = |j: usize| (points[j + 1].1 - points[j].1) / (points[j + 1].0 - points[j].0);
+    for i in 1..points.len() - 1 {
+        let at = knots.iter().position(|&(x, _)| x == points[i].0).expect("a knot at each point");
+        let jump = slopes[at] - slopes[at - 1];
+        assert!(jump < 0.2 * (chord(i) - chord(i - 1)), "{}: {slopes:?}", points[i].0);
+    }
+    // Straight points stay straight, extended beyond the last; concave ones are projected first.
+    let line = LatencyProfile::through_measured(&[(0.0, 10.0), (10.0, 20.0), (20.0, 30.0)]);
+    assert!((line.latency_ms(5.0, f64::INFINITY) - 15.0).abs() < 1e-9, "{line:?}");
+    assert!((line.latency_ms(30.0, f64::INFINITY) - 40.0).abs() < 1e-9, "{line:?}");
+    let concave = LatencyProfile::through_measured(&[(0.0, 10.0), (10.0, 28.0), (20.0, 30.0)]);
+    let LatencyProfile::Piecewise(knots) = &concave else { panic!("{concave:?}") };
+    assert_convex_increasing(knots, 30.0);
+}

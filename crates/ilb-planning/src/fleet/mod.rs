@@ -799,10 +799,8 @@ impl Fleet {
             Some(points) => {
                 // Curves are per replica; the engine's replicas share its load evenly.
                 let replicas = f64::from(e.replicas.max(1));
-                let curve = LatencyProfile::Piecewise(
-                    points.iter().map(|&[load, ms]| (load * replicas, ms)).collect(),
-                );
-                fit_shape(&curve.convexified(), PRIOR_WEIGHT, capacity, observations)
+                let points: Vec<_> = points.iter().map(|&[load, ms]| (load * replicas, ms)).collect();
+                fit_shape(&LatencyProfile::through_measured(&points), PRIOR_WEIGHT, capacity, observations)
             }
             None => {
                 let queueing =

@@ -138,6 +138,62 @@ impl LatencyProfile {
     }
 }
 
+/// Knots [`LatencyProfile::through_measured`] puts on each span between measured points.
+const MEASURED_SUBDIVISIONS: usize = 8;
+
+impl LatencyProfile {
+    /// A convex non-decreasing piecewise curve through measured (load, latency) points, smooth
+    /// where the points are sparse. Joined by chords, a few points measured below an engine's
+    /// knee (what `ilb profile` prints) make a curve whose slope jumps at each point: the
+    /// optimizer's marginal cost then sits at a point while demand moves, and jumps past it
+    /// (on the fleet simulator's `surge` the chords delayed the re-plan and doubled churn),
+    /// and each chord overstates the convex curve beneath it.
+    ///
+    /// The points are projected onto convex non-decreasing shapes, each gets a slope between
+    /// those of its two chords (their harmonic mean, as Fritsch and Butland's monotone
+    /// interpolation takes it: near a queueing curve's slope where it bends, the arithmetic mean
+    /// is far above it; at the ends, the chord's mirrored), and each span is
+    /// the quadratic Bézier curve through its ends with those slopes, tabulated at
+    /// [`MEASURED_SUBDIVISIONS`] knots: convex, below the chord, above both tangents and with
+    /// no kink at a measured point.
+    pub fn through_measured(points: &[(f64, f64)]) -> Self {
+        let knots = project_convex_increasing(points);
+        if knots.len() < 3 {
+            return Self::convex_latencies(knots);
+        }
+        let chords: Vec<f64> = knots.windows(2).map(|w| (w[1].1 - w[0].1) / (w[1].0 - w[0].0)).collect();
+        let last = chords.len() - 1;
+        let mut slopes: Vec<f64> = Vec::with_capacity(knots.len());
+        slopes.push(0.0);
+        slopes.extend(chords.windows(2).map(|c| {
+            if c[0] + c[1] > 0.0 {
+                2.0 * c[0] * c[1] / (c[0] + c[1])
+            } else {
+                0.0
+            }
+        }));
+        slopes[0] = (2.0 * chords[0] - slopes[1]).max(0.0);
+        slopes.push(2.0 * chords[last] - slopes[last]);
+        let mut curve = Vec::with_capacity(chords.len() * MEASURED_SUBDIVISIONS + 1);
+        for (i, span) in knots.windows(2).enumerate() {
+            let ((x0, y0), (x1, y1)) = (span[0], span[1]);
+            let (d0, d1) = (slopes[i], slopes[i + 1]);
+            // Where the two tangents cross: the Bézier curve's control point. Equal slopes
+            // (a straight span) put it anywhere on the chord.
+            let x = if d1 > d0 { ((y1 - y0) + d0 * x0 - d1 * x1) / (d0 - d1) } else { 0.5 * (x0 + x1) };
+            let control = (x.clamp(x0, x1), y0 + d0 * (x.clamp(x0, x1) - x0));
+            curve.push((x0, y0));
+            curve.extend((1..MEASURED_SUBDIVISIONS).map(|k| {
+                let t = k as f64 / MEASURED_SUBDIVISIONS as f64;
+                let (a, b, c) = ((1.0 - t) * (1.0 - t), 2.0 * t * (1.0 - t), t * t);
+                (a * x0 + b * control.0 + c * x1, a * y0 + b * control.1 + c * y1)
+            }));
+        }
+        curve.extend(knots.last().copied());
+        Self::convex_latencies(project_convex_increasing(&curve))
+    }
+}
+
 /// Linear interpolation between knots; flat before the first, last slope after the last.
 fn piecewise_at(knots: &[(f64, f64)], load: f64) -> f64 {
     let Some(&(first_load, first_latency)) = knots.first() else {

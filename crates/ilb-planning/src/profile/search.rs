@@ -134,7 +134,11 @@ pub fn fit(steps: &[Step], replicas: u32) -> Result<Fitted, String> {
         for s in good.iter().filter(|s| latency(s).is_finite() && s.load_rps > 0.0) {
             // Measured curves need strictly increasing loads.
             if out.last().is_none_or(|o| s.load_rps / replicas > o.load_rps) {
-                out.push(Observation { load_rps: s.load_rps / replicas, latency_ms: latency(s), weight: 1.0 });
+                out.push(Observation {
+                    load_rps: s.load_rps / replicas,
+                    latency_ms: latency(s),
+                    weight: 1.0,
+                });
             }
         }
         out
@@ -235,12 +239,21 @@ mod tests {
         let latency = |y: f64| 50.0 + 20.0 * y / (10.0 - y);
         let steps: Vec<Step> = [2.0, 4.0, 6.0, 8.0, 9.0, 9.8]
             .iter()
-            .map(|&y| Step { offered_rps: y, load_rps: y, ttft_ms: latency(y), tbot_ms: 5.0, overloaded: y > 9.5 })
+            .map(|&y| Step {
+                offered_rps: y,
+                load_rps: y,
+                ttft_ms: latency(y),
+                tbot_ms: 5.0,
+                overloaded: y > 9.5,
+            })
             .collect();
         let fitted = fit(&steps, 1).expect("five good steps");
         assert_eq!(fitted.below_knee, 5);
         assert!((fitted.capacity_rps / 10.0 - 1.0).abs() < 0.05, "{fitted:?}");
-        assert!((fitted.ttft_t0_ms - 50.0).abs() < 5.0 && (fitted.ttft_b_ms - 20.0).abs() < 5.0, "{fitted:?}");
+        assert!(
+            (fitted.ttft_t0_ms - 50.0).abs() < 5.0 && (fitted.ttft_b_ms - 20.0).abs() < 5.0,
+            "{fitted:?}"
+        );
         let halved = fit(&steps, 2).expect("per replica");
         assert!((halved.capacity_rps / 5.0 - 1.0).abs() < 0.05, "{halved:?}");
         assert!(fit(&steps[4..], 1).is_err(), "one good step is not a profile");

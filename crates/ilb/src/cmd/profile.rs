@@ -307,8 +307,13 @@ impl Probe {
             .collect();
         let ttft_ms = mean(timings.iter().map(|t| t.0));
         let tbot_ms = mean(timings.iter().filter_map(|t| t.1));
-        let measured =
-            Measured { sent, completed, ttft_ms, idle_ttft_ms: idle.ttft_ms, queue_grew: queue_grew(&timings, idle) };
+        let measured = Measured {
+            sent,
+            completed,
+            ttft_ms,
+            idle_ttft_ms: idle.ttft_ms,
+            queue_grew: queue_grew(&timings, idle),
+        };
         let overloaded = saturated || measured.past_knee();
         // Below the knee every arrival completes, so the load is the rate the step sent
         // (completions include the stragglers drained after it).
@@ -544,11 +549,7 @@ fn render(probe: &Probe, steps: &[Step]) -> anyhow::Result<String> {
     out += &format!(
         "[profiles.{name}]\ncapacity_rps = {:.3}\nttft_t0_ms = {:.2}\nttft_b_ms = {:.2}\n\
          tbot_t0_ms = {:.3}\ntbot_b_ms = {:.3}\n\n",
-        fitted.capacity_rps,
-        fitted.ttft_t0_ms,
-        fitted.ttft_b_ms,
-        fitted.tbot_t0_ms,
-        fitted.tbot_b_ms
+        fitted.capacity_rps, fitted.ttft_t0_ms, fitted.ttft_b_ms, fitted.tbot_t0_ms, fitted.tbot_b_ms
     );
     out += &format!("[control_plane.measured_curves.{name}]\nttft_curve = {}\n", curve(ttft));
     if tbot.len() >= 2 {
