@@ -411,10 +411,10 @@ fn measured_points_are_joined_by_a_smooth_convex_curve() {
     // between the chords either side.
     let slopes = slopes(knots);
     let chord = |j: usize| (points[j + 1].1 - points[j].1) / (points[j + 1].0 - points[j].0);
-    for i in 1..points.len() - 1 {
-        let at = knots.iter().position(|&(x, _)| x == points[i].0).expect("a knot at each point");
+    for (i, &(y, _)) in points.iter().enumerate().take(points.len() - 1).skip(1) {
+        let at = knots.iter().position(|&(x, _)| x == y).expect("a knot at each point");
         let jump = slopes[at] - slopes[at - 1];
-        assert!(jump < 0.2 * (chord(i) - chord(i - 1)), "{}: {slopes:?}", points[i].0);
+        assert!(jump < 0.2 * (chord(i) - chord(i - 1)), "{y}: {slopes:?}");
     }
     // Straight points stay straight, extended beyond the last; concave ones are projected first.
     let line = LatencyProfile::through_measured(&[(0.0, 10.0), (10.0, 20.0), (20.0, 30.0)]);
