@@ -124,7 +124,8 @@ pub struct ControlPlaneSettings {
     /// `ttft_curve` and/or `tbot_curve`, each `[[load_rps_per_replica, latency_ms], …]` (at
     /// least 2 points, loads strictly increasing, TBOT in ms per token). A given curve replaces
     /// the profile's queueing curve of that signal when planning, because a real engine's curve
-    /// (TBOT especially) is often not queueing-shaped; the queueing curve still serves as the
+    /// (TBOT especially) is often not queueing-shaped: the planner joins its points by a smooth
+    /// convex curve and refits it from what it observes. The queueing curve still serves as the
     /// offline reference for outlier detection. Default: none.
     pub measured_curves: BTreeMap<String, MeasuredCurves>,
 }

@@ -305,8 +305,8 @@ pub struct ControlSpec {
     pub sample_period_s: Option<f64>,
     /// Hand the control plane the calibration's measured curves
     /// (`control_plane.measured_curves`, the second block `ilb profile` prints) besides its
-    /// queueing profile. Default false: on `surge` the kinked curves delayed the re-plan and
-    /// doubled steady churn on one seed of three (docs/results.md).
+    /// queueing profile, as an operator who profiled the hardware would. Default true; false
+    /// plans from the queueing fit alone.
     pub measured_curves: bool,
     /// The data planes place new conversations by load (`data_plane.place_new_keys_by_load`,
     /// `ilb_core::table::ClassTable::select`). Default true, as in the data plane; false hashes
@@ -382,7 +382,7 @@ impl Default for ControlSpec {
             shed_price_floor: ilb_planning::config::ControlPlaneSettings::default().shed_price_floor,
             calibration_s: 60.0,
             sample_period_s: None,
-            measured_curves: false,
+            measured_curves: true,
             place_new_keys_by_load: true,
             data_planes: 1,
             data_plane_sharing: Sharing::default(),

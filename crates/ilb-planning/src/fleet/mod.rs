@@ -656,7 +656,8 @@ impl Fleet {
 
     /// The curves planning uses for `engines`: the offline TTFT and TBOT profiles refined by
     /// observed (load, latency) pairs, combined per the objective. A measured curve
-    /// (`control_plane.measured_curves`) replaces the queueing profile of its signal. Either
+    /// (`control_plane.measured_curves`), its points joined smoothly
+    /// ([`LatencyProfile::through_measured`]), replaces the queueing profile of its signal. Either
     /// curve is then reshaped to the observations where they are dense ([`fit_shape`]): a
     /// queueing curve whose pole is the configured capacity cannot follow an engine whose
     /// latency is queueing-shaped with another pole, and a curve profiled on one engine alone
