@@ -496,7 +496,10 @@ impl Prediction {
                 None => LatencyProfile::Queueing { t0_ms, b_ms },
             };
             profile.validate().with_context(|| format!("profile {name} of {}", path.display()))?;
-            Ok(profile.convexified())
+            Ok(match profile {
+                LatencyProfile::Piecewise(points) => LatencyProfile::through_measured(&points),
+                queueing => queueing,
+            })
         };
         Ok(Prediction {
             source: path.to_owned(),
