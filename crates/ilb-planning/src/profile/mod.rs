@@ -152,10 +152,9 @@ impl LatencyProfile {
     /// The points are projected onto convex non-decreasing shapes, each gets a slope between
     /// those of its two chords (their harmonic mean, as Fritsch and Butland's monotone
     /// interpolation takes it: near a queueing curve's slope where it bends, the arithmetic mean
-    /// is far above it; at the ends, the chord's mirrored), and each span is
-    /// the quadratic Bézier curve through its ends with those slopes, tabulated at
-    /// [`MEASURED_SUBDIVISIONS`] knots: convex, below the chord, above both tangents and with
-    /// no kink at a measured point.
+    /// is far above it; at the ends, the chord's mirrored), and each span is the quadratic
+    /// Bézier curve through its ends with those slopes, tabulated at eight knots: convex, below
+    /// the chord, above both tangents and with no kink at a measured point.
     pub fn through_measured(points: &[(f64, f64)]) -> Self {
         let knots = project_convex_increasing(points);
         if knots.len() < 3 {

@@ -204,7 +204,7 @@ impl Probe {
         Ok(Idle { ttft_ms: median(&mut ttft), e2e_ms: median(&mut e2e) })
     }
 
-    /// The load steps of [`next_rate`]'s search, within the budget; or
+    /// The load steps of [`search::next_rate`]'s search, within the budget; or
     /// the rates given with `--rates`.
     async fn sweep(&self, idle: Idle) -> anyhow::Result<Vec<Step>> {
         if let Some(rates) = &self.args.rates {
