@@ -326,6 +326,20 @@ proptest! {
     }
 
     #[test]
+    fn measured_points_give_a_valid_convex_curve_through_their_projection(curve in arbitrary_curve()) {
+        let joined = LatencyProfile::through_measured(&curve);
+        prop_assert!(joined.validate().is_ok(), "{:?}", joined);
+        let LatencyProfile::Piecewise(knots) = &joined else { panic!("{joined:?}") };
+        assert_convex_increasing(knots, 400.0);
+        // Through the projected points (clamped at zero, as every profile is), to within the
+        // projection's own precision: the joined curve is projected once more.
+        for (x, y) in project_convex_increasing(&curve) {
+            let got = joined.latency_ms(x, f64::INFINITY);
+            prop_assert!((got - y.max(0.0)).abs() <= 1e-5 * 400.0, "{}: {} against {}", x, got, y);
+        }
+    }
+
+    #[test]
     fn projection_is_a_projection(curve in arbitrary_curve()) {
         // Projecting twice changes nothing, and the projection is no farther from the data
         // than the best flat line (which is itself convex and non-decreasing).
