@@ -189,7 +189,10 @@ impl LatencyProfile {
             }));
         }
         curve.extend(knots.last().copied());
-        Self::convex_latencies(project_convex_increasing(&curve))
+        // Convex as built: each span's slopes run from its start slope to its end slope, which
+        // is the next span's start slope. No second projection (40-odd knots cost 0.5 ms where
+        // the points' own took 3 µs).
+        Self::convex_latencies(curve)
     }
 }
 
