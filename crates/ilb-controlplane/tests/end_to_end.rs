@@ -5,21 +5,20 @@
 //! same setup, and the data planes keep routing when the control plane is gone.
 #![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
+mod support;
 mod wait;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
 use ilb_controlplane::ControlPlane;
 use ilb_core::snapshot::Snapshot;
-use ilb_dataplane::report::ReportConfig;
-use ilb_dataplane::{DataPlane, DataPlaneConfig, SnapshotSource};
+use ilb_dataplane::DataPlane;
 use ilb_engine_sim::{EngineConfig, HardwareProfile};
 use ilb_planning::config::FleetConfig;
 use rand::{Rng, SeedableRng};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use support::HttpClient;
 use tokio::time::Instant;
 
 const SCALE: f64 = 0.5;
@@ -99,8 +98,6 @@ profile = "slow"
     config.validate().unwrap();
     config
 }
-
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 /// Open-loop Poisson load on every data plane for `duration`; returns the latencies (ms) of
 /// successful requests and the number of failures.
@@ -183,26 +180,13 @@ async fn worked_example_end_to_end() {
     let cp = ControlPlane::start(config, "127.0.0.1:0".parse().unwrap()).await.unwrap();
     let mut data_planes = Vec::new();
     for cluster in ["a", "b", "c"] {
-        let mut dp_config = DataPlaneConfig::new("127.0.0.1:0".parse().unwrap());
-        dp_config.cluster = Some(ilb_core::ClusterId::new(cluster));
-        let source = SnapshotSource::Poll {
-            url: format!("{}/v1/snapshots/{cluster}", cp.url()),
-            interval: Duration::from_millis(200),
-            long_poll: true,
-        };
-        let mut reports = ReportConfig::new(format!("{}/v1/reports", cp.url()), format!("test-{cluster}"));
-        reports.interval = Duration::from_millis(250);
+        let mut reports = support::reports(&cp.url(), &format!("test-{cluster}"));
         reports.smoothing = Duration::from_secs(2);
-        data_planes.push(DataPlane::start_with_reports(dp_config, source, Some(reports)).await.unwrap());
+        data_planes.push(support::data_plane(&cp.url(), cluster, Some(reports)).await);
     }
     let targets: Vec<(String, f64)> =
         data_planes.iter().zip([90.0, 120.0, 40.0]).map(|(dp, rps)| (dp.url(), rps * SCALE)).collect();
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
-
-    wait::until("every data plane has a snapshot", 500, Duration::from_millis(20), || {
-        data_planes.iter().all(|dp| dp.snapshot_version().is_some())
-    })
-    .await;
+    let client = support::client();
 
     // Load until the published plan for B spills about a quarter to C (bounded wait).
     let mut spill = 0.0;
@@ -234,15 +218,7 @@ async fn worked_example_end_to_end() {
     }
 
     // The plan is visible in the control plane's metrics.
-    let metrics = client
-        .request(http::Request::get(format!("{}/metrics", cp.url())).body(Full::new(Bytes::new())).unwrap())
-        .await
-        .unwrap()
-        .into_body()
-        .collect()
-        .await
-        .unwrap()
-        .to_bytes();
+    let metrics = support::get(&client, &format!("{}/metrics", cp.url())).await;
     let metrics = String::from_utf8_lossy(&metrics);
     assert!(metrics
         .contains(r#"ilb_controlplane_weight{model="m",cluster="b",class="default",engine="engine-c"}"#));

@@ -6,18 +6,17 @@
 //! when it recovers. Deadlines only guard against hangs.
 #![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
+mod support;
 mod wait;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
 use ilb_controlplane::ControlPlane;
 use ilb_core::holds::{EngineHolds, HoldReason};
-use ilb_dataplane::{DataPlane, DataPlaneConfig, SnapshotSource};
-use ilb_engine_sim::{EngineConfig, EngineHandle, Faults, HardwareProfile};
-use ilb_planning::config::FleetConfig;
+use ilb_dataplane::DataPlane;
+use ilb_engine_sim::{EngineHandle, Faults, HardwareProfile};
 use std::time::Duration;
+use support::HttpClient;
 use tokio::time::Instant;
 
 const HELD: usize = 1;
@@ -34,36 +33,6 @@ fn profile() -> HardwareProfile {
         replicas: 1,
     }
 }
-
-fn fleet(urls: &[String]) -> FleetConfig {
-    let engines: String = urls
-        .iter()
-        .enumerate()
-        .map(|(i, url)| {
-            format!("[[engines]]\nid = \"e{i}\"\nurl = \"{url}\"\nmodel = \"m\"\nregion = \"r\"\nprofile = \"sim\"\n")
-        })
-        .collect();
-    let text = format!(
-        r#"
-[control_plane]
-listen = "127.0.0.1:0"
-scrape_interval_ms = 250
-solve_interval_ms = 60000
-[[clusters]]
-id = "a"
-region = "r"
-[profiles.sim]
-capacity_rps = 50.0
-ttft_t0_ms = 50.0
-ttft_b_ms = 15.0
-{engines}"#
-    );
-    let config: FleetConfig = toml::from_str(&text).unwrap();
-    config.validate().unwrap();
-    config
-}
-
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 /// `n` requests on sessions `{phase}-0…`: a fresh phase has no remembered engines (the
 /// affinity table keeps a session on the engine that served it last).
@@ -104,33 +73,12 @@ async fn until_held(dp: &DataPlane, held: Option<HoldReason>) -> Duration {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_engines_get_no_requests_without_waiting_for_a_plan() {
-    let mut engines = Vec::new();
-    for i in 0..3 {
-        let config = EngineConfig {
-            id: ilb_core::EngineId::new(format!("e{i}")),
-            model: ilb_core::ModelName::new("m"),
-            profile: profile(),
-            seed: i,
-            ..EngineConfig::default()
-        };
-        engines.push(ilb_engine_sim::spawn(config, "127.0.0.1:0".parse().unwrap()).await.unwrap());
-    }
-    let urls: Vec<String> = engines.iter().map(|e| e.url()).collect();
-    let cp = ControlPlane::start(fleet(&urls), "127.0.0.1:0".parse().unwrap()).await.unwrap();
-    let mut dp_config = DataPlaneConfig::new("127.0.0.1:0".parse().unwrap());
-    dp_config.cluster = Some(ilb_core::ClusterId::new("a"));
-    let source = SnapshotSource::Poll {
-        url: format!("{}/v1/snapshots/a", cp.url()),
-        interval: Duration::from_millis(200),
-        long_poll: true,
-    };
-    let dp = DataPlane::start(dp_config, source).await.unwrap();
-    wait::until("the data plane has a snapshot", 1000, Duration::from_millis(20), || {
-        dp.snapshot_version().is_some()
-    })
-    .await;
+    let engines = support::engines(3, &profile()).await;
+    let fleet = support::fleet(&engines, "scrape_interval_ms = 250\nsolve_interval_ms = 60000");
+    let cp = ControlPlane::start(fleet, "127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let dp = support::data_plane(&cp.url(), "a", None).await;
     let version = dp.snapshot_version();
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let client = support::client();
     send(&client, &dp.url(), "before", 60).await;
     assert!(served(&engines[HELD]) > 0, "the engine had its share before the fault");
 
@@ -139,18 +87,9 @@ async fn held_engines_get_no_requests_without_waiting_for_a_plan() {
     let took = until_held(&dp, Some(HoldReason::NoReadyReplicas)).await;
     eprintln!("held for no ready replicas {:.0} ms after the fault", took.as_secs_f64() * 1000.0);
     assert_eq!(dp.snapshot_version(), version, "no new plan was needed");
-    let holds: EngineHolds = {
-        let body = client
-            .get(format!("{}/v1/engine-holds", cp.url()).parse().unwrap())
-            .await
-            .unwrap()
-            .into_body()
-            .collect()
-            .await
-            .unwrap()
-            .to_bytes();
-        serde_json::from_slice(&body).unwrap()
-    };
+    let holds: EngineHolds =
+        serde_json::from_slice(&support::get(&client, &format!("{}/v1/engine-holds", cp.url())).await)
+            .unwrap();
     assert_eq!(holds.held.len(), 1);
     assert_eq!(holds.held[0].engine.as_str(), "e1");
     let before = served(&engines[HELD]);

@@ -6,22 +6,19 @@
 //! window), not read from the weights.
 #![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
+mod support;
 mod wait;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
 use ilb_controlplane::ControlPlane;
-use ilb_dataplane::report::ReportConfig;
-use ilb_dataplane::{DataPlane, DataPlaneConfig, SnapshotSource};
-use ilb_engine_sim::{EngineConfig, EngineHandle, Faults, HardwareProfile};
-use ilb_planning::config::FleetConfig;
+use ilb_engine_sim::{EngineHandle, Faults, HardwareProfile};
 use rand::{Rng, SeedableRng};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use support::HttpClient;
 use tokio::time::Instant;
 
 /// Offered load, req/s: about half of the fleet's nominal 3 × 50 req/s, so that the two
@@ -43,43 +40,17 @@ fn profile() -> HardwareProfile {
     }
 }
 
-fn fleet(urls: &[String]) -> FleetConfig {
-    let engines: String = urls
-        .iter()
-        .enumerate()
-        .map(|(i, url)| {
-            format!("[[engines]]\nid = \"e{i}\"\nurl = \"{url}\"\nmodel = \"m\"\nregion = \"r\"\nprofile = \"sim\"\n")
-        })
-        .collect();
-    // One engine is a third of the model: the cap must allow that much. The window gives up
-    // after 10 one-second intervals (the default 6 is meant for 10-s intervals).
-    let text = format!(
-        r#"
-[control_plane]
-listen = "127.0.0.1:0"
-scrape_interval_ms = 250
+/// The control plane's settings: one engine is a third of the model, so the cap must allow that
+/// much; the window gives up after 10 one-second intervals (the default 6 is meant for 10-s
+/// intervals).
+const CONTROL_PLANE: &str = "scrape_interval_ms = 250
 solve_interval_ms = 250
 smoothing_ms = 1000
 [control_plane.outliers]
 interval_ms = 1000
 min_requests = 10
 max_window_intervals = 10
-max_penalised_share = 0.34
-[[clusters]]
-id = "a"
-region = "r"
-[profiles.sim]
-capacity_rps = 50.0
-ttft_t0_ms = 50.0
-ttft_b_ms = 15.0
-{engines}"#
-    );
-    let config: FleetConfig = toml::from_str(&text).unwrap();
-    config.validate().unwrap();
-    config
-}
-
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
+max_penalised_share = 0.34";
 
 /// Conversations live at once, and requests in each.
 const CONVERSATIONS: u64 = 50;
@@ -202,36 +173,15 @@ async fn until(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grey_engine_loses_its_traffic_and_regains_it() {
-    let mut engines = Vec::new();
-    for i in 0..3 {
-        let config = EngineConfig {
-            id: ilb_core::EngineId::new(format!("e{i}")),
-            model: ilb_core::ModelName::new("m"),
-            profile: profile(),
-            seed: i,
-            ..EngineConfig::default()
-        };
-        engines.push(ilb_engine_sim::spawn(config, "127.0.0.1:0".parse().unwrap()).await.unwrap());
-    }
-    let urls: Vec<String> = engines.iter().map(|e| e.url()).collect();
-    let cp = ControlPlane::start(fleet(&urls), "127.0.0.1:0".parse().unwrap()).await.unwrap();
-    let mut dp_config = DataPlaneConfig::new("127.0.0.1:0".parse().unwrap());
-    dp_config.cluster = Some(ilb_core::ClusterId::new("a"));
-    let source = SnapshotSource::Poll {
-        url: format!("{}/v1/snapshots/a", cp.url()),
-        interval: Duration::from_millis(200),
-        long_poll: true,
-    };
-    let mut reports = ReportConfig::new(format!("{}/v1/reports", cp.url()), "grey-a".into());
-    reports.interval = Duration::from_millis(250);
+    let engines = support::engines(3, &profile()).await;
+    let cp = ControlPlane::start(support::fleet(&engines, CONTROL_PLANE), "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let mut reports = support::reports(&cp.url(), "grey-a");
     reports.smoothing = Duration::from_secs(1);
-    let dp = DataPlane::start_with_reports(dp_config, source, Some(reports)).await.unwrap();
-    wait::until("the data plane has a snapshot", 500, Duration::from_millis(20), || {
-        dp.snapshot_version().is_some()
-    })
-    .await;
+    let dp = support::data_plane(&cp.url(), "a", Some(reports)).await;
 
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let client = support::client();
     let failures = Arc::new(AtomicUsize::new(0));
     let load = traffic(client, dp.url(), failures.clone());
 

@@ -6,6 +6,7 @@
 //! running and waiting come from the engine.
 #![allow(clippy::disallowed_methods)] // tests read their fixtures from files
 
+mod support;
 mod wait;
 
 use bytes::Bytes;
@@ -14,11 +15,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use ilb_controlplane::ControlPlane;
-use ilb_dataplane::report::ReportConfig;
-use ilb_dataplane::{DataPlane, DataPlaneConfig, SnapshotSource};
 use ilb_planning::config::FleetConfig;
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -152,23 +150,9 @@ profile = "p"
     let config: FleetConfig = toml::from_str(&text).unwrap();
     config.validate().unwrap();
     let cp = ControlPlane::start(config, "127.0.0.1:0".parse().unwrap()).await.unwrap();
-    let mut dp_config = DataPlaneConfig::new("127.0.0.1:0".parse().unwrap());
-    dp_config.cluster = Some(ilb_core::ClusterId::new("a"));
-    let source = SnapshotSource::Poll {
-        url: format!("{}/v1/snapshots/a", cp.url()),
-        interval: Duration::from_millis(200),
-        long_poll: true,
-    };
-    let mut reports = ReportConfig::new(format!("{}/v1/reports", cp.url()), "a-1".into());
-    reports.interval = Duration::from_millis(250);
-    let dp = DataPlane::start_with_reports(dp_config, source, Some(reports)).await.unwrap();
-    wait::until("the data plane has a snapshot", 1000, Duration::from_millis(20), || {
-        dp.snapshot_version().is_some()
-    })
-    .await;
+    let dp = support::data_plane(&cp.url(), "a", Some(support::reports(&cp.url(), "a-1"))).await;
 
-    let client: Client<HttpConnector, Full<Bytes>> =
-        Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let client = support::client();
     let mut sent = 0;
     let state = loop {
         // A few concurrent streams per round.
@@ -194,15 +178,7 @@ profile = "p"
             r.await.unwrap();
         }
         sent += 4;
-        let body = client
-            .get(format!("{}/v1/state", cp.url()).parse().unwrap())
-            .await
-            .unwrap()
-            .into_body()
-            .collect()
-            .await
-            .unwrap()
-            .to_bytes();
+        let body = support::get(&client, &format!("{}/v1/state", cp.url())).await;
         let state: serde_json::Value = serde_json::from_slice(&body).unwrap();
         let signals = &state["models"][0]["engines"][0]["signals"];
         let ready = signals["sources"]["ttft"] == "data_planes"
