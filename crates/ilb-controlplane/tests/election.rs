@@ -10,6 +10,8 @@
 #![allow(clippy::disallowed_methods)] // tests read the clock, env and files (etcd's data dir)
 
 mod fleet_support;
+mod support;
+mod wait;
 
 use fleet_support::*;
 use http_body_util::BodyExt;

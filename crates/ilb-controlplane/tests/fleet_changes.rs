@@ -7,6 +7,8 @@
 #![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
 mod fleet_support;
+mod support;
+mod wait;
 
 use bytes::Bytes;
 use fleet_support::*;

@@ -6,6 +6,8 @@
 #![allow(clippy::disallowed_methods)] // tests read the clock for their hang-guard deadlines
 
 mod fleet_support;
+mod support;
+mod wait;
 
 use fleet_support::*;
 use hickory_proto::rr::rdata::{A, SOA, SRV};

@@ -331,8 +331,8 @@ proptest! {
         prop_assert!(joined.validate().is_ok(), "{:?}", joined);
         let LatencyProfile::Piecewise(knots) = &joined else { panic!("{joined:?}") };
         assert_convex_increasing(knots, 400.0);
-        // Through the projected points (clamped at zero, as every profile is), to within the
-        // projection's own precision: the joined curve is projected once more.
+        // Through the projected points (clamped at zero, as every profile is): each span of the
+        // joined curve starts and ends on one.
         for (x, y) in project_convex_increasing(&curve) {
             let got = joined.latency_ms(x, f64::INFINITY);
             prop_assert!((got - y.max(0.0)).abs() <= 1e-5 * 400.0, "{}: {} against {}", x, got, y);

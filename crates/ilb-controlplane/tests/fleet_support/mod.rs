@@ -10,15 +10,11 @@
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
 use ilb_controlplane::ControlPlane;
-use ilb_core::{EngineId, ModelName};
 use ilb_dataplane::report::ReportConfig;
 use ilb_dataplane::{DataPlane, DataPlaneConfig, SnapshotSource};
-use ilb_engine_sim::{EngineConfig, EngineHandle, HardwareProfile};
+use ilb_engine_sim::{EngineHandle, HardwareProfile};
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -49,11 +45,7 @@ impl Polls {
 pub const SOLVE_MS: u64 = 500;
 pub const TOKEN: &str = "fleet-secret";
 
-pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
-pub fn client() -> HttpClient {
-    Client::builder(TokioExecutor::new()).build(HttpConnector::new())
-}
+pub use crate::support::client;
 
 /// Streams last a few hundred ms (16 tokens at ~12 ms per iteration), so some are always
 /// running on an engine when it leaves.
@@ -70,24 +62,9 @@ pub fn profile() -> HardwareProfile {
     }
 }
 
-pub async fn engine_at(id: &str, addr: SocketAddr, seed: u64) -> EngineHandle {
-    let config = EngineConfig {
-        id: EngineId::new(id),
-        model: ModelName::new("m"),
-        profile: profile(),
-        latency: true,
-        seed,
-        ..EngineConfig::default()
-    };
-    ilb_engine_sim::spawn(config, addr).await.unwrap()
-}
-
+/// `n` engines `e0`, `e1`, … with [`profile`].
 pub async fn engines(n: usize) -> Vec<EngineHandle> {
-    let mut out = Vec::new();
-    for i in 0..n {
-        out.push(engine_at(&format!("e{i}"), "127.0.0.1:0".parse().unwrap(), i as u64).await);
-    }
-    out
+    crate::support::engines(n as u64, &profile()).await
 }
 
 /// The fleet file: one cluster, one profile, `engines` as `[[engines]]`, then `extra`.

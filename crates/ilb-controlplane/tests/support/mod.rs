@@ -1,6 +1,6 @@
 //! Set-up shared by the control-plane tests that run one fleet on loopback: simulated engines,
 //! the fleet's TOML around them, a data plane pulling a cluster's snapshots from the control
-//! plane, and an HTTP client that reads whole bodies.
+//! plane, and an HTTP client that reads whole bodies. `fleet_support` builds on it.
 #![allow(dead_code)]
 
 use crate::wait;

@@ -180,7 +180,8 @@ impl LatencyProfile {
             // Where the two tangents cross: the Bézier curve's control point. Equal slopes
             // (a straight span) put it anywhere on the chord.
             let x = if d1 > d0 { ((y1 - y0) + d0 * x0 - d1 * x1) / (d0 - d1) } else { 0.5 * (x0 + x1) };
-            let control = (x.clamp(x0, x1), y0 + d0 * (x.clamp(x0, x1) - x0));
+            let x = x.clamp(x0, x1);
+            let control = (x, y0 + d0 * (x - x0));
             curve.push((x0, y0));
             curve.extend((1..MEASURED_SUBDIVISIONS).map(|k| {
                 let t = k as f64 / MEASURED_SUBDIVISIONS as f64;
