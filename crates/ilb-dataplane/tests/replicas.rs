@@ -5,7 +5,9 @@
 
 mod support;
 
-use ilb_dataplane::{DataPlane, DataPlaneConfig};
+use ilb_core::snapshot::Snapshot;
+use ilb_dataplane::{DataPlane, DataPlaneConfig, SnapshotSource};
+use std::net::SocketAddr;
 use std::time::Duration;
 use support::*;
 
@@ -21,10 +23,29 @@ fn replica_config(peers: Vec<String>) -> DataPlaneConfig {
     }
 }
 
-/// A free loopback port's address, to name a peer before it starts.
-async fn reserved_addr() -> std::net::SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    listener.local_addr().unwrap()
+/// Two replicas that name each other: the first from `first(url)`, with `url` the second's
+/// address, installing `snapshots.0`; then the second from `second(addr, &first)`, bound at
+/// `addr`, installing `snapshots.1`. The address is a loopback port bound and released to name
+/// it before the second starts, so another socket can take it in between: then both start
+/// again on another one.
+async fn pair(
+    first: impl Fn(String) -> DataPlaneConfig,
+    second: impl Fn(SocketAddr, &DataPlane) -> DataPlaneConfig,
+    snapshots: (&Snapshot, &Snapshot),
+) -> (DataPlane, DataPlane) {
+    for _ in 0..20 {
+        let addr = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+        let one = data_plane(first(format!("http://{addr}")), snapshots.0).await;
+        match DataPlane::start(second(addr, &one), SnapshotSource::Manual).await {
+            Ok(two) => {
+                two.install(snapshots.1).unwrap();
+                return (one, two);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => continue,
+            Err(e) => panic!("starting the second replica: {e}"),
+        }
+    }
+    panic!("no free loopback port for the second replica in 20 tries");
 }
 
 async fn metric(client: &TestClient, dp: &DataPlane, name: &str) -> f64 {
@@ -61,12 +82,16 @@ async fn engine_for(client: &TestClient, dp: &DataPlane, key: &str) -> String {
 async fn a_conversation_placed_by_one_replica_keeps_its_engine_on_another() {
     let (a, b) = (MockEngine::start("a").await, MockEngine::start("b").await);
     let client = client();
-    let admin_two = reserved_addr().await;
     let leaning_a = snapshot(1, &[("a", a.url(), 0.6), ("b", b.url(), 0.4)]);
-    let one = data_plane(replica_config(vec![format!("http://{admin_two}")]), &leaning_a).await;
-    let config_two =
-        DataPlaneConfig { admin_listen: Some(admin_two), ..replica_config(vec![one.admin_url().unwrap()]) };
-    let two = data_plane(config_two, &snapshot(1, &[("a", a.url(), 0.4), ("b", b.url(), 0.6)])).await;
+    let (one, two) = pair(
+        |peer| replica_config(vec![peer]),
+        |admin, one| DataPlaneConfig {
+            admin_listen: Some(admin),
+            ..replica_config(vec![one.admin_url().unwrap()])
+        },
+        (&leaning_a, &snapshot(1, &[("a", a.url(), 0.4), ("b", b.url(), 0.6)])),
+    )
+    .await;
     let keys: Vec<String> = (0..40).map(|i| format!("conv-{i}")).collect();
     let mut placed = Vec::new();
     for key in &keys {
@@ -101,15 +126,14 @@ async fn replicas_place_new_conversations_by_the_load_all_of_them_cause() {
     let (a, b) = (MockEngine::start("a").await, MockEngine::start("b").await);
     let client = client();
     let weights = [("a", a.url(), 0.5), ("b", b.url(), 0.5)];
-    let listen_two = reserved_addr().await;
     // The first replica routes to `a` alone, so that its held streams all land there.
     let only_a = snapshot(1, &[("a", a.url(), 1.0)]);
-    let config_one =
-        DataPlaneConfig { admin_listen: None, ..replica_config(vec![format!("http://{listen_two}")]) };
-    let one = data_plane(config_one, &only_a).await;
-    let config_two =
-        DataPlaneConfig { listen: listen_two, admin_listen: None, ..replica_config(vec![one.url()]) };
-    let two = data_plane(config_two, &snapshot(1, &weights)).await;
+    let (one, two) = pair(
+        |peer| DataPlaneConfig { admin_listen: None, ..replica_config(vec![peer]) },
+        |listen, one| DataPlaneConfig { listen, admin_listen: None, ..replica_config(vec![one.url()]) },
+        (&only_a, &snapshot(1, &weights)),
+    )
+    .await;
     // Streams held open by the mock's gate.
     let mut held = Vec::new();
     for i in 0..6 {
@@ -161,11 +185,12 @@ async fn changes_reach_the_peers_before_the_period_is_up() {
     let client = client();
     let weights = [("a", a.url(), 0.5), ("b", b.url(), 0.5)];
     let slow = |peers| DataPlaneConfig { peer_interval: Duration::from_secs(3600), ..replica_config(peers) };
-    let admin_two = reserved_addr().await;
-    let one = data_plane(slow(vec![format!("http://{admin_two}")]), &snapshot(1, &weights)).await;
-    let config_two =
-        DataPlaneConfig { admin_listen: Some(admin_two), ..slow(vec![one.admin_url().unwrap()]) };
-    let two = data_plane(config_two, &snapshot(1, &weights)).await;
+    let (one, two) = pair(
+        |peer| slow(vec![peer]),
+        |admin, one| DataPlaneConfig { admin_listen: Some(admin), ..slow(vec![one.admin_url().unwrap()]) },
+        (&snapshot(1, &weights), &snapshot(1, &weights)),
+    )
+    .await;
     let peer_load = |engine: &str| format!("ilb_dataplane_engine_peer_in_flight{{engine=\"{engine}\"}}");
     let peers_in_flight = || async {
         metric(&client, &two, &peer_load("a")).await + metric(&client, &two, &peer_load("b")).await
