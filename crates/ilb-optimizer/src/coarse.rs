@@ -9,6 +9,10 @@
 //!
 //! Where columns do not line up (every engine its own cluster) nothing is gained and the plain
 //! cold start is used.
+//!
+//! A coarse problem of fitted clusters is started the same way one level up (`grouped_prices`):
+//! its classes grouped where their rows differ by about a constant, a grouped problem solved
+//! loosely, each class priced at its group's price plus its offset.
 
 use crate::curve::Curve;
 use crate::newton::Run;
@@ -43,8 +47,44 @@ const APPROXIMATE_GAP: f64 = 5e-4;
 /// erratic in this parameter.
 const FITTED_EPSILON: f64 = 0.1;
 
+/// Classes of a fitted coarse problem share a group of the grouped start (`grouped_prices`) when
+/// their rows, each less its own mean, agree within this many ms wherever both allow the
+/// cluster: front ends of one region (sites ±2° apart, 0–3 ms of noise on every pair, averaged
+/// over each cluster's engines). Over ten cold solves (100 × 5,000 and 200 × 20,000; fleet,
+/// noisy, 72 % and 108 %) 4, 7 and 10 ms took 1–2 % more instructions than 5; at 3 ms the
+/// 100 × 5,000 fleet's classes did not group twofold.
+const GROUP_TOLERANCE_MS: f64 = 5.0;
+
+/// ...and differ in whether they may use a cluster at no more than this fraction of the clusters
+/// (a small cluster that scattered exclusions make forbidden for one front end and not its
+/// neighbour); in the grouped problem a group may use a cluster that most of its members may.
+const GROUP_MISMATCH: f64 = 0.1;
+
+/// The grouped start is used only when it shrinks the classes at least this much.
+const MIN_GROUP_REDUCTION: usize = 2;
+
+/// Gap to which the grouped problem is solved: its prices are only a start, off by the fit.
+const GROUPED_GAP: f64 = 5e-3;
+
+/// Starting ε, relative to the price scale, of a coarse problem that starts from grouped prices.
+/// From the common price its first stage (at `FITTED_EPSILON`) took 20–41 Newton steps; from
+/// grouped prices, 1–3 ms off its optimum, 6–7, and the stages after it as many as before, so
+/// starting lower skips one. Over the twenty cold solves 0.05 took 4,126 + 4,456 M instructions,
+/// 0.1 took 4,618 + 4,538 M and 0.03 4,237 M on the first ten (against 5,451 + 5,333 M from the
+/// common price).
+const GROUPED_EPSILON: f64 = 0.05;
+
 /// Smallest ε, relative to the price scale, at which the full solve starts from fitted clusters.
 const FITTED_MIN_EPSILON: f64 = 1e-3;
+
+/// Largest ε, relative to the price scale, at which the full solve starts from fitted clusters.
+/// Under overload the coarse problem certifies at a large ε (shedding dominates the objective, so
+/// the smoothing's share of it stays small), the full solve then certified where it started, and
+/// every warm re-solve after it inherited that ε, with candidate lists up to twice as long: after
+/// the grouped start 6.6e-3 × scale on the 100 × 5,000 fleet at 108 % (3.6 → 4.0 ms per warm
+/// re-solve). Capped, thirteen cold and warm solves at 108 % (fleet and noisy, 100 × 5,000 and
+/// 200 × 20,000) took 3,271 M instructions instead of 3,401 M.
+const FITTED_MAX_EPSILON: f64 = 4e-3;
 
 /// Smallest spacing of the samples, relative to the cluster's price range.
 const FIRST_SAMPLE: f64 = 1e-4;
@@ -64,6 +104,8 @@ pub(crate) struct CoarseStart {
     pub epsilon: f64,
     /// Engines of the coarse problem.
     pub clusters: usize,
+    /// Classes of the grouped problem the coarse problem started from, if it did.
+    pub classes: Option<usize>,
     /// Bounds on the fitted clusters' columns, for the full solve's list rebuilds.
     pub bounds: Option<ListBounds>,
 }
@@ -127,11 +169,18 @@ pub(crate) fn start(model: &Model, options: &SolverOptions, scale: f64) -> Optio
         loose = SolverOptions { gap_target: APPROXIMATE_GAP.max(options.gap_target), ..options.clone() };
         (&loose, 0, FITTED_EPSILON * scale)
     };
+    // A fitted coarse problem starts from the prices of a smaller one that groups its classes
+    // (`grouped_prices`) where that groups them at least twofold, else from one common price.
+    let grouped = if clusters.exact { None } else { grouped_prices(&coarse, options, scale) };
+    let (prices, eps_start, classes) = match grouped {
+        Some((prices, groups)) => (prices, GROUPED_EPSILON * scale, Some(groups)),
+        None => (cold_prices(&coarse), eps_start, None),
+    };
     let mut run = Run::new(&coarse, coarse_options, scale, PrevRoutes::default());
     if !clusters.exact {
         run.idle_reach_per_eps = crate::newton::IDLE_REACH_PER_EPS;
     }
-    let (mut repaired, mut epsilon) = run.solve(cold_prices(&coarse), eps_start);
+    let (mut repaired, mut epsilon) = run.solve(prices, eps_start);
     // The cold coarse solution's prices carry the smoothing's spread between the classes an
     // engine serves (u_k − n_k − q = ε·x_k/c, centre zero). Re-solved once with its own routes as
     // the proximal centre, the spread vanishes where routes stay put, so the split below is
@@ -183,14 +232,19 @@ pub(crate) fn start(model: &Model, options: &SolverOptions, scale: f64) -> Optio
     // problem's own smoothing shows), so the full continuation certified there, failed and
     // halved ε: start at half of it instead, but no lower than a warm re-solve would
     // (`WARM_MIN_EPSILON`; the fit leaves prices 1–2 ms off, which at a smaller ε takes damped
-    // steps) unless the coarse problem itself ended lower.
+    // steps) unless the coarse problem itself ended lower; and no higher than
+    // `FITTED_MAX_EPSILON`.
     let epsilon = if clusters.exact {
         epsilon
     } else {
-        (0.5 * epsilon).max(WARM_MIN_EPSILON * scale).min(epsilon).max(FITTED_MIN_EPSILON * scale)
+        (0.5 * epsilon)
+            .max(WARM_MIN_EPSILON * scale)
+            .min(epsilon)
+            .max(FITTED_MIN_EPSILON * scale)
+            .min(FITTED_MAX_EPSILON * scale)
     };
     let bounds = clusters.bounds.take().map(|(lo, hi)| ListBounds::new(cluster_of, lo, hi));
-    Some(CoarseStart { prices: run.u, prev, epsilon, clusters: clusters.len(), bounds })
+    Some(CoarseStart { prices: run.u, prev, epsilon, clusters: clusters.len(), classes, bounds })
 }
 
 /// The proximal centre of the full problem: each coarse entry's flow (class k, cluster S) split
@@ -594,4 +648,207 @@ fn cluster_curve(model: &Model, members: &[u32], offset: &[f64]) -> Option<Curve
     points.extend(prices.iter().copied().zip(loads));
     points.push((top, cap));
     Curve::from_marginal_table(&points)
+}
+
+/// Prices for a fitted coarse problem from a smaller one whose classes are grouped the way
+/// `nearest_clusters` groups engines: a class's row over the clusters less its mean α_k
+/// (over the clusters it may use) is compared with each group's first member's, and it joins the
+/// first within `GROUP_TOLERANCE_MS` (and `GROUP_MISMATCH`), else starts a group. Then
+/// a_kS ≈ A_GS + α_k, with A_GS the mean of a_kS − α_k over the members that may use S (+∞ where
+/// at most half may), and a group whose price is U stands for members priced U + α_k: it sheds a
+/// member's tier (P, d) where U > P − α_k. Returns the coarse classes' prices U_G + α_k (−∞ for
+/// classes without demand) and the number of groups; None when the classes do not group at least
+/// `MIN_GROUP_REDUCTION`-fold or the grouped problem cannot be certified.
+///
+/// The coarse problem's first stage prices regions that lack capacity above those that have it,
+/// which one common price knows nothing about: from that start it took 20–41 Newton steps, each
+/// factoring a 200 × 200 matrix on 200 × 20,000. The grouped problem (~25 groups) takes about as
+/// many on a 25 × 25 one, and leaves the coarse problem 1–3 ms from its optimum.
+fn grouped_prices(coarse: &Model, options: &SolverOptions, scale: f64) -> Option<(Vec<f64>, usize)> {
+    let ClassGroups { group_of, offset: alpha, values, groups } = group_classes(coarse)?;
+    let (n, s_count) = (coarse.n_classes(), coarse.n_engines());
+    let mut tier_start = Vec::with_capacity(groups + 1);
+    let mut tiers = Vec::new();
+    tier_start.push(0);
+    for g in 0..groups as u32 {
+        let first = tiers.len();
+        for k in (0..n).filter(|&k| group_of[k] == g) {
+            let member = &coarse.tiers[coarse.tier_start[k]..coarse.tier_start[k + 1]];
+            tiers.extend(member.iter().map(|&(p, d)| (p - alpha[k], d)));
+        }
+        tiers[first..].sort_by(|a, b| a.0.total_cmp(&b.0));
+        tier_start.push(tiers.len());
+    }
+    let demand: Vec<f64> =
+        (0..groups).map(|g| tiers[tier_start[g]..tier_start[g + 1]].iter().map(|t| t.1).sum()).collect();
+    let network = NetworkMatrix::from_engine_major(groups, s_count, values);
+    let grouped = Model {
+        network: &network,
+        curves: std::sync::Arc::clone(&coarse.curves),
+        penalty: (0..groups).map(|g| tiers[tier_start[g + 1] - 1].0).collect(),
+        class_on: demand.iter().map(|&d| d > 0.0).collect(),
+        demand,
+        tier_start,
+        tiers,
+        engine_on: coarse.engine_on.clone(),
+        capacity: coarse.capacity.clone(),
+        rho: coarse.rho,
+    };
+    let loose = SolverOptions { gap_target: GROUPED_GAP.max(options.gap_target), ..options.clone() };
+    let mut run = Run::new(&grouped, &loose, scale, PrevRoutes::default());
+    run.idle_reach_per_eps = crate::newton::IDLE_REACH_PER_EPS;
+    let (repaired, _) = run.solve(cold_prices(&grouped), FITTED_EPSILON * scale);
+    if !repaired.gap().is_finite() {
+        return None;
+    }
+    let prices = (0..n)
+        .map(|k| match group_of[k] {
+            u32::MAX => f64::NEG_INFINITY,
+            g => run.u[g as usize] + alpha[k],
+        })
+        .collect();
+    Some((prices, groups))
+}
+
+/// The classes of a fitted coarse problem grouped by the shape of their rows (`grouped_prices`).
+struct ClassGroups {
+    /// Each class's group (`u32::MAX`: no demand).
+    group_of: Vec<u32>,
+    /// α_k, with a_kS ≈ A_GS + α_k.
+    offset: Vec<f64>,
+    /// A_GS, cluster-major (`groups` per cluster), each group's row starting at zero.
+    values: Vec<f64>,
+    groups: usize,
+}
+
+/// Groups the classes of a fitted coarse problem (see `grouped_prices`); None when they do not
+/// group at least `MIN_GROUP_REDUCTION`-fold.
+fn group_classes(coarse: &Model) -> Option<ClassGroups> {
+    let (n, s_count) = (coarse.n_classes(), coarse.n_engines());
+    // Class-major rows (the matrix is cluster-major): each class is compared whole below.
+    let mut rows = vec![0.0; n * s_count];
+    for s in 0..s_count {
+        for (k, &v) in coarse.network.engine_column(s).iter().enumerate() {
+            rows[k * s_count + s] = v;
+        }
+    }
+    let row = |k: usize| &rows[k * s_count..(k + 1) * s_count];
+    let mut alpha = vec![0.0; n];
+    let mut group_of = vec![u32::MAX; n];
+    let mut heads: Vec<usize> = Vec::new();
+    let max_mismatched = (GROUP_MISMATCH * s_count as f64) as usize;
+    let mut active = 0;
+    for k in 0..n {
+        if !coarse.class_on[k] {
+            continue;
+        }
+        active += 1;
+        let (sum, count) =
+            row(k).iter().filter(|v| v.is_finite()).fold((0.0, 0.0), |(s, c), v| (s + v, c + 1.0));
+        if count == 0.0 {
+            return None; // no cluster may serve it: left to the common-price start
+        }
+        alpha[k] = sum / count;
+        let close = |&h: &usize| {
+            let mut mismatched = 0;
+            row(k).iter().zip(row(h)).all(|(&v, &w)| {
+                if v.is_finite() != w.is_finite() {
+                    mismatched += 1;
+                    return mismatched <= max_mismatched;
+                }
+                !v.is_finite() || ((v - alpha[k]) - (w - alpha[h])).abs() <= GROUP_TOLERANCE_MS
+            })
+        };
+        let g = heads.iter().position(close).unwrap_or_else(|| {
+            heads.push(k);
+            heads.len() - 1
+        });
+        group_of[k] = g as u32;
+    }
+    let groups = heads.len();
+    if groups * MIN_GROUP_REDUCTION > active {
+        return None;
+    }
+    // A_GS: sums and counts of the members that may use S, then the means, each group's row
+    // shifted to start at zero (its members' offsets take the shift).
+    let mut values = vec![0.0; groups * s_count];
+    let mut allowed = vec![0u32; groups * s_count];
+    let mut members = vec![0u32; groups];
+    for k in (0..n).filter(|&k| group_of[k] != u32::MAX) {
+        let g = group_of[k] as usize;
+        members[g] += 1;
+        for (s, &v) in row(k).iter().enumerate() {
+            if v.is_finite() {
+                values[s * groups + g] += v - alpha[k];
+                allowed[s * groups + g] += 1;
+            }
+        }
+    }
+    let mut low = vec![f64::INFINITY; groups];
+    for (i, (v, &a)) in values.iter_mut().zip(&allowed).enumerate() {
+        let g = i % groups;
+        *v = if 2 * a > members[g] { *v / a as f64 } else { f64::INFINITY };
+        low[g] = low[g].min(*v);
+    }
+    if low.iter().any(|l| !l.is_finite()) {
+        return None;
+    }
+    for (i, v) in values.iter_mut().enumerate() {
+        *v = (*v - low[i % groups]).max(0.0);
+    }
+    for k in (0..n).filter(|&k| group_of[k] != u32::MAX) {
+        alpha[k] += low[group_of[k] as usize];
+    }
+    Some(ClassGroups { group_of, offset: alpha, values, groups })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::Latency;
+
+    /// Twelve classes in three groups over six engines, rows exactly A_GS + α_k: the grouped
+    /// start finds the three groups, and its prices are those of the ungrouped problem solved
+    /// tightly, up to the grouped problem's looser gap (a member priced U − α_k instead of
+    /// U + α_k would be 2α_k off, up to 16 ms here).
+    #[test]
+    fn grouped_prices_are_the_ungrouped_optimum() {
+        let (groups, members, engines) = (3, 4, 6);
+        let n = groups * members;
+        let a = |g: usize, s: usize| {
+            [[5.0, 30.0, 60.0], [40.0, 8.0, 35.0], [70.0, 45.0, 6.0]][g][s % 3] + s as f64
+        };
+        let alpha = |k: usize| (k * 37 % 17) as f64 * 0.5;
+        let values: Vec<f64> =
+            (0..engines).flat_map(|s| (0..n).map(move |k| a(k / members, s) + alpha(k))).collect();
+        let network = NetworkMatrix::from_engine_major(n, engines, values);
+        let capacity: Vec<f64> = (0..engines).map(|s| 40.0 + 15.0 * s as f64).collect();
+        let curves = capacity
+            .iter()
+            .map(|&c| Curve::new(&Latency::Queueing { t0_ms: 50.0, b_ms: 20.0 }, c, 0.95))
+            .collect();
+        let demand: Vec<f64> = (0..n).map(|k| 8.0 + (k * 7 % 5) as f64 * 3.0).collect();
+        let model = Model {
+            network: &network,
+            curves: std::sync::Arc::new(curves),
+            penalty: vec![5_000.0; n],
+            tier_start: (0..=n).collect(),
+            tiers: demand.iter().map(|&d| (5_000.0, d)).collect(),
+            class_on: vec![true; n],
+            demand,
+            engine_on: vec![true; engines],
+            capacity,
+            rho: 0.95,
+        };
+        let options = SolverOptions { gap_target: 1e-6, ..SolverOptions::default() };
+        let scale = 50.0;
+        let (prices, found) = grouped_prices(&model, &options, scale).expect("the classes group");
+        assert_eq!(found, groups);
+        let mut run = Run::new(&model, &options, scale, PrevRoutes::default());
+        let (repaired, _) = run.solve(cold_prices(&model), 0.2 * scale);
+        assert!(repaired.gap() <= 1e-6, "gap {}", repaired.gap());
+        for k in 0..n {
+            assert!((prices[k] - run.u[k]).abs() <= 1.0, "class {k}: {} against {}", prices[k], run.u[k]);
+        }
+    }
 }

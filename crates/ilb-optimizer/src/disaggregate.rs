@@ -21,7 +21,8 @@ pub(crate) struct RunSummary<'r> {
     pub passes: usize,
     pub rebuilds: usize,
     pub epsilon: f64,
-    pub coarse_engines: Option<usize>,
+    /// The coarse problem's engines and grouped classes (`Solution::coarse_engines`, `coarse_classes`).
+    pub coarse: Option<(usize, Option<usize>)>,
 }
 
 /// The per-class solution and the engine-major group routes (group, engine, rps) for the warm
@@ -64,7 +65,8 @@ pub(crate) fn disaggregate(
         passes: run.passes,
         rebuilds: run.rebuilds,
         epsilon: run.epsilon,
-        coarse_engines: run.coarse_engines,
+        coarse_engines: run.coarse.map(|c| c.0),
+        coarse_classes: run.coarse.and_then(|c| c.1),
     };
     let warm = WarmRoutes { class_group: groups.class_group.clone(), share, routes: engine_major };
     (solution, warm)

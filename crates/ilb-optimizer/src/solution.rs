@@ -60,6 +60,10 @@ pub struct Solution {
     /// Engines of the coarse problem a cold solve started from (clusters of engines whose
     /// network columns differ by a constant); `None` when it did not use one (diagnostics).
     pub coarse_engines: Option<usize>,
+    /// Classes of the grouped problem the coarse problem started from (groups of classes whose
+    /// rows over the clusters differ by about a constant); `None` when it started from one
+    /// common price or there was no coarse problem (diagnostics).
+    pub coarse_classes: Option<usize>,
 }
 
 impl Solution {

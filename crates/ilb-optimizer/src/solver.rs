@@ -86,7 +86,8 @@ pub fn solve(
     let model = Model::new(problem, &groups, &curves);
     let scale = price_scale(&model);
     let mapped = warm.map(|w| map_warm_start(problem, &model, &groups, w));
-    let mut coarse_engines = None;
+    // The coarse problem's engines and grouped classes, when a cold solve started from one.
+    let mut coarse = None;
     let mut bounds = None;
     let (u, prev, eps_start, lost) = match mapped {
         Some(m) => {
@@ -97,7 +98,7 @@ pub fn solve(
         }
         None => match coarse::start(&model, options, scale) {
             Some(c) => {
-                coarse_engines = Some(c.clusters);
+                coarse = Some((c.clusters, c.classes));
                 bounds = c.bounds;
                 let prev = if options.proximal { c.prev } else { PrevRoutes::default() };
                 (c.prices, prev, c.epsilon.clamp(1e-7 * scale, 0.05 * scale), None)
@@ -106,7 +107,7 @@ pub fn solve(
         },
     };
     let mut run = Run::new(&model, options, scale, prev);
-    if coarse_engines.is_some() {
+    if coarse.is_some() {
         run.travel = Travel::Coarse;
         run.bounds = bounds;
     }
@@ -141,7 +142,7 @@ pub fn solve(
         passes: run.passes,
         rebuilds: run.rebuilds,
         epsilon: eps,
-        coarse_engines,
+        coarse,
     };
     let (solution, routes) = disaggregate(problem, &groups, &model, summary, &repaired, lost.as_ref());
     let warm = WarmStart {

@@ -164,6 +164,7 @@ pub(crate) fn keep_previous(
         rebuilds: new.rebuilds,
         epsilon: new.epsilon,
         coarse_engines: new.coarse_engines,
+        coarse_classes: new.coarse_classes,
     })
 }
 

@@ -63,6 +63,12 @@ fn fleet_instances_agree_within_the_certified_gap() {
         check_within_gap(GenConfig { piecewise_fraction: 0.35, ..config.clone() });
         check_within_gap(GenConfig { piecewise_fraction: 1.0, ..config.with_load(1.08) });
     }
+    // Large enough for the fitted coarse start, which starts from a grouped problem of its classes.
+    for config in [GenConfig::fleet(40, 400, 4), GenConfig::fleet(40, 400, 4).with_load(1.08)] {
+        let (solution, _) = solve(&generate(&config), None, &SolverOptions::default()).unwrap();
+        assert!(solution.coarse_classes.is_some_and(|g| g <= 30), "{:?}", solution.coarse_classes);
+        check_within_gap(config);
+    }
     // Warm re-solves after ±1 % demand changes agree too.
     let problem = generate(&GenConfig::fleet(24, 160, 5).with_load(1.08));
     let options = SolverOptions::default();

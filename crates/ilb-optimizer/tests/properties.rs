@@ -150,6 +150,8 @@ fn fleet_instances_are_certified_and_stable() {
         let (a, warm) = solve(&problem, None, &options).unwrap();
         common::check_invariants(&problem, &a);
         assert!(a.gap <= 5e-4, "{config:?}: gap {}", a.gap);
+        // The fitted coarse start, from a grouped problem of about two classes per region.
+        assert!(a.coarse_classes.is_some_and(|g| g <= 40), "{:?}", a.coarse_classes);
         let shed: f64 = a.shed_rps.iter().sum();
         assert_eq!(shed > 0.0, config.load_factor > 1.0, "shed {shed}");
         let (b, _) = solve(&problem, None, &options).unwrap();
@@ -306,6 +308,7 @@ fn noisy_instances_are_certified_and_stable() {
         common::check_invariants(&problem, &a);
         assert!(a.gap <= 5e-4, "{config:?}: gap {}", a.gap);
         assert!(a.coarse_engines.is_some_and(|c| c <= 100), "{:?}", a.coarse_engines);
+        assert!(a.coarse_classes.is_some_and(|g| g <= 40), "{:?}", a.coarse_classes);
         let (b, _) = solve(&problem, None, &options).unwrap();
         assert_eq!(a, b);
         let (mut warm, mut current) = (warm, problem);
