@@ -71,18 +71,15 @@ fn main() {
     // it, as in a control loop).
     let p = if flag("chained") { perturb_demand(&p, 6, 0.01) } else { p };
     let (settle, w) = solve(&p, Some(&w), &SolverOptions::default()).expect("valid");
-    eprintln!(
-        "cold eps {:.4} | settle eps {:.4} steps {} passes {} rebuilds {} gap {:.1e}",
-        s.epsilon, settle.epsilon, settle.newton_steps, settle.passes, settle.rebuilds, settle.gap
-    );
     let q = perturb_demand(&p, 7, 0.01);
     let repeats = args.get(2).copied().unwrap_or(20);
     let start = clock();
     let t = measured(&q, Some(&w), repeats);
     let warm_ms = since(start).as_secs_f64() * 1e3 / repeats as f64;
-    eprintln!("measured eps {:.4}", t.epsilon);
+    // ε of each solve: a warm re-solve starts at the previous one's (its lists' width follows it).
     println!(
-        "cold {cold_ms:.1} ms gap {:.1e} steps {} passes {} rebuilds {}; warm {warm_ms:.1} ms gap {:.1e} steps {} passes {} rebuilds {} objective {:e}",
-        s.gap, s.newton_steps, s.passes, s.rebuilds, t.gap, t.newton_steps, t.passes, t.rebuilds, t.objective
+        "cold {cold_ms:.1} ms gap {:.1e} steps {} passes {} rebuilds {} ε {:.3}; settle steps {} passes {} ε {:.3}; warm {warm_ms:.1} ms gap {:.1e} steps {} passes {} rebuilds {} ε {:.3} objective {:e}",
+        s.gap, s.newton_steps, s.passes, s.rebuilds, s.epsilon, settle.newton_steps, settle.passes, settle.epsilon,
+        t.gap, t.newton_steps, t.passes, t.rebuilds, t.epsilon, t.objective
     );
 }
