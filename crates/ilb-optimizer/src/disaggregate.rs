@@ -21,7 +21,8 @@ pub(crate) struct RunSummary<'r> {
     pub passes: usize,
     pub rebuilds: usize,
     pub epsilon: f64,
-    /// The coarse problem's engines and grouped classes (`Solution::coarse_engines`, `coarse_classes`).
+    /// The coarse problem's engines and grouped classes (`Solution::coarse_engines` and
+    /// `coarse_classes`).
     pub coarse: Option<(usize, Option<usize>)>,
 }
 
