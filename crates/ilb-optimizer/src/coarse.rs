@@ -671,29 +671,15 @@ fn grouped_prices(coarse: &Model, options: &SolverOptions, scale: f64) -> Option
     let mut tiers = Vec::new();
     tier_start.push(0);
     for g in 0..groups as u32 {
-        let first = tiers.len();
         for k in (0..n).filter(|&k| group_of[k] == g) {
             let member = &coarse.tiers[coarse.tier_start[k]..coarse.tier_start[k + 1]];
             tiers.extend(member.iter().map(|&(p, d)| (p - alpha[k], d)));
         }
-        tiers[first..].sort_by(|a, b| a.0.total_cmp(&b.0));
         tier_start.push(tiers.len());
     }
-    let demand: Vec<f64> =
-        (0..groups).map(|g| tiers[tier_start[g]..tier_start[g + 1]].iter().map(|t| t.1).sum()).collect();
     let network = NetworkMatrix::from_engine_major(groups, s_count, values);
-    let grouped = Model {
-        network: &network,
-        curves: std::sync::Arc::clone(&coarse.curves),
-        penalty: (0..groups).map(|g| tiers[tier_start[g + 1] - 1].0).collect(),
-        class_on: demand.iter().map(|&d| d > 0.0).collect(),
-        demand,
-        tier_start,
-        tiers,
-        engine_on: coarse.engine_on.clone(),
-        capacity: coarse.capacity.clone(),
-        rho: coarse.rho,
-    };
+    let curves = std::sync::Arc::clone(&coarse.curves);
+    let grouped = Model::from_tiers(&network, curves, tier_start, tiers, coarse.capacity.clone(), coarse.rho);
     let loose = SolverOptions { gap_target: GROUPED_GAP.max(options.gap_target), ..options.clone() };
     let mut run = Run::new(&grouped, &loose, scale, PrevRoutes::default());
     run.idle_reach_per_eps = crate::newton::IDLE_REACH_PER_EPS;
@@ -827,19 +813,15 @@ mod tests {
             .iter()
             .map(|&c| Curve::new(&Latency::Queueing { t0_ms: 50.0, b_ms: 20.0 }, c, 0.95))
             .collect();
-        let demand: Vec<f64> = (0..n).map(|k| 8.0 + (k * 7 % 5) as f64 * 3.0).collect();
-        let model = Model {
-            network: &network,
-            curves: std::sync::Arc::new(curves),
-            penalty: vec![5_000.0; n],
-            tier_start: (0..=n).collect(),
-            tiers: demand.iter().map(|&d| (5_000.0, d)).collect(),
-            class_on: vec![true; n],
-            demand,
-            engine_on: vec![true; engines],
+        let tiers = (0..n).map(|k| (5_000.0, 8.0 + (k * 7 % 5) as f64 * 3.0)).collect();
+        let model = Model::from_tiers(
+            &network,
+            std::sync::Arc::new(curves),
+            (0..=n).collect(),
+            tiers,
             capacity,
-            rho: 0.95,
-        };
+            0.95,
+        );
         let options = SolverOptions { gap_target: 1e-6, ..SolverOptions::default() };
         let scale = 50.0;
         let (prices, found) = grouped_prices(&model, &options, scale).expect("the classes group");

@@ -87,34 +87,54 @@ pub(crate) struct Model<'a> {
 
 impl<'a> Model<'a> {
     pub fn new(problem: &Problem, groups: &'a Aggregation, curves: &EngineCurves) -> Self {
-        let curves = Arc::clone(&curves.curves);
-        let engine_on = curves.iter().map(|c| c.cap() > 0.0).collect();
         let g_count = groups.n_groups();
         let mut tier_start = Vec::with_capacity(g_count + 1);
         let mut tiers = Vec::with_capacity(problem.classes.len());
         tier_start.push(0);
         for g in 0..g_count {
-            let first = tiers.len();
-            for &k in groups.members(g) {
-                let class = &problem.classes[k as usize];
-                tiers.push((class.shed_penalty_ms, class.demand_rps));
-            }
-            tiers[first..].sort_by(|a, b| a.0.total_cmp(&b.0));
+            let members = groups.members(g).iter().map(|&k| &problem.classes[k as usize]);
+            tiers.extend(members.map(|class| (class.shed_penalty_ms, class.demand_rps)));
             tier_start.push(tiers.len());
+        }
+        let capacity = problem.engines.iter().map(|e| e.capacity_rps).collect();
+        Model::from_tiers(
+            &groups.network,
+            Arc::clone(&curves.curves),
+            tier_start,
+            tiers,
+            capacity,
+            problem.rho,
+        )
+    }
+
+    /// The model of the groups whose members are `tiers` (shed penalty, demand; CSR by
+    /// `tier_start`), sorted here by penalty within each group; a group's demand, top penalty
+    /// and whether it has a price follow from them, and which engines take load from `curves`.
+    pub fn from_tiers(
+        network: &'a NetworkMatrix,
+        curves: Arc<Vec<Curve>>,
+        tier_start: Vec<usize>,
+        mut tiers: Vec<(f64, f64)>,
+        capacity: Vec<f64>,
+        rho: f64,
+    ) -> Self {
+        let g_count = tier_start.len() - 1;
+        for g in 0..g_count {
+            tiers[tier_start[g]..tier_start[g + 1]].sort_by(|a, b| a.0.total_cmp(&b.0));
         }
         let demand: Vec<f64> =
             (0..g_count).map(|g| tiers[tier_start[g]..tier_start[g + 1]].iter().map(|t| t.1).sum()).collect();
         Model {
-            network: &groups.network,
+            network,
             penalty: (0..g_count).map(|g| tiers[tier_start[g + 1] - 1].0).collect(),
             class_on: demand.iter().map(|&d| d > 0.0).collect(),
+            engine_on: curves.iter().map(|c| c.cap() > 0.0).collect(),
             demand,
             tier_start,
             tiers,
-            engine_on,
-            capacity: problem.engines.iter().map(|e| e.capacity_rps).collect(),
+            capacity,
             curves,
-            rho: problem.rho,
+            rho,
         }
     }
 
