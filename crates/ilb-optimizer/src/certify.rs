@@ -62,9 +62,8 @@ fn drop_small_flows(model: &Model, cand: &Candidates, x: &mut [f64], min_fractio
     let drop_below: Vec<f64> = model.demand.iter().map(|&d| min_fraction * d).collect();
     for (v, &k) in x.iter_mut().zip(&cand.class) {
         let k = k as usize;
-        if *v < drop_below[k] {
-            *v = 0.0;
-        }
+        // A select, not a branch: most entries carry no flow, which ones is data.
+        *v = if *v < drop_below[k] { 0.0 } else { *v };
         flow[k] += *v;
     }
     flow

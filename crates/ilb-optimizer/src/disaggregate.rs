@@ -42,14 +42,17 @@ pub(crate) fn disaggregate(
     let (shed_rps, share) = member_shed_and_share(problem, groups, &repaired.shed);
     let routes = class_routes(groups, &g_routes, &share);
     // Group routes engine-major for the next warm start.
-    let mut engine_major = Vec::with_capacity(g_routes.routes.len());
+    // Branch-free (which entries carry flow is data): each entry is written, the length only
+    // advances past those with flow.
+    let mut engine_major = vec![(0u32, 0u32, 0.0f64); cand.class.len()];
+    let mut len = 0;
     for j in 0..m {
         for e in cand.start[j]..cand.start[j + 1] {
-            if repaired.x[e] > 0.0 {
-                engine_major.push((cand.class[e], j as u32, repaired.x[e]));
-            }
+            engine_major[len] = (cand.class[e], j as u32, repaired.x[e]);
+            len += usize::from(repaired.x[e] > 0.0);
         }
     }
+    engine_major.truncate(len);
     let engines = engine_plans(model, run.q, &repaired.load);
     let total: f64 = model.demand.iter().sum();
     let traffic_moved = previous.map(|old| traffic_moved(old, groups, &g_routes, &share, total));
@@ -83,25 +86,25 @@ impl GroupRoutes {
     /// Group routes by group, engines ascending (counting sort of the engine-major entries).
     fn new(cand: &Candidates, x: &[f64], g_count: usize, m: usize) -> GroupRoutes {
         let mut g_start = vec![0usize; g_count + 1];
+        // Branch-free here and below: which entries carry flow is data.
         for e in 0..cand.class.len() {
-            if x[e] > 0.0 {
-                g_start[cand.class[e] as usize + 1] += 1;
-            }
+            g_start[cand.class[e] as usize + 1] += usize::from(x[e] > 0.0);
         }
         for g in 0..g_count {
             g_start[g + 1] += g_start[g];
         }
         let mut fill = g_start.clone();
-        let mut g_routes = vec![(0u32, 0.0f64); g_start[g_count]];
+        // One slot more, past the routes: entries without flow are written there.
+        let spare = g_start[g_count];
+        let mut g_routes = vec![(0u32, 0.0f64); spare + 1];
         for j in 0..m {
             for e in cand.start[j]..cand.start[j + 1] {
-                if x[e] > 0.0 {
-                    let g = cand.class[e] as usize;
-                    g_routes[fill[g]] = (j as u32, x[e]);
-                    fill[g] += 1;
-                }
+                let (g, flows) = (cand.class[e] as usize, x[e] > 0.0);
+                g_routes[if flows { fill[g] } else { spare }] = (j as u32, x[e]);
+                fill[g] += usize::from(flows);
             }
         }
+        g_routes.truncate(spare);
         GroupRoutes { start: g_start, routes: g_routes }
     }
 

@@ -479,7 +479,7 @@ impl Candidates {
         self.net.reserve(most);
         self.prev.reserve(most);
         let (class, net, x0) = (&mut self.class, &mut self.net, &mut self.prev);
-        let reduced = &mut self.blocks;
+        let (reduced, window) = (&mut self.blocks, &mut self.window);
         self.start.push(0);
         for j in 0..m {
             if model.engine_on[j] && n > 0 {
@@ -494,15 +494,22 @@ impl Candidates {
                     best = if r > best { r } else { best };
                 }
                 let threshold = best - width;
+                // The window's entries, branch-free as in `bounded_window`.
+                window.clear();
+                window.resize(classes.len(), 0);
+                let mut len = 0;
+                for (i, &r) in reduced.iter().enumerate() {
+                    window[len] = i as u32;
+                    len += usize::from(r >= threshold);
+                }
+                window.truncate(len);
                 let column = model.network.engine_column(j);
                 let allowed = |k: usize| column[k].is_finite() && model.class_on[k];
                 let (mut p, p_hi) = if have_prev { (prev.start[j], prev.start[j + 1]) } else { (0, 0) };
                 // The window (wide entries are allowed: same model) merged with the previous
                 // routes with flow, by class, as `emit_window` merges them.
-                for ((&k, &n_kj), &r) in classes.iter().zip(nets).zip(reduced.iter()) {
-                    if r < threshold {
-                        continue;
-                    }
+                for &i in window.iter() {
+                    let (k, n_kj) = (classes[i as usize], nets[i as usize]);
                     while p < p_hi && prev.class[p] < k {
                         let kp = prev.class[p] as usize;
                         if prev.rps[p] > 0.0 && allowed(kp) {
@@ -597,12 +604,16 @@ fn bounded_window(
         best = if v > best { v } else { best };
     }
     let threshold = best - width;
+    // Branch-free: every class is written, and the length only advances past those in the window
+    // (a few of the scanned ones, so a branch on each was mispredicted often).
     out.clear();
+    out.resize(classes.len(), 0);
+    let mut len = 0;
     for (&k, &r) in classes.iter().zip(reduced.iter()) {
-        if r >= threshold {
-            out.push(k);
-        }
+        out[len] = k;
+        len += usize::from(r >= threshold);
     }
+    out.truncate(len);
 }
 
 /// The classes k with u_k − n_kj ≥ `threshold` in one engine's column, ascending, into `out`.
@@ -766,11 +777,14 @@ impl Pass {
             (base, curve.response(base).1)
         } else {
             let floor = (top - curve.cap() * inv_k).max(base);
+            // Branch-free, as in `bounded_window`: which entries pass is data, not a pattern.
+            self.scratch.resize(reduced.len(), (0.0, 0));
+            let mut len = 0;
             for (i, &r) in reduced.iter().enumerate() {
-                if r > floor {
-                    self.scratch.push((r, (lo + i) as u32));
-                }
+                self.scratch[len] = (r, (lo + i) as u32);
+                len += usize::from(r > floor);
             }
+            self.scratch.truncate(len);
             let below = if self.scratch.len() > CUT_ABOVE {
                 cut_below_root(curve, k_j, &mut self.scratch, top, floor, self.q[j])
             } else {
@@ -844,12 +858,11 @@ impl Pass {
             let q = self.q[j];
             let (lo, hi) = (cand.start[j], cand.start[j + 1]);
             for (&k, &net) in cand.class[lo..hi].iter().zip(&cand.net[lo..hi]) {
-                // `min` without its NaN handling: `best` starts at +∞ and never holds a NaN, so a
-                // NaN sum is skipped either way.
+                // `min` without its NaN handling (`best` starts at +∞ and never holds a NaN, so a
+                // NaN sum is skipped either way), and without a branch: which engine is a class's
+                // best is data.
                 let (v, b) = (net + q, &mut best[k as usize]);
-                if v < *b {
-                    *b = v;
-                }
+                *b = if v < *b { v } else { *b };
             }
         }
         best
