@@ -17,7 +17,7 @@
 use crate::curve::Curve;
 use crate::newton::Run;
 use crate::options::{SolverOptions, WARM_MIN_EPSILON};
-use crate::pass::{ListBounds, Model, PrevRoutes};
+use crate::pass::{ListBounds, Model, PrevRoutes, PREFETCH_AHEAD};
 use crate::problem::NetworkMatrix;
 use crate::warm::cold_prices;
 
@@ -286,6 +286,7 @@ fn split(
     let mut prev = PrevRoutes { start: Vec::with_capacity(m + 1), class: Vec::new(), rps: Vec::new() };
     prev.start.push(0);
     for j in 0..m {
+        model.network.prefetch_column(j + PREFETCH_AHEAD);
         if cluster_of[j] != u32::MAX {
             let (row, column) = (cluster_of[j] as usize, model.network.engine_column(j));
             for &e in &flowing[flowing_start[row]..flowing_start[row + 1]] {
@@ -458,6 +459,7 @@ fn nearest_clusters(model: &Model) -> Option<Clusters> {
     let mut keyed: Vec<(u32, u64, u32)> = Vec::with_capacity(m);
     let mut forbidden_hash = vec![0u64; m];
     for j in 0..m {
+        model.network.prefetch_column(j + PREFETCH_AHEAD);
         if !model.engine_on[j] {
             continue;
         }
@@ -501,7 +503,8 @@ fn nearest_clusters(model: &Model) -> Option<Clusters> {
         let first_hash = forbidden_hash[members[0] as usize];
         if members.iter().all(|&j| forbidden_hash[j as usize] == first_hash) {
             // Every member forbids the same groups: +∞ stays +∞, the rest is a plain mean.
-            for &j in members {
+            for (i, &j) in members.iter().enumerate() {
+                prefetch_member(model, members, i + PREFETCH_AHEAD);
                 let b = offset[j as usize];
                 // Slices of one length, indexed: the compiler vectorises this form.
                 let values = &model.network.engine_column(j as usize)[..n];
@@ -520,7 +523,8 @@ fn nearest_clusters(model: &Model) -> Option<Clusters> {
             continue;
         }
         allowed.fill(0);
-        for &j in members {
+        for (i, &j) in members.iter().enumerate() {
+            prefetch_member(model, members, i + PREFETCH_AHEAD);
             let b = offset[j as usize];
             let values = &model.network.engine_column(j as usize)[..n];
             let (a, c, l, h) = (&mut column[..n], &mut allowed[..n], &mut low_s[..n], &mut high_s[..n]);
@@ -542,6 +546,14 @@ fn nearest_clusters(model: &Model) -> Option<Clusters> {
         }
     }
     Some(Clusters { start, engine, offset, values, exact: false, bounds: Some((lo, hi)) })
+}
+
+/// Prefetches the column of `members[i]`, if any (`NetworkMatrix::prefetch_column`): a cluster's
+/// members are spread over the matrix.
+fn prefetch_member(model: &Model, members: &[u32], i: usize) {
+    if let Some(&j) = members.get(i) {
+        model.network.prefetch_column(j as usize);
+    }
 }
 
 /// A group splits a bucket of engines (same nearest group) when it is forbidden at more than this
@@ -581,7 +593,10 @@ fn split_by_forbidden(
         // Over every group, not only those with demand (`splitting` looks at those only): a
         // plain zip, which the compiler vectorises, where gathering through `active` was five
         // times the instructions (5.5 M of a 100 x 5,000 fleet cold solve).
-        for &(_, _, j) in bucket.iter() {
+        for (i, &(_, _, j)) in bucket.iter().enumerate() {
+            if let Some(ahead) = bucket.get(i + PREFETCH_AHEAD) {
+                model.network.prefetch_column(ahead.2 as usize);
+            }
             let column = model.network.engine_column(j as usize);
             for (count, &v) in forbidden.iter_mut().zip(column) {
                 *count += u32::from(!v.is_finite());
