@@ -254,14 +254,12 @@ impl Curve {
                 if q <= a[0] {
                     (0.0, 0.0)
                 } else {
-                    // The first segment whose marginal range ends above q.
-                    let mut i = 0;
-                    while i < ends.len() && ends[i] < q {
-                        i += 1;
-                        if q < starts[i] {
-                            // q falls in the jump of f' at breaks[i].
-                            return clamp(self.cap, breaks[i], 0.0);
-                        }
+                    // The first segment whose marginal range ends at or above q: as many as end
+                    // below it (ascending), counted without a branch (which one is data).
+                    let i = ends.iter().map(|&end| usize::from(end < q)).sum::<usize>();
+                    if i > 0 && q < starts[i] {
+                        // q falls in the jump of f' at breaks[i].
+                        return clamp(self.cap, breaks[i], 0.0);
                     }
                     ((q - a[i]) / (2.0 * s[i]), half_inverse[i])
                 }
