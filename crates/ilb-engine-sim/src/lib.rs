@@ -12,6 +12,8 @@
 
 // No product function over `too-many-lines-threshold` (clippy.toml) lines; tests may be longer.
 #![cfg_attr(not(test), warn(clippy::too_many_lines))]
+// No unsafe code (the workspace's one `unsafe` is the optimizer's cache prefetch hint).
+#![forbid(unsafe_code)]
 
 mod clock;
 pub mod model;

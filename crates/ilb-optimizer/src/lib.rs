@@ -8,6 +8,9 @@
 #![cfg_attr(not(test), warn(clippy::too_many_lines))]
 // Index loops over parallel arrays (classes, engines, candidate entries) read as the math does.
 #![allow(clippy::needless_range_loop)]
+// The one exception, allowed where it is: a cache prefetch hint (`NetworkMatrix::prefetch_column`).
+// Every other ilb crate forbids unsafe code outright.
+#![deny(unsafe_code)]
 
 mod aggregate;
 mod certify;

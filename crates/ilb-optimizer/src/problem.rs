@@ -206,6 +206,7 @@ impl NetworkMatrix {
     /// (32 MB for 200 × 20,000), and the passes that read a few columns' entries each, or jump
     /// from one cluster member's column to the next, otherwise wait on memory for each column.
     #[inline]
+    #[allow(unsafe_code)]
     pub(crate) fn prefetch_column(&self, engine_idx: usize) {
         let range = engine_idx * self.n_classes..(engine_idx + 1) * self.n_classes;
         let Some(column) = self.values.get(range) else {
