@@ -17,8 +17,8 @@
 use crate::curve::Curve;
 use crate::newton::Run;
 use crate::options::{SolverOptions, WARM_MIN_EPSILON};
-use crate::pass::{ListBounds, Model, PrevRoutes, PREFETCH_AHEAD};
-use crate::problem::NetworkMatrix;
+use crate::pass::{ListBounds, Model, PrevRoutes};
+use crate::problem::{NetworkMatrix, PREFETCH_AHEAD};
 use crate::warm::cold_prices;
 
 /// Engines whose normalised columns agree within this many ms share a cluster: measured

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use crate::aggregate::Aggregation;
 use crate::curve::Curve;
-use crate::problem::{Latency, NetworkMatrix, Problem};
+use crate::problem::{Latency, NetworkMatrix, Problem, PREFETCH_AHEAD};
 
 /// The engines' processed curves with the inputs they were built from (ρ, and each engine's
 /// capacity and latency, as bits). A warm start keeps them, and the next solve reuses them when
@@ -237,10 +237,6 @@ impl<'a> Model<'a> {
         self.tiers(k).iter().map(|t| t.0).find(|&p| p > u).unwrap_or(f64::INFINITY)
     }
 }
-
-/// How many engines ahead a scan of the network matrix asks for the next columns
-/// (`NetworkMatrix::prefetch_column`).
-pub(crate) const PREFETCH_AHEAD: usize = 3;
 
 /// Per-engine candidate classes (CSR), valid around `base_u`.
 #[derive(Default)]
@@ -610,7 +606,7 @@ fn bounded_window(
 /// is written and the length advances past those kept. Where which items pass is data (a window's
 /// few classes among the scanned ones), a branch on each was mispredicted often enough to cost
 /// more than the writes (100 × 5,000 fleet cold ~-8 % wall clock with the passes' and rebuilds'
-/// filters so written, for 1–2 % more instructions).
+/// filters so written, for 5 % more instructions).
 pub(crate) fn select_into<T: Copy + Default>(
     out: &mut Vec<T>,
     items: impl ExactSizeIterator<Item = (T, bool)>,

@@ -108,6 +108,10 @@ fn non_negative(x: f64) -> bool {
     x.is_finite() && x >= 0.0
 }
 
+/// How many engines ahead a scan of the network matrix asks for the next columns
+/// (`NetworkMatrix::prefetch_column`).
+pub(crate) const PREFETCH_AHEAD: usize = 3;
+
 impl NetworkMatrix {
     /// Builds the matrix from `f(class_idx, engine_idx)`; `None` = forbidden.
     pub fn from_fn(
