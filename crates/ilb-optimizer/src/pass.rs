@@ -360,8 +360,8 @@ impl Candidates {
                 self.net.reserve(extra);
                 self.prev.reserve(extra);
             }
-            // Three engines ahead: a rebuild takes about as long per engine as memory takes to
-            // answer (200 × 20,000 fleet cold, wall clock ~-7 %).
+            // `PREFETCH_AHEAD` engines ahead: a rebuild takes about as long per engine as memory
+            // takes to answer (200 × 20,000 fleet cold, wall clock ~-7 %).
             model.network.prefetch_column(j + PREFETCH_AHEAD);
             if model.engine_on[j] && n > 0 {
                 let column = model.network.engine_column(j);
