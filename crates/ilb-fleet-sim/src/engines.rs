@@ -1,6 +1,7 @@
 //! One simulated engine: the real [`EngineModel`] plus what a vLLM server would expose about
-//! it (cumulative TTFT, inter-token and end-to-end histograms with vLLM's buckets), turned into
-//! the control plane's [`EngineSample`] as a scrape of `/metrics` would.
+//! it (cumulative TTFT, inter-token and end-to-end histograms and generated tokens per request,
+//! with vLLM's buckets), turned into the control plane's [`EngineSample`] as a scrape of
+//! `/metrics` would.
 
 use ilb_engine_sim::{EngineModel, HardwareProfile, Nanos, Outcome};
 use ilb_planning::signals::{EngineFlavor, EngineSample, Histogram};
@@ -20,6 +21,11 @@ const E2E_BUCKETS: [f64; 20] = [
     960.0, 1920.0,
 ];
 
+/// vLLM's `request_generation_tokens` buckets: the 1-2-5 series up to the model's maximum
+/// length (8,192 here, above every simulated context).
+const GENERATION_TOKEN_BUCKETS: [f64; 12] =
+    [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0];
+
 /// A cumulative histogram being filled (per-bucket counts; the +Inf bucket last).
 #[derive(Clone, Debug)]
 struct Filling {
@@ -34,10 +40,10 @@ impl Filling {
         Filling { bounds, counts: vec![0; bounds.len() + 1], sum: 0.0, count: 0 }
     }
 
-    fn observe(&mut self, seconds: f64, times: u64) {
-        let bucket = self.bounds.partition_point(|&b| b < seconds);
+    fn observe(&mut self, value: f64, times: u64) {
+        let bucket = self.bounds.partition_point(|&b| b < value);
         self.counts[bucket] += times;
-        self.sum += seconds * times as f64;
+        self.sum += value * times as f64;
         self.count += times;
     }
 
@@ -69,6 +75,7 @@ pub struct SimEngine {
     ttft: Filling,
     itl: Filling,
     e2e: Filling,
+    generated: Filling,
 }
 
 impl SimEngine {
@@ -81,6 +88,7 @@ impl SimEngine {
             ttft: Filling::new(&TTFT_BUCKETS),
             itl: Filling::new(&ITL_BUCKETS),
             e2e: Filling::new(&E2E_BUCKETS),
+            generated: Filling::new(&GENERATION_TOKEN_BUCKETS),
         })
     }
 
@@ -90,6 +98,7 @@ impl SimEngine {
         let e2e = o.finished_at.saturating_sub(o.arrival) as f64 / 1e9;
         self.ttft.observe(ttft, 1);
         self.e2e.observe(e2e, 1);
+        self.generated.observe(f64::from(o.output_tokens), 1);
         if o.output_tokens > 1 {
             let gaps = u64::from(o.output_tokens - 1);
             let itl = o.finished_at.saturating_sub(o.first_token_at) as f64 / 1e9 / gaps as f64;
@@ -125,6 +134,7 @@ impl SimEngine {
             ttft: Some(self.ttft.exposed()),
             tbot: Some(self.itl.exposed()),
             e2e: Some(self.e2e.exposed()),
+            output_tokens: Some(self.generated.exposed()),
             ..EngineSample::default()
         }
     }

@@ -87,14 +87,15 @@ pub struct ControlPlaneSettings {
     /// Output tokens per request to expect before the engines have reported any: the
     /// starting point of the output length the control plane learns per model from the
     /// engines' generated-token and finished-request counters (it counts as 20 requests'
-    /// worth). The decode term of `objective = "ttft_plus_decode"` and, under either
+    /// worth, with an exponential spread). The decode term of `objective = "ttft_plus_decode"` and, under either
     /// objective, how long the plan expects a request to stay on each engine (the snapshots'
     /// `in_flight_ms`) use the learned length. Default 128.
     pub expected_output_tokens: f64,
     /// How much the objective weighs the tail (decode objective only): each millisecond by
     /// which a request is expected to run past its model's p99 latency counts this many times
-    /// on top of the mean, with output lengths taken as exponential around the learned mean
-    /// (the only spread a mean alone tells). At w, the objective is the mean + w/100 × the
+    /// on top of the mean. The spread of output lengths is learned per model from the engines'
+    /// histograms of generated tokens per request (vLLM, SGLang, TGI); where there are none, it
+    /// is exponential around the learned mean (the widest spread a mean alone allows). At w, the objective is the mean + w/100 × the
     /// p99's conditional value at risk, so the plan keeps long answers off engines that decode
     /// slowly at their load even where the mean alone would accept them. Shed prices are raised
     /// by 1 + w alike, so the term moves traffic but sheds nothing the mean alone would not.

@@ -245,3 +245,60 @@ fn a_flooded_window_is_not_a_point_of_the_curve() {
         assert!(w > 1.2 * s, "at {load} req/s the same latencies, settled, count: {w:.1} against {s:.1}");
     }
 }
+
+/// The answers' lengths are learned from what the engines expose: the mean from every engine's
+/// token and request counters, the law's shape from vLLM's histogram of generated tokens per
+/// request. Answers that all run 150 tokens have a short tail, which an exponential of the same
+/// mean would not.
+#[test]
+fn the_answers_lengths_are_learned_from_the_engines_histograms() {
+    use ilb_planning::profile::DecodeLengths;
+    use ilb_planning::signals::Histogram;
+    let mut fleet = fleet(2);
+    let bounds =
+        [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, f64::INFINITY];
+    // `finished` requests of 150 tokens so far; e0 exposes the histogram, e1 counters only.
+    let sample = |finished: f64, histogram: bool| {
+        let generated = histogram.then(|| {
+            let buckets = bounds.iter().map(|&le| (le, if le >= 150.0 { finished } else { 0.0 })).collect();
+            Histogram::from_parts(buckets, 150.0 * finished, finished).unwrap()
+        });
+        let sample = EngineSample {
+            flavor: EngineFlavor::Vllm,
+            requests_finished: Some(finished),
+            generation_tokens: Some(150.0 * finished),
+            output_tokens: generated,
+            ..EngineSample::default()
+        };
+        vec![(ModelName::new("m"), sample)]
+    };
+    let prior = fleet.output_tokens("m");
+    assert_eq!(
+        fleet.decode_lengths("m"),
+        DecodeLengths::exponential(prior - 1.0),
+        "no data: the configured mean"
+    );
+    for s in 0..=60u64 {
+        let now = Duration::from_secs(s);
+        fleet.on_scrape(0, now, Ok(sample(2.0 * s as f64, true)));
+        fleet.on_scrape(1, now, Ok(sample(2.0 * s as f64, false)));
+    }
+    let mean = fleet.output_tokens("m");
+    assert!((mean - 150.0).abs() < 0.1 * 150.0, "learned mean {mean} (configured {prior})");
+    let law = fleet.decode_lengths("m");
+    assert!((law.mean() - (mean - 1.0)).abs() < 1e-9 * mean, "{} against {mean}", law.mean());
+    let exponential = DecodeLengths::exponential(mean - 1.0);
+    for decode in [250.0, 400.0] {
+        assert!(
+            law.survival(decode) < 0.5 * exponential.survival(decode),
+            "P(L > {decode}): {} against the exponential's {}",
+            law.survival(decode),
+            exponential.survival(decode)
+        );
+    }
+    // Restarted: its histogram starts from zero, taken as the window's; nothing is lost.
+    fleet.on_scrape(0, Duration::from_secs(61), Ok(sample(2.0, true)));
+    fleet.on_scrape(0, Duration::from_secs(62), Ok(sample(4.0, true)));
+    let after = fleet.decode_lengths("m");
+    assert!(after.survival(250.0) < 0.5 * exponential.survival(250.0));
+}

@@ -551,8 +551,11 @@ proptest! {
 #[test]
 fn the_tail_term_keeps_long_answers_off_the_slow_decoder() {
     use ilb_optimizer::{Class, Engine, Latency, NetworkMatrix, Problem};
-    use ilb_planning::profile::{combine_with_tail, mixture_quantile, LatencyProfile, Objective, Tail};
+    use ilb_planning::profile::{
+        combine_with_tail, mixture_quantile, DecodeLengths, LatencyProfile, Objective, Tail,
+    };
     let tokens = 40.0;
+    let lengths = DecodeLengths::exponential(tokens);
     let capacity = 100.0;
     let queueing = |t0_ms, b_ms| LatencyProfile::Queueing { t0_ms, b_ms };
     // (TTFT, TBOT): 20 + 40 × 20 = 340 + 40 × 12 = 820 ms unloaded.
@@ -594,14 +597,14 @@ fn the_tail_term_keeps_long_answers_off_the_slow_decoder() {
             .map(|((ttft, tbot), &y)| (y, ttft.latency_ms(y, capacity), tbot.latency_ms(y, capacity)))
             .collect();
         let mean = parts.iter().map(|&(y, a, b)| y * (a + tokens * b)).sum::<f64>() / 120.0;
-        (mean, mixture_quantile(&parts, tokens, 0.99).unwrap())
+        (mean, mixture_quantile(&parts, &lengths, 0.99).unwrap())
     };
     let plain = solve(None);
     let (plain_mean, plain_p99) = judge(&plain);
     let mut before = (plain[0], plain_p99);
     // The default weight, then a heavier one: each moves more off the slow decoder.
     for weight in [2.0, 10.0] {
-        let tailed = solve(Some(Tail { threshold_ms: plain_p99, weight }));
+        let tailed = solve(Some(Tail { threshold_ms: plain_p99, weight, lengths: &lengths }));
         let (tailed_mean, tailed_p99) = judge(&tailed);
         assert!(
             tailed[0] < before.0 - 0.5,

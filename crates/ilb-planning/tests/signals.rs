@@ -5,6 +5,7 @@
 #![allow(clippy::disallowed_methods)] // tests read their fixtures from files
 
 use ilb_core::ModelName;
+use ilb_planning::profile::DecodeLengths;
 use ilb_planning::prom::{parse, Limits};
 use ilb_planning::signals::{extract, window, EngineFlavor, EngineSample, Histogram};
 use std::time::Duration;
@@ -225,6 +226,15 @@ fn vllm_0_32_live_capture() {
     close(sample.tbot.as_ref().map(|h| h.count), 2510.0);
     close(sample.queue.as_ref().map(|h| h.count), 27.0);
     close(sample.e2e.as_ref().map(|h| h.count), 27.0);
+    // Generated tokens per request: 12 answers of at most 10 tokens, 5 more up to 20, 6 up to 50,
+    // 4 between 200 and 500; the law of their decode tokens has that survival at the bounds.
+    let generated = sample.output_tokens.as_ref().expect("vllm:request_generation_tokens");
+    close(Some(generated.count), 27.0);
+    close(Some(generated.sum), 2080.0);
+    let law = DecodeLengths::from_output_histogram(generated).unwrap();
+    for (decode, survival) in [(9.0, 15.0 / 27.0), (19.0, 10.0 / 27.0), (49.0, 4.0 / 27.0), (499.0, 0.0)] {
+        close(Some(law.survival(decode)), survival);
+    }
     // 0.12 dropped the gpu_* aliases and time_per_output_token.
     let text = fixture("vllm_0.32_busy.txt");
     assert!(!text.contains("vllm:gpu_") && !text.contains("vllm:time_per_output_token_seconds"));
@@ -236,6 +246,9 @@ fn vllm_0_32_live_capture() {
     close(stats.error_rate, 0.0);
     close(stats.preemption_rate, 0.0);
     assert!(stats.ttft.is_some() && stats.tbot.is_some() && stats.queue.is_some());
+    let generated = stats.output_tokens.expect("generated tokens of the window's requests");
+    close(Some(generated.count), 14.0);
+    close(Some(generated.sum), 2960.0 - 240.0);
 }
 
 #[test]
@@ -332,6 +345,7 @@ fn tgi_names_from_source() {
     close(sample.requests_failed, 1.0);
     close(sample.prompt_tokens, 12_000.0);
     close(sample.generation_tokens, 3400.0);
+    close(sample.output_tokens.as_ref().map(|h| h.count), 40.0);
     assert!(sample.ttft.is_none(), "TGI has no time-to-first-token histogram");
     close(sample.tbot.as_ref().and_then(Histogram::mean), 0.02);
     close(sample.e2e.as_ref().map(|h| h.count), 40.0);

@@ -396,6 +396,7 @@ fn direct(
     let elapsed = clock::since(started).as_nanos() as u64;
     metrics.ttft.observe_ns(elapsed);
     metrics.e2e.observe_ns(elapsed);
+    metrics.generated.observe_count(u64::from(completion.output_tokens));
     metrics.finished(if completion.finish_reason == "length" {
         FinishedReason::Length
     } else {

@@ -123,6 +123,7 @@ fn dispatch(state: &mut State, tokens: &[TokenEvent], metrics: &Metrics) {
         let delivered = entry.tokens.send(*token).is_ok();
         if token.finished {
             metrics.e2e.observe_ns(token.at.saturating_sub(entry.arrival));
+            metrics.generated.observe_count(u64::from(token.index));
             metrics.finished(entry.reason);
             state.live.remove(&token.id);
         } else if !delivered {

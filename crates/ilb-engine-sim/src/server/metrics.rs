@@ -22,30 +22,57 @@ pub const E2E_BUCKETS: &[f64] = &[
     960.0, 1920.0, 7680.0,
 ];
 
+/// vLLM's `request_generation_tokens` buckets: the 1-2-5 series up to the maximum model length
+/// (8,192 here).
+pub const GENERATION_TOKEN_BUCKETS: &[f64] =
+    &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0];
+
 /// A Prometheus histogram over fixed buckets, lock-free.
 pub struct Histogram {
     bounds: &'static [f64],
+    /// Observations are counted in units of 1/`per_unit` of the bounds' unit (ns for seconds).
+    per_unit: f64,
     /// Non-cumulative counts; the last slot is `+Inf`.
     counts: Vec<AtomicU64>,
-    sum_ns: AtomicU64,
+    sum_raw: AtomicU64,
     count: AtomicU64,
 }
 
 impl Histogram {
+    /// A histogram of durations, in seconds.
     pub fn new(bounds: &'static [f64]) -> Self {
+        Self::with_unit(bounds, 1e9)
+    }
+
+    /// A histogram of counts (tokens).
+    pub fn of_counts(bounds: &'static [f64]) -> Self {
+        Self::with_unit(bounds, 1.0)
+    }
+
+    fn with_unit(bounds: &'static [f64], per_unit: f64) -> Self {
         Self {
             bounds,
+            per_unit,
             counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
-            sum_ns: AtomicU64::new(0),
+            sum_raw: AtomicU64::new(0),
             count: AtomicU64::new(0),
         }
     }
 
     pub fn observe_ns(&self, ns: u64) {
-        let seconds = ns as f64 / 1e9;
-        let slot = self.bounds.partition_point(|bound| *bound < seconds);
+        self.observe_raw(ns);
+    }
+
+    /// Observes a count (a histogram made by [`Histogram::of_counts`]).
+    pub fn observe_count(&self, n: u64) {
+        self.observe_raw(n);
+    }
+
+    fn observe_raw(&self, raw: u64) {
+        let value = raw as f64 / self.per_unit;
+        let slot = self.bounds.partition_point(|bound| *bound < value);
         self.counts[slot].fetch_add(1, Ordering::Relaxed);
-        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+        self.sum_raw.fetch_add(raw, Ordering::Relaxed);
         self.count.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -58,7 +85,7 @@ impl Histogram {
         if count == 0 {
             0.0
         } else {
-            self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9 / count as f64
+            self.sum_raw.load(Ordering::Relaxed) as f64 / self.per_unit / count as f64
         }
     }
 
@@ -71,7 +98,7 @@ impl Histogram {
         }
         cumulative += self.counts[self.bounds.len()].load(Ordering::Relaxed);
         let _ = writeln!(out, "{name}_bucket{{{label},le=\"+Inf\"}} {cumulative}");
-        let sum = self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        let sum = self.sum_raw.load(Ordering::Relaxed) as f64 / self.per_unit;
         let _ = writeln!(out, "{name}_sum{{{label}}} {sum:?}");
         let _ = writeln!(out, "{name}_count{{{label}}} {cumulative}");
     }
@@ -91,6 +118,8 @@ pub struct Metrics {
     pub ttft: Histogram,
     pub itl: Histogram,
     pub e2e: Histogram,
+    /// Generated tokens per finished request.
+    pub generated: Histogram,
     pub finished_stop: AtomicU64,
     pub finished_length: AtomicU64,
     pub finished_abort: AtomicU64,
@@ -106,6 +135,7 @@ impl Default for Metrics {
             ttft: Histogram::new(TTFT_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
+            generated: Histogram::of_counts(GENERATION_TOKEN_BUCKETS),
             finished_stop: AtomicU64::new(0),
             finished_length: AtomicU64::new(0),
             finished_abort: AtomicU64::new(0),
@@ -280,6 +310,11 @@ static FAMILIES: &[Family] = &[
         help: "Histogram of e2e request latency in seconds.",
         samples: Samples::Histogram(|m| &m.e2e),
     },
+    Family {
+        name: "vllm:request_generation_tokens",
+        help: "Number of generation tokens processed.",
+        samples: Samples::Histogram(|m| &m.generated),
+    },
 ];
 
 fn header(out: &mut String, name: &str, help: &str, kind: &str) {
@@ -308,6 +343,16 @@ mod tests {
         assert!(text.contains("vllm:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"+Inf\"} 3\n"));
         assert!(text.contains("vllm:time_to_first_token_seconds_count{model_name=\"m\"} 3\n"));
         assert!(text.contains("# TYPE vllm:kv_cache_usage_perc gauge\n"));
+        // Generated tokens per request count tokens, not nanoseconds.
+        metrics.generated.observe_count(12);
+        metrics.generated.observe_count(20);
+        metrics.generated.observe_count(6000);
+        let text = metrics.render("m", &ModelStats::default(), 1, 1);
+        assert!(text.contains("vllm:request_generation_tokens_bucket{model_name=\"m\",le=\"10.0\"} 0\n"));
+        assert!(text.contains("vllm:request_generation_tokens_bucket{model_name=\"m\",le=\"20.0\"} 2\n"));
+        assert!(text.contains("vllm:request_generation_tokens_bucket{model_name=\"m\",le=\"5000.0\"} 2\n"));
+        assert!(text.contains("vllm:request_generation_tokens_bucket{model_name=\"m\",le=\"+Inf\"} 3\n"));
+        assert!(text.contains("vllm:request_generation_tokens_sum{model_name=\"m\"} 6032.0\n"));
     }
 
     /// Pins `/metrics` byte for byte (the text was recorded from the line-by-line renderer the
@@ -318,6 +363,7 @@ mod tests {
         metrics.ttft.observe_ns(30_000_000);
         metrics.itl.observe_ns(12_000_000);
         metrics.e2e.observe_ns(2_000_000_000);
+        metrics.generated.observe_count(40);
         metrics.finished(FinishedReason::Length);
         metrics.finished(FinishedReason::Abort);
         metrics.direct_prompt_tokens.fetch_add(5, Ordering::Relaxed);

@@ -13,6 +13,7 @@ mod changes;
 mod history;
 pub mod members;
 mod outliers;
+mod output;
 mod saturation;
 
 pub use changes::FleetDiff;
@@ -20,16 +21,17 @@ pub use outliers::{OutlierWindow, RecentWindows};
 
 use crate::config::FleetConfig;
 use crate::profile::{
-    combine, combine_with_tail, fit_level, fit_queueing, fit_shape, mixture_quantile, LatencyProfile,
-    Objective, Observation, QueueingPrior, Tail,
+    combine, combine_with_tail, fit_level, fit_queueing, fit_shape, mixture_quantile, DecodeLengths,
+    LatencyProfile, Objective, Observation, QueueingPrior, Tail,
 };
 use crate::signals::{window, EngineFlavor, EngineSample, WindowStats};
-use crate::smoothing::{DecayedSums, Ewma};
+use crate::smoothing::Ewma;
 use history::LoadHistory;
 use ilb_core::holds::HoldReason;
 use ilb_core::priority::Priority;
 use ilb_core::report::Report;
 use ilb_core::ModelName;
+use output::OutputLengths;
 use saturation::Saturation;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -50,14 +52,6 @@ const PRIOR_WEIGHT: f64 = 200.0;
 /// requests): more than the ten minutes of history hold of even a large engine's traffic, so
 /// an engine's own level counts for at most about a third.
 const TWIN_PRIOR_WEIGHT: f64 = 20_000.0;
-
-/// How much the configured `expected_output_tokens` counts against what the engines report,
-/// in finished requests.
-const OUTPUT_PRIOR_REQUESTS: f64 = 20.0;
-
-/// Time constant of the output-length estimate: long enough to average over many requests,
-/// short enough to follow a change of workload within a few minutes.
-const OUTPUT_LENGTH_TAU: Duration = Duration::from_secs(120);
 
 /// A latency signal with its own offline profile.
 #[derive(Clone, Copy)]
@@ -111,9 +105,9 @@ pub struct EngineRuntime {
     pub preemption_rate: Ewma<Now>,
     /// llama.cpp's own decode time per token, ms.
     pub decode_ms_per_token: Ewma<Now>,
-    /// Generated tokens and finished requests, decayed over `OUTPUT_LENGTH_TAU`: the output
-    /// length the objective's decode term uses ([`Fleet::output_tokens`]).
-    output: DecayedSums<Now>,
+    /// Its answers' lengths, for the objective's decode and tail terms ([`Fleet::output_tokens`],
+    /// [`Fleet::decode_lengths`]).
+    output: OutputLengths,
     /// Capacity learned from the windows in which the engine's queue grew ([`Saturation`]).
     saturation: Saturation,
     /// Whether the last scrape failure was a refused or failed connect.
@@ -162,7 +156,7 @@ impl EngineRuntime {
             queue_ms: Ewma::new(tau),
             preemption_rate: Ewma::new(tau),
             decode_ms_per_token: Ewma::new(tau),
-            output: DecayedSums::new(OUTPUT_LENGTH_TAU),
+            output: OutputLengths::new(),
             saturation: Saturation::default(),
             last_failure_connect: false,
             observations: LoadHistory::default(),
@@ -387,11 +381,7 @@ impl Fleet {
                     e.decode_ms_per_token.update(now, ms);
                 }
                 // Engines that count no requests (llama.cpp) finish them at the reported rate.
-                if let (Some(tokens), Some(finished)) =
-                    (w.generation_token_rate, w.request_rate.or(e.request_rate.value()))
-                {
-                    e.output.add(now, tokens * w.elapsed_s, finished * w.elapsed_s);
-                }
+                e.output.add(now, &w, w.request_rate.or(e.request_rate.value()));
                 e.last_window = Some(w);
             }
         }
@@ -688,28 +678,38 @@ impl Fleet {
     fn curves(&self, engines: &[usize], now: Option<Now>) -> Vec<EngineCurves> {
         let counts_decode = matches!(self.config.objective(), Objective::TtftPlusDecode { .. });
         let weight = self.config.control_plane.tail_weight;
-        let mut thresholds: HashMap<&str, Option<f64>> = HashMap::new();
+        // Per model: its decode tokens per request (e2e = TTFT + (output tokens − 1) × time
+        // between tokens), their law and the tail threshold.
+        let mut models: HashMap<&str, (f64, DecodeLengths, Option<f64>)> = HashMap::new();
+        for &idx in engines {
+            let model = self.config.engines[idx].model.as_str();
+            models.entry(model).or_insert_with(|| {
+                let decode_tokens = (self.output_tokens(model) - 1.0).max(0.0);
+                let lengths = self.decode_lengths(model);
+                let threshold = if counts_decode && weight > 0.0 && now.is_some() {
+                    self.tail_threshold_ms(model, &lengths)
+                } else {
+                    None
+                };
+                (decode_tokens, lengths, threshold)
+            });
+        }
         engines
             .iter()
             .zip(self.fitted_signals(engines))
             .map(|(&idx, (ttft, tbot))| {
                 let capacity = self.learned_capacity(idx);
-                let model = self.config.engines[idx].model.as_str();
-                // e2e = TTFT + (output tokens − 1) × time between tokens.
-                let decode_tokens = (self.output_tokens(model) - 1.0).max(0.0);
-                let stay = Objective::TtftPlusDecode { expected_output_tokens: decode_tokens };
+                let (decode_tokens, lengths, threshold) = &models[self.config.engines[idx].model.as_str()];
+                let stay = Objective::TtftPlusDecode { expected_output_tokens: *decode_tokens };
                 let in_flight = combine(&ttft, &tbot, stay, capacity);
                 if !counts_decode {
                     return EngineCurves { objective: ttft.clone(), mean: ttft, in_flight };
                 }
                 // An engine with no capacity gets no load: it needs no tail.
                 let effective = now.map(|now| self.effective_capacity(idx, now)).filter(|c| *c > 0.0);
-                let tail = effective.filter(|_| weight > 0.0).and_then(|effective| {
-                    let threshold = *thresholds
-                        .entry(model)
-                        .or_insert_with(|| self.tail_threshold_ms(model, decode_tokens));
-                    threshold.map(|threshold_ms| (Tail { threshold_ms, weight }, effective))
-                });
+                let tail = effective
+                    .zip(*threshold)
+                    .map(|(effective, threshold_ms)| (Tail { threshold_ms, weight, lengths }, effective));
                 let objective = match tail {
                     Some((tail, effective)) => combine_with_tail(&ttft, &tbot, stay, Some(tail), effective),
                     None => in_flight.clone(),
@@ -720,10 +720,10 @@ impl Fleet {
     }
 
     /// The p99 of `model`'s latency on its engines as they run now (their measured TTFT, time
-    /// between tokens and request rates; each request's `decode_tokens` exponential), network
+    /// between tokens and request rates; each request's decode tokens of law `lengths`), network
     /// excluded, ms: the tail term's threshold. `None` before any engine of the model has
     /// served.
-    fn tail_threshold_ms(&self, model: &str, decode_tokens: f64) -> Option<f64> {
+    fn tail_threshold_ms(&self, model: &str, lengths: &DecodeLengths) -> Option<f64> {
         let engines: Vec<(f64, f64, f64)> = self
             .config
             .engines
@@ -732,23 +732,32 @@ impl Fleet {
             .filter(|(config, _)| config.model == model)
             .filter_map(|(_, e)| Some((e.request_rate.value()?, e.ttft_ms.value()?, e.tbot_ms.value()?)))
             .collect();
-        mixture_quantile(&engines, decode_tokens, 0.99)
+        mixture_quantile(&engines, lengths, 0.99)
     }
 
     /// Mean output tokens per request of `model`: what its engines generated per finished
-    /// request over the last few minutes (`OUTPUT_LENGTH_TAU`), against the configured
-    /// `expected_output_tokens` as a prior worth `OUTPUT_PRIOR_REQUESTS` requests.
+    /// request over the last few minutes, against the configured `expected_output_tokens` as a
+    /// prior (see `fleet/output.rs`).
     pub fn output_tokens(&self, model: &str) -> f64 {
-        let prior = self.config.control_plane.expected_output_tokens;
-        let (tokens, requests) = self
-            .config
+        output::mean_output_tokens(self.config.control_plane.expected_output_tokens, self.outputs(model))
+    }
+
+    /// The law of `model`'s decode tokens per request (output tokens less the first), with mean
+    /// [`Fleet::output_tokens`] − 1: shaped by its engines' histograms of generated tokens where
+    /// they expose one, exponential otherwise (see `fleet/output.rs`).
+    pub fn decode_lengths(&self, model: &str) -> DecodeLengths {
+        let decode_tokens = (self.output_tokens(model) - 1.0).max(0.0);
+        let prior = (self.config.control_plane.expected_output_tokens - 1.0).max(0.0);
+        output::decode_lengths(prior, decode_tokens, self.outputs(model))
+    }
+
+    fn outputs<'a>(&'a self, model: &'a str) -> impl Iterator<Item = &'a OutputLengths> + 'a {
+        self.config
             .engines
             .iter()
             .zip(&self.engines)
-            .filter(|(config, _)| config.model == model)
-            .map(|(_, e)| e.output.sums())
-            .fold((0.0, 0.0), |(t, r), (et, er)| (t + et, r + er));
-        (prior * OUTPUT_PRIOR_REQUESTS + tokens) / (OUTPUT_PRIOR_REQUESTS + requests)
+            .filter(move |(c, _)| c.model == model)
+            .map(|(_, e)| &e.output)
     }
 
     /// The fitted TTFT and TBOT curves of `engines` (see [`Fleet::latency_profiles`]).

@@ -22,7 +22,7 @@ mod tail;
 
 pub use convex::{project_convex_increasing, project_convex_increasing_weighted};
 pub use fit::{fit_level, fit_piecewise, fit_queueing, fit_shape, Observation, QueueingPrior};
-pub use tail::{expected_excess_ms, mixture_quantile};
+pub use tail::{expected_excess_ms, mixture_quantile, DecodeLengths};
 
 use serde::{Deserialize, Serialize};
 
@@ -228,12 +228,13 @@ pub fn combine(
     combine_with_tail(ttft, tbot, objective, None, capacity_rps)
 }
 
-/// The tail term added to a combined curve: `weight` × E[(latency − `threshold_ms`)⁺] (see
-/// `tail.rs`).
+/// The tail term added to a combined curve: `weight` × E[(latency − `threshold_ms`)⁺], each
+/// request's decode tokens of law `lengths` (see `tail.rs`).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Tail {
+pub struct Tail<'a> {
     pub threshold_ms: f64,
     pub weight: f64,
+    pub lengths: &'a DecodeLengths,
 }
 
 /// [`combine`], plus `tail` when the objective counts decode.
@@ -241,7 +242,7 @@ pub fn combine_with_tail(
     ttft: &LatencyProfile,
     tbot: &LatencyProfile,
     objective: Objective,
-    tail: Option<Tail>,
+    tail: Option<Tail<'_>>,
     capacity_rps: f64,
 ) -> LatencyProfile {
     let tokens = match objective {
@@ -277,8 +278,8 @@ pub fn combine_with_tail(
         .map(|load| {
             let (first, per_token) =
                 (ttft.latency_ms(load, capacity_rps), tbot.latency_ms(load, capacity_rps));
-            let excess =
-                tail.map_or(0.0, |t| t.weight * expected_excess_ms(first, per_token, tokens, t.threshold_ms));
+            let excess = tail
+                .map_or(0.0, |t| t.weight * expected_excess_ms(first, per_token, t.lengths, t.threshold_ms));
             (load, first + tokens * per_token + excess)
         })
         .filter(|(load, latency)| load.is_finite() && *load >= 0.0 && latency.is_finite())

@@ -50,6 +50,15 @@ impl Histogram {
         true
     }
 
+    /// Every count and the sum multiplied by `factor` (a decayed histogram's older windows).
+    pub fn scale(&mut self, factor: f64) {
+        for bucket in &mut self.buckets {
+            bucket.1 *= factor;
+        }
+        self.sum *= factor;
+        self.count *= factor;
+    }
+
     /// The observations made between `previous` and `self`. If any count went down, the
     /// engine restarted: as PromQL's `rate` does, the whole of `self` is taken as the delta
     /// and the second value is `true`. Returns `None` if the bucket bounds changed.

@@ -120,6 +120,8 @@ pub struct EngineSample {
     pub e2e: Option<Histogram>,
     /// Time queued before scheduling, seconds.
     pub queue: Option<Histogram>,
+    /// Generated tokens per finished request.
+    pub output_tokens: Option<Histogram>,
 }
 
 /// One scalar metric: per series group (labels other than the model and the SGLang rank
@@ -363,11 +365,11 @@ impl ModelAcc<'_> {
             EngineFlavor::Llamacpp => (None, None),
         };
         let asleep = (self.vllm_awake.series() > 0).then(|| self.vllm_awake.sum() < 0.5);
+        let output_tokens = self.histogram(&names::OUTPUT_TOKENS);
         if flavor == EngineFlavor::Tgi {
             let input = self.histogram(&[names::TGI_INPUT_LENGTH]);
-            let generated = self.histogram(&[names::TGI_GENERATED_TOKENS]);
             prompt_tokens = input.map(|h| h.sum).or(prompt_tokens);
-            generation_tokens = generated.map(|h| h.sum).or(generation_tokens);
+            generation_tokens = output_tokens.as_ref().map(|h| h.sum).or(generation_tokens);
         }
         EngineSample {
             flavor,
@@ -393,6 +395,7 @@ impl ModelAcc<'_> {
             tbot: self.histogram(&names::TBOT),
             e2e: self.histogram(&names::E2E),
             queue: self.histogram(&names::QUEUE),
+            output_tokens,
         }
     }
 }

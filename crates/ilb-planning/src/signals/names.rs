@@ -102,6 +102,10 @@ pub const E2E: [&str; 3] =
 /// Time spent queued before scheduling.
 pub const QUEUE: [&str; 3] =
     ["vllm:request_queue_time_seconds", "sglang:queue_time_seconds", "tgi_request_queue_duration"];
+/// Generated tokens per finished request: the law of output lengths (SGLang's only with
+/// `--enable-metrics` and its token histograms on).
+pub const OUTPUT_TOKENS: [&str; 3] =
+    ["vllm:request_generation_tokens", "sglang:generation_tokens_histogram", TGI_GENERATED_TOKENS];
 /// TGI histograms whose sums are token counters (TGI has no token counters of its own).
 pub const TGI_INPUT_LENGTH: &str = "tgi_request_input_length";
 pub const TGI_GENERATED_TOKENS: &str = "tgi_request_generated_tokens";
@@ -131,6 +135,6 @@ pub fn is_histogram(family: &str) -> bool {
         || TBOT.contains(&family)
         || E2E.contains(&family)
         || QUEUE.contains(&family)
+        || OUTPUT_TOKENS.contains(&family)
         || family == TGI_INPUT_LENGTH
-        || family == TGI_GENERATED_TOKENS
 }

@@ -46,6 +46,8 @@ pub struct WindowStats {
     /// Decode time per generated token, ms (llama.cpp: slot generation seconds over tokens,
     /// which is the mean time between tokens of a stream).
     pub decode_ms_per_token: Option<f64>,
+    /// Generated tokens of the requests finished in the window.
+    pub output_tokens: Option<Histogram>,
 }
 
 /// Computes the windowed figures from `previous` to `current`, taken `elapsed` apart.
@@ -92,6 +94,7 @@ pub fn window(previous: &EngineSample, current: &EngineSample, elapsed: Duration
     let tbot = histogram_delta(&previous.tbot, &current.tbot);
     let e2e = histogram_delta(&previous.e2e, &current.e2e);
     let queue = histogram_delta(&previous.queue, &current.queue);
+    let output_tokens = histogram_delta(&previous.output_tokens, &current.output_tokens);
 
     // Without a request counter, every finished request still lands in the e2e histogram.
     let finished = finished.or(e2e.as_ref().map(|window| window.count));
@@ -120,6 +123,7 @@ pub fn window(previous: &EngineSample, current: &EngineSample, elapsed: Duration
             (Some(seconds), Some(tokens)) if tokens > 0.0 => Some(seconds / tokens * 1000.0),
             _ => None,
         },
+        output_tokens: output_tokens.filter(|h| h.count > 0.0),
     })
 }
 

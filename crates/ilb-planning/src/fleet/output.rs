@@ -1,0 +1,94 @@
+//! What the engines' answers are like: generated tokens per finished request, learned per
+//! engine from its scrapes and pooled per model, for the objective's decode term (the mean)
+//! and its tail term (the law, [`DecodeLengths`]).
+//!
+//! The mean comes from the token and request counters every engine has; the law's shape from
+//! the histograms of generated tokens per request that vLLM, SGLang and TGI expose. Both decay
+//! over `OUTPUT_LENGTH_TAU`, so that a change of workload shows within a few minutes, and both
+//! start from the configured `expected_output_tokens` (exponential), a prior worth
+//! `OUTPUT_PRIOR_REQUESTS` requests. An engine without a histogram (llama.cpp) moves the mean
+//! only.
+
+use super::Now;
+use crate::profile::DecodeLengths;
+use crate::signals::{Histogram, WindowStats};
+use crate::smoothing::{DecayedSums, TimePoint};
+use std::time::Duration;
+
+/// How much the configured `expected_output_tokens` counts against what the engines report,
+/// in finished requests.
+const OUTPUT_PRIOR_REQUESTS: f64 = 20.0;
+
+/// Time constant of the output-length estimate: long enough to average over many requests,
+/// short enough to follow a change of workload within a few minutes.
+const OUTPUT_LENGTH_TAU: Duration = Duration::from_secs(120);
+
+/// One engine's answers.
+#[derive(Clone, Debug)]
+pub(super) struct OutputLengths {
+    /// Generated tokens and finished requests, decayed.
+    sums: DecayedSums<Now>,
+    /// Its histogram of generated tokens per request, counts decayed the same way, as of when.
+    histogram: Option<(Histogram, Now)>,
+}
+
+impl OutputLengths {
+    pub(super) fn new() -> OutputLengths {
+        OutputLengths { sums: DecayedSums::new(OUTPUT_LENGTH_TAU), histogram: None }
+    }
+
+    /// Adds one scrape window; `finished` requests in it (the engine's count, or the data
+    /// planes' rate for engines that count none).
+    pub(super) fn add(&mut self, now: Now, window: &WindowStats, finished: Option<f64>) {
+        if let (Some(tokens), Some(finished)) = (window.generation_token_rate, finished) {
+            self.sums.add(now, tokens * window.elapsed_s, finished * window.elapsed_s);
+        }
+        let Some(delta) = &window.output_tokens else { return };
+        self.histogram = Some(match self.histogram.take() {
+            Some((mut kept, since)) if now.seconds_since(since) >= 0.0 => {
+                let keep = (-now.seconds_since(since) / OUTPUT_LENGTH_TAU.as_secs_f64()).exp();
+                kept.scale(keep);
+                // New bounds (the engine restarted with another maximum length): start afresh.
+                if !kept.add(delta) {
+                    kept = delta.clone();
+                }
+                (kept, now)
+            }
+            _ => (delta.clone(), now),
+        });
+    }
+
+    /// The engine's histogram's law and its weight (decayed requests), if it has one.
+    fn law(&self) -> Option<(f64, DecodeLengths)> {
+        let (histogram, _) = self.histogram.as_ref()?;
+        Some((histogram.count, DecodeLengths::from_output_histogram(histogram)?))
+    }
+}
+
+/// Mean output tokens per request over `engines` (one model's), against `prior` as worth
+/// `OUTPUT_PRIOR_REQUESTS` requests.
+pub(super) fn mean_output_tokens<'a>(prior: f64, engines: impl Iterator<Item = &'a OutputLengths>) -> f64 {
+    let (tokens, requests) =
+        engines.map(|e| e.sums.sums()).fold((0.0, 0.0), |(t, r), (et, er)| (t + et, r + er));
+    (prior * OUTPUT_PRIOR_REQUESTS + tokens) / (OUTPUT_PRIOR_REQUESTS + requests)
+}
+
+/// The law of decode tokens (output tokens less the first) over `engines`: the mixture of their
+/// histograms' laws and the prior's exponential (each by its requests), stretched to mean
+/// `decode_tokens`.
+pub(super) fn decode_lengths<'a>(
+    prior_decode_tokens: f64,
+    decode_tokens: f64,
+    engines: impl Iterator<Item = &'a OutputLengths>,
+) -> DecodeLengths {
+    let prior = DecodeLengths::exponential(prior_decode_tokens);
+    let laws: Vec<(f64, DecodeLengths)> = engines.filter_map(OutputLengths::law).collect();
+    if laws.is_empty() {
+        return DecodeLengths::exponential(decode_tokens);
+    }
+    let parts: Vec<(f64, &DecodeLengths)> = std::iter::once((OUTPUT_PRIOR_REQUESTS, &prior))
+        .chain(laws.iter().map(|(w, law)| (*w, law)))
+        .collect();
+    DecodeLengths::mixture(&parts)
+        .map_or_else(|| DecodeLengths::exponential(decode_tokens), |law| law.scaled_to_mean(decode_tokens))
+}
