@@ -134,18 +134,21 @@ impl DecodeLengths {
 
     /// P(b·L > t) for b = `per_token` > 0: the chance that decoding takes longer than `t`.
     fn survival_ms(&self, t: f64, per_token: f64) -> f64 {
-        if t < 0.0 {
+        // A NaN time (a curve's NaN) is taken as the worst case.
+        if t.is_nan() || t < 0.0 {
             return 1.0;
         }
-        let (x_last, s_last) = self.points[self.points.len() - 1];
+        let n = self.points.len();
+        let (x_last, s_last) = self.points[n - 1];
         let (start, spread) = (per_token * x_last, per_token * self.tail_mean);
-        if t >= start {
-            return if spread > 0.0 { s_last * (-(t - start) / spread).exp() } else { 0.0 };
+        if t >= start || n == 1 {
+            return if spread > 0.0 { s_last * (-(t - start).max(0.0) / spread).exp() } else { 0.0 };
         }
+        // The segment holding x (clamped: t/b may round past the last point when t < b·x_last).
         let x = t / per_token;
-        let i = self.points.partition_point(|p| p.0 <= x);
+        let i = self.points.partition_point(|p| p.0 <= x).clamp(1, n - 1);
         let ((x0, s0), (x1, s1)) = (self.points[i - 1], self.points[i]);
-        s0 + (s1 - s0) * (x - x0) / (x1 - x0)
+        (s0 + (s1 - s0) * (x - x0) / (x1 - x0)).clamp(s1, s0)
     }
 
     /// E[(b·L − t)⁺] for b = `per_token` > 0 (b·E[L] − t below 0). In ms for b and t in ms; an
@@ -392,5 +395,27 @@ mod tests {
         let mean = 0.75 * short.mean() + 0.25 * long.mean();
         assert!((mixed.mean() - mean).abs() < 0.02 * mean, "{} vs {mean}", mixed.mean());
         assert!(DecodeLengths::mixture(&[(0.0, &short)]).is_none());
+    }
+
+    /// Non-finite latencies (a curve at its pole) and tiny times between tokens give numbers or
+    /// NaN, which the callers drop, never a panic.
+    #[test]
+    fn odd_inputs_do_not_panic() {
+        let law = DecodeLengths::from_output_histogram(&output_histogram(&[3, 8, 15, 40, 90])).unwrap();
+        for law in [&law, &exponential(30.0), &exponential(0.0)] {
+            for (a, b, t) in [
+                (f64::INFINITY, 10.0, f64::INFINITY),
+                (f64::NAN, 10.0, 100.0),
+                (40.0, f64::NAN, 100.0),
+                (40.0, 1e-300, 40.0 + 1e-299),
+                (40.0, f64::INFINITY, 100.0),
+                (40.0, 10.0, f64::NEG_INFINITY),
+            ] {
+                let _ = expected_excess_ms(a, b, law, t);
+                let p = exceeds(a, b, law, t);
+                assert!((0.0..=1.0).contains(&p) || p.is_nan(), "{a} {b} {t}: {p}");
+            }
+            let _ = mixture_quantile(&[(1.0, f64::NAN, 10.0), (1.0, 40.0, f64::INFINITY)], law, 0.99);
+        }
     }
 }
