@@ -117,7 +117,7 @@ impl DecodeLengths {
         }
     }
 
-    /// E[L].
+    /// E\[L\].
     pub fn mean(&self) -> f64 {
         self.excess_ms(0.0, 1.0)
     }
@@ -127,7 +127,7 @@ impl DecodeLengths {
         self.survival_ms(x, 1.0)
     }
 
-    /// E[(L − s)⁺] = ∫ₛ^∞ S(x) dx (E[L] − s below 0).
+    /// E[(L − s)⁺] = ∫ₛ^∞ S(x) dx (E\[L\] − s below 0).
     pub fn excess(&self, s: f64) -> f64 {
         self.excess_ms(s, 1.0)
     }
