@@ -3,6 +3,7 @@
 //! with vLLM's buckets), turned into the control plane's [`EngineSample`] as a scrape of
 //! `/metrics` would.
 
+use ilb_engine_sim::server::metrics::GENERATION_TOKEN_BUCKETS;
 use ilb_engine_sim::{EngineModel, HardwareProfile, Nanos, Outcome};
 use ilb_planning::signals::{EngineFlavor, EngineSample, Histogram};
 
@@ -20,11 +21,6 @@ const E2E_BUCKETS: [f64; 20] = [
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
     960.0, 1920.0,
 ];
-
-/// vLLM's `request_generation_tokens` buckets: the 1-2-5 series up to the model's maximum
-/// length (8,192 here, above every simulated context).
-const GENERATION_TOKEN_BUCKETS: [f64; 12] =
-    [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0];
 
 /// A cumulative histogram being filled (per-bucket counts; the +Inf bucket last).
 #[derive(Clone, Debug)]
@@ -88,7 +84,7 @@ impl SimEngine {
             ttft: Filling::new(&TTFT_BUCKETS),
             itl: Filling::new(&ITL_BUCKETS),
             e2e: Filling::new(&E2E_BUCKETS),
-            generated: Filling::new(&GENERATION_TOKEN_BUCKETS),
+            generated: Filling::new(GENERATION_TOKEN_BUCKETS),
         })
     }
 

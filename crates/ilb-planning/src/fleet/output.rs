@@ -44,18 +44,21 @@ impl OutputLengths {
             self.sums.add(now, tokens * window.elapsed_s, finished * window.elapsed_s);
         }
         let Some(delta) = &window.output_tokens else { return };
-        self.histogram = Some(match self.histogram.take() {
-            Some((mut kept, since)) if now.seconds_since(since) >= 0.0 => {
-                let keep = (-now.seconds_since(since) / OUTPUT_LENGTH_TAU.as_secs_f64()).exp();
-                kept.scale(keep);
-                // New bounds (the engine restarted with another maximum length): start afresh.
-                if !kept.add(delta) {
-                    kept = delta.clone();
-                }
-                (kept, now)
-            }
-            _ => (delta.clone(), now),
-        });
+        let Some((kept, since)) = &mut self.histogram else {
+            self.histogram = Some((delta.clone(), now));
+            return;
+        };
+        // A window older than the last is ignored, as `DecayedSums` ignores it.
+        let age = now.seconds_since(*since);
+        if age < 0.0 {
+            return;
+        }
+        kept.scale((-age / OUTPUT_LENGTH_TAU.as_secs_f64()).exp());
+        // New bounds (the engine restarted with another maximum length): start afresh.
+        if !kept.add(delta) {
+            *kept = delta.clone();
+        }
+        *since = now;
     }
 
     /// The engine's histogram's law and its weight (decayed requests), if it has one.
