@@ -9,7 +9,7 @@ seconds="${1:-60}"
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(classify snapshot prom engine_codec registration fleet_config ext_proc)
+    targets=(classify snapshot prom engine_codec registration fleet_config ext_proc convex)
 fi
 export RUSTC_BOOTSTRAP=1
 for target in "${targets[@]}"; do

@@ -2,12 +2,15 @@
 //! least-squares closest values z at the same loads whose segment slopes are non-negative
 //! and non-decreasing.
 //!
-//! Math: write z_i = z₀ + d₁·(x_i − x₀) + Σ_{k≥2} d_k·max(0, x_i − x_{k−1}). The slope of
-//! segment j is d₁ + … + d_{j+1}, so "slopes ≥ 0 and non-decreasing" is exactly "d ≥ 0", and
+//! Math: write z_i = z₀ + Σ_{j<n−1} d_j·max(0, x_i − x_j), d_j being how much the slope grows
+//! at knot j (d₀ is the first slope). "Slopes ≥ 0 and non-decreasing" is exactly "d ≥ 0", and
 //! every such curve has this form. Minimising Σ w_i (z_i − y_i)² is then a non-negative least
-//! squares problem in d (after eliminating the free intercept z₀ by weighted centring), which
-//! the Lawson–Hanson active-set method solves exactly in finitely many steps. Each step is a
-//! small Householder least-squares solve, so a 32-knot curve takes well under a millisecond.
+//! squares problem in d (the free intercept z₀ always taking its best value), which the
+//! Lawson–Hanson active-set method solves exactly in finitely many steps. Each step's
+//! unconstrained solve is a linear spline on the knots where the slope may grow, fitted on the
+//! hat-function basis (tridiagonal normal equations), and the gradient is a suffix sum, so a
+//! step is O(n) and a projection at most O(n²): the planner projects every engine's curve of
+//! 60-odd knots on every solve.
 
 /// Projects `points` (load, latency) onto convex non-decreasing curves, all weights equal.
 /// See [`project_convex_increasing_weighted`].
@@ -44,153 +47,184 @@ pub fn project_convex_increasing_weighted(points: &[(f64, f64, f64)]) -> Vec<(f6
     let xs: Vec<f64> = merged.iter().map(|p| p.0).collect();
     let ys: Vec<f64> = merged.iter().map(|p| p.1).collect();
     let ws: Vec<f64> = merged.iter().map(|p| p.2).collect();
-    let total_weight: f64 = ws.iter().sum();
-    let weighted_mean =
-        |values: &[f64]| values.iter().zip(&ws).map(|(v, w)| v * w).sum::<f64>() / total_weight;
-
-    // Basis columns φ_k evaluated at the knots, k = 1..n−1.
-    let basis: Vec<Vec<f64>> = (0..n - 1)
-        .map(|k| {
-            let hinge = xs[k];
-            xs.iter().map(|&x| (x - hinge).max(0.0)).collect()
-        })
-        .collect();
-    let basis_means: Vec<f64> = basis.iter().map(|column| weighted_mean(column)).collect();
-    let mean_y = weighted_mean(&ys);
-    let sqrt_w: Vec<f64> = ws.iter().map(|w| w.sqrt()).collect();
-    let centred: Vec<Vec<f64>> = basis
-        .iter()
-        .zip(&basis_means)
-        .map(|(column, mean)| column.iter().zip(&sqrt_w).map(|(v, s)| (v - mean) * s).collect())
-        .collect();
-    let target: Vec<f64> = ys.iter().zip(&sqrt_w).map(|(y, s)| (y - mean_y) * s).collect();
-
-    let increments = nnls(&centred, &target);
-    let intercept = mean_y - increments.iter().zip(&basis_means).map(|(d, m)| d * m).sum::<f64>();
-    (0..n)
-        .map(|i| {
-            let z = intercept + increments.iter().zip(&basis).map(|(d, column)| d * column[i]).sum::<f64>();
-            (xs[i], z)
-        })
-        .collect()
+    let data = Data { xs: &xs, ys: &ys, ws: &ws };
+    let increments = data.nnls();
+    xs.iter().copied().zip(data.values(&increments)).collect()
 }
 
-/// Lawson–Hanson non-negative least squares: min ‖A d − b‖ subject to d ≥ 0, with A given
-/// as columns. Iterations are capped, so degenerate input ends with a feasible (d ≥ 0) if
-/// not perfectly optimal answer rather than looping.
-fn nnls(columns: &[Vec<f64>], target: &[f64]) -> Vec<f64> {
-    let m = columns.len();
-    let mut solution = vec![0.0; m];
-    let mut passive = vec![false; m];
-    let scale = columns.iter().flatten().fold(0.0_f64, |acc, v| acc.max(v.abs()))
-        * target.iter().fold(0.0_f64, |acc, v| acc.max(v.abs()))
-        * target.len() as f64;
-    let tolerance = 1e-12 * scale.max(f64::MIN_POSITIVE);
-    for _ in 0..3 * m + 3 {
-        let residual = residual(columns, &solution, target);
-        let gradient: Vec<f64> =
-            columns.iter().map(|column| column.iter().zip(&residual).map(|(a, r)| a * r).sum()).collect();
-        let entering = (0..m)
-            .filter(|&j| !passive[j] && gradient[j] > tolerance)
-            .max_by(|&a, &b| gradient[a].total_cmp(&gradient[b]));
-        let Some(entering) = entering else { break };
-        passive[entering] = true;
+/// Sorted distinct loads with their latencies and positive weights.
+struct Data<'a> {
+    xs: &'a [f64],
+    ys: &'a [f64],
+    ws: &'a [f64],
+}
+
+impl Data<'_> {
+    fn weighted_mean(&self, values: &[f64]) -> f64 {
+        let total: f64 = self.ws.iter().sum();
+        values.iter().zip(self.ws).map(|(v, w)| v * w).sum::<f64>() / total
+    }
+
+    /// The curve with slope increments `d` (d_j at knot j, j < n − 1) and the intercept that
+    /// fits the data best, at every knot.
+    fn values(&self, d: &[f64]) -> Vec<f64> {
+        let mut values = Vec::with_capacity(self.xs.len());
+        let (mut value, mut slope) = (0.0, 0.0);
+        values.push(0.0);
+        for (j, span) in self.xs.windows(2).enumerate() {
+            slope += d[j];
+            value += slope * (span[1] - span[0]);
+            values.push(value);
+        }
+        let shift = self.weighted_mean(self.ys) - self.weighted_mean(&values);
+        for v in &mut values {
+            *v += shift;
+        }
+        values
+    }
+
+    /// The gradient of ½ Σ w (y − z)² with respect to each increment, negated:
+    /// g_j = Σ_{i>j} w_i r_i (x_i − x_j) with r the residual of the curve `d`.
+    fn gradient(&self, d: &[f64]) -> Vec<f64> {
+        let z = self.values(d);
+        let n = self.xs.len();
+        let mut gradient = vec![0.0; n - 1];
+        let (mut g, mut tail) = (0.0, 0.0);
+        for j in (0..n - 1).rev() {
+            tail += self.ws[j + 1] * (self.ys[j + 1] - z[j + 1]);
+            g += (self.xs[j + 1] - self.xs[j]) * tail;
+            gradient[j] = g;
+        }
+        gradient
+    }
+
+    /// Lawson–Hanson non-negative least squares over the slope increments. Iterations are
+    /// capped, so degenerate input ends with a feasible (d ≥ 0) if not perfectly optimal
+    /// answer rather than looping.
+    fn nnls(&self) -> Vec<f64> {
+        let m = self.xs.len() - 1;
+        let mut solution = vec![0.0; m];
+        let mut passive = vec![false; m];
+        let mean_y = self.weighted_mean(self.ys);
+        let root_w_max = self.ws.iter().fold(0.0_f64, |acc, w| acc.max(w.sqrt()));
+        let target_max =
+            self.ys.iter().zip(self.ws).fold(0.0_f64, |acc, (y, w)| acc.max(w.sqrt() * (y - mean_y).abs()));
+        let scale = root_w_max * (self.xs[m] - self.xs[0]) * target_max * (m + 1) as f64;
+        // A hinge between two close knots moves the fit by a lot for a small gradient: at
+        // 1e-12 of this scale, a convex curve came back 4e-6 off its own values.
+        let tolerance = 1e-15 * scale.max(f64::MIN_POSITIVE);
         for _ in 0..3 * m + 3 {
-            let active: Vec<usize> = (0..m).filter(|&j| passive[j]).collect();
-            let Some(unconstrained) = least_squares(columns, &active, target) else {
-                passive[entering] = false;
-                break;
-            };
-            if unconstrained.iter().all(|&value| value > 0.0) {
-                for (&j, &value) in active.iter().zip(&unconstrained) {
-                    solution[j] = value;
+            let gradient = self.gradient(&solution);
+            let entering = (0..m)
+                .filter(|&j| !passive[j] && gradient[j] > tolerance)
+                .max_by(|&a, &b| gradient[a].total_cmp(&gradient[b]));
+            let Some(entering) = entering else { break };
+            passive[entering] = true;
+            for _ in 0..3 * m + 3 {
+                let Some(unconstrained) = self.least_squares(&passive) else {
+                    passive[entering] = false;
+                    break;
+                };
+                let active: Vec<usize> = (0..m).filter(|&j| passive[j]).collect();
+                if active.iter().all(|&j| unconstrained[j] > 0.0) {
+                    solution = unconstrained;
+                    break;
                 }
-                break;
-            }
-            // Step from the feasible point towards the unconstrained one until the first
-            // coefficient hits zero, then drop the coefficients that reached zero.
-            let mut step = 1.0_f64;
-            let mut blocking = None;
-            for (&j, &value) in active.iter().zip(&unconstrained) {
-                if value <= 0.0 {
-                    let denominator = solution[j] - value;
-                    let candidate = if denominator > 0.0 { solution[j] / denominator } else { 0.0 };
-                    if candidate < step {
-                        step = candidate;
-                        blocking = Some(j);
+                // Step from the feasible point towards the unconstrained one until the first
+                // increment hits zero, then drop the increments that reached zero.
+                let mut step = 1.0_f64;
+                let mut blocking = None;
+                for &j in &active {
+                    let value = unconstrained[j];
+                    if value <= 0.0 {
+                        let denominator = solution[j] - value;
+                        let candidate = if denominator > 0.0 { solution[j] / denominator } else { 0.0 };
+                        if candidate < step {
+                            step = candidate;
+                            blocking = Some(j);
+                        }
                     }
                 }
-            }
-            for (&j, &value) in active.iter().zip(&unconstrained) {
-                solution[j] += step * (value - solution[j]);
-                if Some(j) == blocking || solution[j] <= 0.0 {
-                    solution[j] = 0.0;
-                    passive[j] = false;
+                for &j in &active {
+                    solution[j] += step * (unconstrained[j] - solution[j]);
+                    if Some(j) == blocking || solution[j] <= 0.0 {
+                        solution[j] = 0.0;
+                        passive[j] = false;
+                    }
+                }
+                if !passive.iter().any(|&p| p) {
+                    break;
                 }
             }
-            if !passive.iter().any(|&p| p) {
-                break;
+        }
+        for value in &mut solution {
+            *value = value.max(0.0);
+        }
+        solution
+    }
+
+    /// The least-squares curve whose slope may change only at the knots marked `passive`
+    /// (knot 0: the curve may start sloped, else it starts flat), as its increments (zero off
+    /// `passive`). Such a curve is linear between its breakpoints (the first and last knots
+    /// and the passive ones), so it is fitted by its values there on the hat-function basis,
+    /// whose normal equations are tridiagonal: O(n), where a dense least-squares solve on the
+    /// hinge columns took O(n³). `None` if they are (numerically) singular.
+    fn least_squares(&self, passive: &[bool]) -> Option<Vec<f64>> {
+        let n = self.xs.len();
+        let mut breaks = vec![0];
+        breaks.extend((1..n - 1).filter(|&j| passive[j]));
+        breaks.push(n - 1);
+        // Breakpoint t's unknown: a flat start shares one value between the first two.
+        let sloped_start = passive[0];
+        let unknown = |t: usize| if sloped_start { t } else { t.saturating_sub(1) };
+        let size = unknown(breaks.len() - 1) + 1;
+        let (mut diagonal, mut off, mut rhs) = (vec![0.0; size], vec![0.0; size], vec![0.0; size]);
+        for (t, segment) in breaks.windows(2).enumerate() {
+            let (a, b) = (segment[0], segment[1]);
+            let (p, q) = (unknown(t), unknown(t + 1));
+            let last = if t + 2 == breaks.len() { b } else { b - 1 };
+            for i in a..=last {
+                let lambda = (self.xs[i] - self.xs[a]) / (self.xs[b] - self.xs[a]);
+                let (w, y) = (self.ws[i], self.ys[i]);
+                if p == q {
+                    diagonal[p] += w;
+                    rhs[p] += w * y;
+                } else {
+                    let (left, right) = (1.0 - lambda, lambda);
+                    diagonal[p] += w * left * left;
+                    diagonal[q] += w * right * right;
+                    off[p] += w * left * right;
+                    rhs[p] += w * left * y;
+                    rhs[q] += w * right * y;
+                }
             }
         }
-    }
-    for value in &mut solution {
-        *value = value.max(0.0);
-    }
-    solution
-}
-
-fn residual(columns: &[Vec<f64>], solution: &[f64], target: &[f64]) -> Vec<f64> {
-    let mut residual = target.to_vec();
-    for (column, &coefficient) in columns.iter().zip(solution) {
-        if coefficient != 0.0 {
-            for (r, a) in residual.iter_mut().zip(column) {
-                *r -= coefficient * a;
+        // LDLᵀ of the symmetric positive definite tridiagonal matrix.
+        let floor = 1e-13 * diagonal.iter().fold(0.0_f64, |acc, v| acc.max(*v)).max(f64::MIN_POSITIVE);
+        for k in 0..size {
+            if k > 0 {
+                let l = off[k - 1] / diagonal[k - 1];
+                diagonal[k] -= l * off[k - 1];
+                rhs[k] -= l * rhs[k - 1];
+            }
+            if !(diagonal[k].is_finite() && diagonal[k] > floor) {
+                return None;
             }
         }
-    }
-    residual
-}
-
-/// Least squares on the columns listed in `active`, by Householder QR. `None` if the
-/// columns are (numerically) linearly dependent.
-fn least_squares(columns: &[Vec<f64>], active: &[usize], target: &[f64]) -> Option<Vec<f64>> {
-    let rows = target.len();
-    let p = active.len();
-    if p > rows {
-        return None;
-    }
-    let mut matrix: Vec<Vec<f64>> = active.iter().map(|&j| columns[j].clone()).collect();
-    let mut rhs = target.to_vec();
-    let norm_scale = matrix.iter().flatten().fold(0.0_f64, |acc, v| acc.max(v.abs()));
-    for k in 0..p {
-        let norm = matrix[k][k..].iter().map(|v| v * v).sum::<f64>().sqrt();
-        if norm <= 1e-13 * norm_scale.max(f64::MIN_POSITIVE) {
-            return None;
+        let mut values = vec![0.0; size];
+        for k in (0..size).rev() {
+            let next = if k + 1 < size { off[k] * values[k + 1] } else { 0.0 };
+            values[k] = (rhs[k] - next) / diagonal[k];
         }
-        let alpha = if matrix[k][k] > 0.0 { -norm } else { norm };
-        let mut householder: Vec<f64> = matrix[k][k..].to_vec();
-        householder[0] -= alpha;
-        let h_norm_sq: f64 = householder.iter().map(|v| v * v).sum();
-        if h_norm_sq > 0.0 {
-            for column in matrix.iter_mut().skip(k) {
-                reflect(&householder, h_norm_sq, &mut column[k..]);
-            }
-            reflect(&householder, h_norm_sq, &mut rhs[k..]);
+        let mut increments = vec![0.0; n - 1];
+        let mut previous_slope = 0.0;
+        for (t, segment) in breaks.windows(2).enumerate() {
+            let (a, b) = (segment[0], segment[1]);
+            let slope = (values[unknown(t + 1)] - values[unknown(t)]) / (self.xs[b] - self.xs[a]);
+            increments[a] = slope - previous_slope;
+            previous_slope = slope;
         }
-    }
-    let mut solution = vec![0.0; p];
-    for k in (0..p).rev() {
-        let tail: f64 = ((k + 1)..p).map(|j| matrix[j][k] * solution[j]).sum();
-        solution[k] = (rhs[k] - tail) / matrix[k][k];
-    }
-    solution.iter().all(|v| v.is_finite()).then_some(solution)
-}
-
-fn reflect(householder: &[f64], h_norm_sq: f64, vector: &mut [f64]) {
-    let dot: f64 = householder.iter().zip(vector.iter()).map(|(h, v)| h * v).sum();
-    let factor = 2.0 * dot / h_norm_sq;
-    for (v, h) in vector.iter_mut().zip(householder) {
-        *v -= factor * h;
+        increments.iter().all(|v| v.is_finite()).then_some(increments)
     }
 }
 
@@ -221,12 +255,5 @@ mod tests {
         assert_eq!(out.len(), 2);
         assert!((out[0].1 - 1.0).abs() < 1e-9 && (out[1].1 - 3.0).abs() < 1e-9);
         assert!(project_convex_increasing(&[]).is_empty());
-    }
-
-    #[test]
-    fn least_squares_solves_square_system() {
-        let columns = vec![vec![1.0, 0.0], vec![1.0, 1.0]];
-        let x = least_squares(&columns, &[0, 1], &[3.0, 2.0]).unwrap();
-        assert!((x[0] - 1.0).abs() < 1e-12 && (x[1] - 2.0).abs() < 1e-12);
     }
 }
