@@ -277,10 +277,10 @@ fn engine_views(
     now: Now,
     holds: &[(String, ilb_core::holds::HoldReason)],
 ) -> Vec<EngineView> {
-    let profiles = fleet.latency_profiles(&plan.engines);
+    // The curves the plan was solved with, not the fleet's now (a scrape may have moved them).
     plan.engines
         .iter()
-        .zip(profiles)
+        .zip(plan.mean.iter().cloned())
         .enumerate()
         .map(|(j, (&idx, latency_profile))| {
             let cfg = &fleet.config.engines[idx];

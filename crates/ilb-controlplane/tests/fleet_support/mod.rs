@@ -203,12 +203,26 @@ impl Stack {
             let first_after =
                 self.installs.lock().unwrap().iter().find(|i| i.version > applied_version).cloned();
             if let Some(i) = first_after {
-                assert!(
-                    reflects(&i),
-                    "{change}: the first snapshot after the change was applied (version {}) does not reflect it: {:?}",
-                    i.version,
-                    i.engines
-                );
+                if !reflects(&i) {
+                    // What the plan made of each engine, to tell a plan that left an engine out
+                    // (no capacity, no load) from one the data plane installed wrongly.
+                    let view = self.cp.view();
+                    let engines: Vec<String> = view
+                        .models
+                        .iter()
+                        .flat_map(|m| &m.engines)
+                        .map(|e| {
+                            format!(
+                                "{} load {:.2} of {:.1} rps",
+                                e.id, e.planned_load_rps, e.effective_capacity_rps
+                            )
+                        })
+                        .collect();
+                    panic!(
+                        "{change}: the first snapshot after the change was applied (version {}) does not reflect it: {:?}; the plan now (version {}): {engines:?}",
+                        i.version, i.engines, view.version
+                    );
+                }
                 break i;
             }
             guard.wait(&format!("{change}: no snapshot installed after the change")).await;
