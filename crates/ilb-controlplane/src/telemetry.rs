@@ -402,6 +402,7 @@ mod tests {
                         class("batch", &[("a", 1.0)]),
                     ],
                     engines: vec![engine("a", true), engine("b\"q", false)],
+                    answers: Default::default(),
                 },
                 ModelView {
                     model: "qwen".to_owned(),
@@ -414,6 +415,7 @@ mod tests {
                     error: Some("no engines".to_owned()),
                     classes: vec![],
                     engines: vec![],
+                    answers: Default::default(),
                 },
             ],
             data_planes: vec![DataPlaneView {

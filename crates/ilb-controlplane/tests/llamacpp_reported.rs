@@ -1,9 +1,13 @@
 //! A llama.cpp-like engine end to end on loopback: its `/metrics` is the live llama.cpp capture
-//! (no request counter, no latency histograms), its chat endpoint streams SSE chunks with known
-//! delays. Streamed through a real data plane that reports to a real control plane, the control
+//! (no request counter, no latency histograms; its token counter counts the tokens served), its
+//! chat endpoint streams SSE chunks with known delays, framed as llama.cpp frames them (a
+//! role-only chunk, the tokens, a closing chunk with the finish reason and `timings`, `[DONE]`,
+//! as a live capture in `crates/ilb-dataplane/src/testdata/` shows).
+//! Streamed through a real data plane that reports to a real control plane, the control
 //! plane's `/v1/state` must show the engine as `llamacpp`, with its TTFT, time between tokens and
 //! request rate measured by the data planes (and close to the delays the engine used), while
-//! running and waiting come from the engine.
+//! running and waiting come from the engine; and the answers, all of one length, planned with a
+//! law of that shape (counted by the data planes), not the exponential.
 #![allow(clippy::disallowed_methods)] // tests read their fixtures from files
 
 mod support;
@@ -21,6 +25,8 @@ use ilb_planning::config::FleetConfig;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -63,21 +69,34 @@ impl Body for Reply {
     }
 }
 
+/// One llama.cpp stream chunk (the shape of the live capture), with `extra` fields after the
+/// standard ones.
+fn chunk(delta: &str, finish: &str, extra: &str) -> String {
+    format!(
+        "data: {{\"choices\":[{{\"finish_reason\":{finish},\"index\":0,\"delta\":{delta}}}],\"created\":1754524122,\"id\":\"chatcmpl-x\",\"model\":\"gemma-3-270m\",\"system_fingerprint\":\"b0-unknown\",\"object\":\"chat.completion.chunk\"{extra}}}\n\n"
+    )
+}
+
 async fn fake_llamacpp() -> SocketAddr {
-    let metrics = std::fs::read_to_string(format!(
+    let capture = std::fs::read_to_string(format!(
         "{}/../ilb-planning/tests/fixtures/llamacpp_busy.txt",
         env!("CARGO_MANIFEST_DIR")
     ))
     .unwrap();
+    let predicted = Arc::new(AtomicU64::new(60));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else { return };
-            let metrics = metrics.clone();
+            let (capture, predicted) = (capture.clone(), Arc::clone(&predicted));
             tokio::spawn(async move {
                 let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
-                    let metrics = metrics.clone();
+                    let predicted = Arc::clone(&predicted);
+                    let metrics = capture.replace(
+                        "llamacpp:tokens_predicted_total 60",
+                        &format!("llamacpp:tokens_predicted_total {}", predicted.load(Ordering::Relaxed)),
+                    );
                     async move {
                         let full = |s: String| Reply::Full(Full::new(Bytes::from(s)));
                         let response = match request.uri().path() {
@@ -89,16 +108,23 @@ async fn fake_llamacpp() -> SocketAddr {
                                 tokio::spawn(async move {
                                     tokio::time::sleep(FIRST_CHUNK).await;
                                     for i in 0..CHUNKS {
-                                        if i > 0 {
+                                        let mut event = String::new();
+                                        if i == 0 {
+                                            event =
+                                                chunk(r#"{"role":"assistant","content":null}"#, "null", "");
+                                        } else {
                                             tokio::time::sleep(GAP).await;
                                         }
-                                        let event = format!(
-                                            "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{i}\"}}}}],\"object\":\"chat.completion.chunk\"}}\n\n"
-                                        );
+                                        event += &chunk(&format!(r#"{{"content":"t{i}"}}"#), "null", "");
                                         if tx.send(Bytes::from(event)).await.is_err() {
                                             return;
                                         }
                                     }
+                                    predicted.fetch_add(CHUNKS as u64, Ordering::Relaxed);
+                                    let timings = format!(
+                                        r#","timings":{{"cache_n":0,"prompt_n":27,"prompt_ms":124.6,"predicted_n":{CHUNKS},"predicted_ms":82.6}}"#
+                                    );
+                                    let _ = tx.send(Bytes::from(chunk("{}", r#""length""#, &timings))).await;
                                     let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
                                 });
                                 Response::builder()
@@ -132,6 +158,7 @@ listen = "127.0.0.1:0"
 scrape_interval_ms = 250
 solve_interval_ms = 250
 smoothing_ms = 1000
+expected_output_tokens = 6.0
 [[clusters]]
 id = "a"
 region = "r"
@@ -185,7 +212,8 @@ profile = "p"
             && signals["sources"]["tbot"] == "data_planes"
             && signals["sources"]["request_rate"] == "data_planes"
             && signals["request_rate"].as_f64().is_some_and(|r| r > 0.0);
-        if ready && sent >= 40 {
+        let counted = state["models"][0]["answers"]["counted_by_data_planes"].as_f64().unwrap_or(0.0);
+        if ready && sent >= 40 && counted >= 120.0 {
             break state;
         }
         // A bound on the work sent, not on elapsed time: it only catches signals that never come.
@@ -204,6 +232,19 @@ profile = "p"
     // At least the engine's own delays; the bound above only guards against nonsense.
     assert!(ttft >= first && ttft < first * 10.0, "ttft {ttft} ms for a first chunk after {first} ms");
     assert!(tbot >= gap && tbot < gap * 10.0, "tbot {tbot} ms for chunks {gap} ms apart");
+    // Every answer is 6 tokens (5 after the first), which the data planes read from the
+    // `timings` llama.cpp sends; planned as an exponential of that mean, the p99 would be 4.6 × the mean
+    // and the p99 / p50 ratio 6.6. The law is the histogram's (answers uniform within 5–10
+    // tokens) mixed with the prior's exponential, worth 20 answers.
+    let answers = &state["models"][0]["answers"];
+    eprintln!("{answers}");
+    assert_eq!(answers["counted_by_engines"], 0.0);
+    let mean = answers["mean_output_tokens"].as_f64().unwrap();
+    // From the token counter over the data planes' request rate, two windows that need not align.
+    assert!((5.0..=8.0).contains(&mean), "mean output tokens {mean}");
+    let (p50, p99) =
+        (answers["decode_tokens_p50"].as_f64().unwrap(), answers["decode_tokens_p99"].as_f64().unwrap());
+    assert!(p99 < 2.5 * p50 && p99 < 2.5 * (mean - 1.0), "decode tokens p50 {p50}, p99 {p99}: {answers}");
     dp.shutdown().await;
     cp.shutdown().await;
 }

@@ -45,6 +45,37 @@ impl Histogram {
     }
 }
 
+/// Bounds of the histogram of generated tokens per request: vLLM's
+/// `vllm:request_generation_tokens` buckets (the 1-2-5 series), so that what a data plane sees
+/// and what vLLM exposes read alike.
+pub const OUTPUT_TOKEN_BUCKETS: [f64; 12] =
+    [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0];
+
+/// A fixed-bucket histogram of token counts over [`OUTPUT_TOKEN_BUCKETS`], updated with relaxed
+/// atomics once per request.
+#[derive(Debug, Default)]
+pub struct TokenHistogram {
+    /// Non-cumulative counts per bucket; the last one is +Inf.
+    buckets: [AtomicU64; OUTPUT_TOKEN_BUCKETS.len() + 1],
+    sum: AtomicU64,
+}
+
+impl TokenHistogram {
+    pub fn observe(&self, tokens: u64) {
+        let idx = OUTPUT_TOKEN_BUCKETS
+            .iter()
+            .position(|b| tokens as f64 <= *b)
+            .unwrap_or(OUTPUT_TOKEN_BUCKETS.len());
+        self.buckets[idx].fetch_add(1, Relaxed);
+        self.sum.fetch_add(tokens, Relaxed);
+    }
+
+    /// The counts per bucket (non-cumulative, +Inf last) and the sum of tokens.
+    pub fn read(&self) -> ([u64; OUTPUT_TOKEN_BUCKETS.len() + 1], u64) {
+        (std::array::from_fn(|i| self.buckets[i].load(Relaxed)), self.sum.load(Relaxed))
+    }
+}
+
 /// Writes the Prometheus text format (0.0.4).
 #[derive(Default)]
 pub struct TextWriter {

@@ -110,6 +110,27 @@ pub struct EngineObservation {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rtt_ms: Option<f64>,
     pub in_flight: u64,
+    /// Generated tokens per answer finished in the period, for engines that expose no histogram
+    /// of their own (llama.cpp).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tokens: Option<TokenCounts>,
+}
+
+/// A histogram of generated tokens per answer over
+/// [`OUTPUT_TOKEN_BUCKETS`](crate::metrics::OUTPUT_TOKEN_BUCKETS).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenCounts {
+    /// Answers per bucket, not cumulative: one per bound, then one above the last.
+    pub buckets: Vec<u64>,
+    /// Tokens over all of them.
+    pub sum: u64,
+}
+
+impl TokenCounts {
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().sum()
+    }
 }
 
 impl Report {
@@ -145,6 +166,12 @@ impl Report {
                 ("rtt_ms", e.rtt_ms),
             ] {
                 bounds::LATENCY_MS.check_opt(&format!("engines[{i}].{name}"), v)?;
+            }
+            if let Some(tokens) = &e.output_tokens {
+                // One count per bucket of `OUTPUT_TOKEN_BUCKETS`, and +Inf.
+                let expected = crate::metrics::OUTPUT_TOKEN_BUCKETS.len() as u64 + 1;
+                let field = format!("engines[{i}].output_tokens.buckets (their number)");
+                bounds::check_count(&field, tokens.buckets.len() as u64, &(expected..=expected))?;
             }
         }
         Ok(())

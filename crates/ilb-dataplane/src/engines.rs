@@ -7,7 +7,7 @@
 use crate::upstream::{Origin, Pool};
 use http::StatusCode;
 use ilb_core::holds::HoldReason;
-use ilb_core::metrics::Histogram;
+use ilb_core::metrics::{Histogram, TokenHistogram};
 use ilb_core::EngineId;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::Arc;
@@ -77,6 +77,8 @@ pub struct EngineCounters {
     pub first_chunk: Histogram,
     /// Gap between consecutive chunks of a streamed response body.
     pub chunk_gap: Histogram,
+    /// Generated tokens per answer that ended cleanly (`body.rs`, `TokenCount`).
+    pub output_tokens: TokenHistogram,
 }
 
 impl EngineState {

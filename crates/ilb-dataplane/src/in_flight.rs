@@ -86,6 +86,11 @@ impl InFlight {
         }
     }
 
+    /// The answer ended cleanly having generated `tokens` (`body.rs`, `TokenCount`).
+    pub fn answered_tokens(&self, tokens: u64) {
+        self.engine.counters.output_tokens.observe(tokens);
+    }
+
     /// Remembers that this request's engine stored the response `id` (Responses API).
     pub fn remember_response(&self, id: &str, tag: u32, now_s: u32) {
         self.shared.responses.put(classify::response_key(id), tag, now_s);

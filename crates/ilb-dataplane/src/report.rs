@@ -19,8 +19,9 @@ use crate::state::Installed;
 use bytes::Bytes;
 use http::{header, Request};
 use http_body_util::{BodyExt, Full, Limited};
+use ilb_core::metrics::OUTPUT_TOKEN_BUCKETS;
 use ilb_core::priority::{PerPriority, Priority};
-use ilb_core::report::{ClassDemand, EngineObservation, PriorityRps, Report, ReportAnswer};
+use ilb_core::report::{ClassDemand, EngineObservation, PriorityRps, Report, ReportAnswer, TokenCounts};
 use ilb_core::{ClassId, EngineId, ModelName};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
@@ -42,6 +43,8 @@ struct EngineMark {
     first_chunk_n: u64,
     chunk_gap_us: u64,
     chunk_gap_n: u64,
+    output_tokens: [u64; OUTPUT_TOKEN_BUCKETS.len() + 1],
+    output_tokens_sum: u64,
 }
 
 struct ClassMark {
@@ -225,6 +228,7 @@ impl Marks {
                     chunk_gaps: current.chunk_gap_n - before.chunk_gap_n,
                     rtt_ms: self.rtt.get(&engine.id).copied(),
                     in_flight: engine.in_flight.load(Relaxed) as u64,
+                    output_tokens: token_counts(&current, &before),
                 }
             })
             .collect();
@@ -234,8 +238,22 @@ impl Marks {
     }
 }
 
+/// The answers' generated tokens counted since `before`, if any ended.
+fn token_counts(current: &EngineMark, before: &EngineMark) -> Option<TokenCounts> {
+    let buckets: Vec<u64> = current
+        .output_tokens
+        .iter()
+        .zip(&before.output_tokens)
+        .map(|(now, then)| now.saturating_sub(*then))
+        .collect();
+    let counts =
+        TokenCounts { buckets, sum: current.output_tokens_sum.saturating_sub(before.output_tokens_sum) };
+    (counts.count() > 0).then_some(counts)
+}
+
 impl EngineMark {
     fn read(c: &EngineCounters) -> EngineMark {
+        let (output_tokens, output_tokens_sum) = c.output_tokens.read();
         EngineMark {
             attempts: c.attempts.load(Relaxed),
             failures: c.failures.load(Relaxed),
@@ -247,6 +265,8 @@ impl EngineMark {
             first_chunk_n: c.first_chunk.count(),
             chunk_gap_us: c.chunk_gap.sum_micros(),
             chunk_gap_n: c.chunk_gap.count(),
+            output_tokens,
+            output_tokens_sum,
         }
     }
 }

@@ -50,6 +50,22 @@ pub struct ModelView {
     pub error: Option<String>,
     pub classes: Vec<ClassView>,
     pub engines: Vec<EngineView>,
+    pub answers: AnswersView,
+}
+
+/// What a model's answers are like, as the objective's decode and tail terms take them.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct AnswersView {
+    /// Generated tokens per answer: the engines' token counters over their finished requests,
+    /// against the configured `expected_output_tokens`.
+    pub mean_output_tokens: f64,
+    /// Quantiles of the decode tokens (generated tokens less the first) of the law planned with.
+    pub decode_tokens_p50: f64,
+    pub decode_tokens_p99: f64,
+    /// Answers (decayed) in the histograms that shape that law: exposed by the engines
+    /// (vLLM, SGLang, TGI), or counted by the data planes for engines that expose none.
+    pub counted_by_engines: f64,
+    pub counted_by_data_planes: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -330,6 +346,7 @@ pub fn build(fleet: &Fleet, now: Now, round: &Round, version: u64, solved_unix_m
                 error: result.as_ref().err().cloned(),
                 classes,
                 engines,
+                answers: fleet.answers(&plan.model),
             }
         })
         .collect();

@@ -50,6 +50,7 @@ fn observation(engine: &str, requests: u64, first_chunk_ms: f64, chunk_gap_ms: f
         chunk_gaps: requests * 20,
         rtt_ms: None,
         in_flight: 0,
+        output_tokens: None,
     }
 }
 

@@ -173,6 +173,7 @@ impl Sim {
                     chunk_gaps: 0,
                     rtt_ms: None,
                     in_flight: 0,
+                    output_tokens: None,
                 })
                 .collect();
             let report = Report {

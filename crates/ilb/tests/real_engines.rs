@@ -375,6 +375,17 @@ async fn real_engines_behind_ilb() {
                     return Err(format!("{} ({}): no live {signal}: {s}", e.name, e.kind));
                 }
             }
+            // How long the answers are: vLLM's own histogram of generated tokens; for llama.cpp,
+            // which has none, the data planes read each answer's usage.
+            let model =
+                state["models"].as_array().and_then(|ms| ms.iter().find(|m| m["model"] == e.model.as_str()));
+            let answers =
+                model.map(|m| &m["answers"]).ok_or(format!("{}: no model in /v1/state", e.model))?;
+            let counted_by =
+                if e.kind == "llamacpp" { "counted_by_data_planes" } else { "counted_by_engines" };
+            if !answers[counted_by].as_f64().is_some_and(|n| n > 0.0) {
+                return Err(format!("{} ({}): no answers {counted_by}: {answers}", e.name, e.kind));
+            }
         }
         Ok(state)
     })

@@ -23,9 +23,8 @@ pub const E2E_BUCKETS: &[f64] = &[
 ];
 
 /// vLLM's `request_generation_tokens` buckets: the 1-2-5 series up to the maximum model length
-/// (8,192 here).
-pub const GENERATION_TOKEN_BUCKETS: &[f64] =
-    &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0];
+/// (8,192 here), as the data planes count answers too.
+pub const GENERATION_TOKEN_BUCKETS: &[f64] = &ilb_core::metrics::OUTPUT_TOKEN_BUCKETS;
 
 /// A Prometheus histogram over fixed buckets, lock-free.
 pub struct Histogram {

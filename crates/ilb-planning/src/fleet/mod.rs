@@ -473,6 +473,9 @@ impl Fleet {
         if let Some(ms) = tbot {
             e.tbot_ms.update(now, ms);
         }
+        if let Some(counts) = &obs.output_tokens {
+            e.output.add_reported(now, counts);
+        }
         // Fits pair the smoothed load with the measured latency, as for scraped engines.
         if let (Some(rate), Some(ms), true) = (e.request_rate.value(), ttft, e.penalty == 0.0) {
             let weight = obs.streams as f64;
@@ -749,6 +752,22 @@ impl Fleet {
         let decode_tokens = (self.output_tokens(model) - 1.0).max(0.0);
         let prior = (self.config.control_plane.expected_output_tokens - 1.0).max(0.0);
         output::decode_lengths(prior, decode_tokens, self.outputs(model))
+    }
+
+    /// What `model`'s answers are like, as planning sees them (`/v1/state`).
+    pub fn answers(&self, model: &str) -> crate::view::AnswersView {
+        let lengths = self.decode_lengths(model);
+        let (mut by_engines, mut by_data_planes) = (0.0, 0.0);
+        for (answers, by_data_plane) in self.outputs(model).map(OutputLengths::counted) {
+            *if by_data_plane { &mut by_data_planes } else { &mut by_engines } += answers;
+        }
+        crate::view::AnswersView {
+            mean_output_tokens: self.output_tokens(model),
+            decode_tokens_p50: lengths.quantile(0.5),
+            decode_tokens_p99: lengths.quantile(0.99),
+            counted_by_engines: by_engines,
+            counted_by_data_planes: by_data_planes,
+        }
     }
 
     fn outputs<'a>(&'a self, model: &'a str) -> impl Iterator<Item = &'a OutputLengths> + 'a {
