@@ -483,8 +483,8 @@ mod response_id_tests {
         assert_eq!(counted(&frames[1..], true), Some(2));
         // A stream that did not end with [DONE] counts nothing.
         assert_eq!(counted(&frames[..3], true), None);
-        // With usage (llama.cpp's closing chunk, or include_usage): its count, whatever the
-        // events, however the number is spaced.
+        // With usage (`stream_options.include_usage`): its count, whatever the events, however
+        // the number is spaced.
         let usage =
             r#"data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens": 41,"total_tokens":50}}"#;
         let with_usage = [frames[0], frames[1], &format!("{usage}\n\n"), done];

@@ -82,13 +82,13 @@ impl OutputLengths {
         *since = now;
     }
 
-    /// The engine's histogram's law and its weight (decayed requests), if it has one.
     /// Answers in its histogram (decayed), and whether the data planes counted them.
     pub(super) fn counted(&self) -> (f64, bool) {
         let answers = self.histogram.as_ref().map_or(0.0, |(h, _)| h.count);
         (answers, answers > 0.0 && !self.counted_by_engine)
     }
 
+    /// The engine's histogram's law and its weight (decayed requests), if it has one.
     fn law(&self) -> Option<(f64, DecodeLengths)> {
         let (histogram, _) = self.histogram.as_ref()?;
         Some((histogram.count, DecodeLengths::from_output_histogram(histogram)?))
