@@ -285,6 +285,19 @@ fn class_views(fleet: &Fleet, plan: &ModelPlan, solution: Option<&Solution>) -> 
         .collect()
 }
 
+/// What `model`'s answers are like, as planning sees them.
+fn answers(fleet: &Fleet, model: &str) -> AnswersView {
+    let lengths = fleet.decode_lengths(model);
+    let (counted_by_engines, counted_by_data_planes) = fleet.answers_counted(model);
+    AnswersView {
+        mean_output_tokens: fleet.output_tokens(model),
+        decode_tokens_p50: lengths.quantile(0.5),
+        decode_tokens_p99: lengths.quantile(0.99),
+        counted_by_engines,
+        counted_by_data_planes,
+    }
+}
+
 /// The plan's engines with their planned load and signals.
 fn engine_views(
     fleet: &Fleet,
@@ -346,7 +359,7 @@ pub fn build(fleet: &Fleet, now: Now, round: &Round, version: u64, solved_unix_m
                 error: result.as_ref().err().cloned(),
                 classes,
                 engines,
-                answers: fleet.answers(&plan.model),
+                answers: answers(fleet, &plan.model),
             }
         })
         .collect();

@@ -754,20 +754,14 @@ impl Fleet {
         output::decode_lengths(prior, decode_tokens, self.outputs(model))
     }
 
-    /// What `model`'s answers are like, as planning sees them (`/v1/state`).
-    pub fn answers(&self, model: &str) -> crate::view::AnswersView {
-        let lengths = self.decode_lengths(model);
+    /// Answers (decayed) in the histograms that shape `model`'s law of answer lengths: counted
+    /// by its engines, and by the data planes for engines that count none.
+    pub fn answers_counted(&self, model: &str) -> (f64, f64) {
         let (mut by_engines, mut by_data_planes) = (0.0, 0.0);
         for (answers, by_data_plane) in self.outputs(model).map(OutputLengths::counted) {
             *if by_data_plane { &mut by_data_planes } else { &mut by_engines } += answers;
         }
-        crate::view::AnswersView {
-            mean_output_tokens: self.output_tokens(model),
-            decode_tokens_p50: lengths.quantile(0.5),
-            decode_tokens_p99: lengths.quantile(0.99),
-            counted_by_engines: by_engines,
-            counted_by_data_planes: by_data_planes,
-        }
+        (by_engines, by_data_planes)
     }
 
     fn outputs<'a>(&'a self, model: &'a str) -> impl Iterator<Item = &'a OutputLengths> + 'a {
