@@ -94,10 +94,12 @@ pub struct ControlPlaneSettings {
     /// How much the objective weighs the tail (decode objective only): each millisecond by
     /// which a request is expected to run past its model's p99 latency counts this many times
     /// on top of the mean. The spread of output lengths is learned per model from the engines'
-    /// histograms of generated tokens per request (vLLM, SGLang, TGI); where there are none, it
-    /// is exponential around the learned mean (the widest spread a mean alone allows). At w, the objective is the mean + w/100 × the
-    /// p99's conditional value at risk, so the plan keeps long answers off engines that decode
-    /// slowly at their load even where the mean alone would accept them. Shed prices are raised
+    /// histograms of generated tokens per request (vLLM, SGLang, TGI), and for engines without
+    /// one (llama.cpp) from the same histogram the data planes count of their answers; until
+    /// either has answers, it is exponential around the learned mean (the widest spread a mean
+    /// alone allows). At w, the objective is the mean + w/100 × the p99's conditional value at
+    /// risk, so the plan keeps long answers off engines that decode slowly at their load even
+    /// where the mean alone would accept them. Shed prices are raised
     /// by 1 + w alike, so the term moves traffic but sheds nothing the mean alone would not.
     /// 0 = the mean alone. Default 2.
     pub tail_weight: f64,
