@@ -376,7 +376,7 @@ async fn real_engines_behind_ilb() {
                 }
             }
             // How long the answers are: vLLM's own histogram of generated tokens; for llama.cpp,
-            // which has none, the data planes read each answer's usage.
+            // which has none, the data planes read each answer's count (`timings.predicted_n`).
             let model =
                 state["models"].as_array().and_then(|ms| ms.iter().find(|m| m["model"] == e.model.as_str()));
             let answers =
