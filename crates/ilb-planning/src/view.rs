@@ -60,8 +60,8 @@ pub struct AnswersView {
     /// against the configured `expected_output_tokens`.
     pub mean_output_tokens: f64,
     /// Quantiles of the decode tokens (generated tokens less the first) of the law planned with.
-    pub decode_tokens_p50: f64,
-    pub decode_tokens_p99: f64,
+    pub decode_tokens_p50: Option<f64>,
+    pub decode_tokens_p99: Option<f64>,
     /// Answers (decayed) in the histograms that shape that law: exposed by the engines
     /// (vLLM, SGLang, TGI), or counted by the data planes for engines that expose none.
     pub counted_by_engines: f64,

@@ -234,13 +234,16 @@ fn run_python(python: &str, args: &[&str]) -> String {
     stdout
 }
 
+fn model_view<'a>(state: &'a Value, model: &str) -> Option<&'a Value> {
+    state["models"].as_array()?.iter().find(|m| m["model"] == model)
+}
+
 fn engine_view<'a>(state: &'a Value, model: &str, engine: &str) -> Option<&'a Value> {
-    let m = state["models"].as_array()?.iter().find(|m| m["model"] == model)?;
-    m["engines"].as_array()?.iter().find(|e| e["id"] == engine)
+    model_view(state, model)?["engines"].as_array()?.iter().find(|e| e["id"] == engine)
 }
 
 fn weight(state: &Value, model: &str, engine: &str) -> Option<f64> {
-    let m = state["models"].as_array()?.iter().find(|m| m["model"] == model)?;
+    let m = model_view(state, model)?;
     let class = m["classes"].as_array()?.iter().find(|c| c["cluster"] == CLUSTER)?;
     class["routes"].as_array()?.iter().find(|r| r["engine"] == engine)?["weight"].as_f64()
 }
@@ -377,10 +380,9 @@ async fn real_engines_behind_ilb() {
             }
             // How long the answers are: vLLM's own histogram of generated tokens; for llama.cpp,
             // which has none, the data planes read each answer's count (`timings.predicted_n`).
-            let model =
-                state["models"].as_array().and_then(|ms| ms.iter().find(|m| m["model"] == e.model.as_str()));
-            let answers =
-                model.map(|m| &m["answers"]).ok_or(format!("{}: no model in /v1/state", e.model))?;
+            let answers = model_view(&state, &e.model)
+                .map(|m| &m["answers"])
+                .ok_or(format!("{}: no model in /v1/state", e.model))?;
             let counted_by =
                 if e.kind == "llamacpp" { "counted_by_data_planes" } else { "counted_by_engines" };
             if !answers[counted_by].as_f64().is_some_and(|n| n > 0.0) {
