@@ -16,6 +16,10 @@ const MIN_B_MS: f64 = 1e-9;
 /// Keeps the queueing shape's load strictly below its pole y = c even when ρ = 1.
 const POLE_MARGIN: f64 = 1e-9;
 
+/// Newton steps `Curve::queueing_root` takes before leaving the root to the caller's bracketed
+/// method: from a previous pass's price it needs two or three.
+const MAX_QUEUEING_STEPS: usize = 30;
+
 /// A processed latency curve with its usable capacity `cap` = ρ·c.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Curve {
@@ -24,6 +28,8 @@ pub struct Curve {
     /// f'(0), kept: every pass asks for it twice per engine, and for the queueing shape it costs
     /// a division.
     base: f64,
+    /// f'(cap): from this price on the engine is full (for `queueing_root`).
+    full: f64,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -65,6 +71,7 @@ impl Curve {
                 shape: Shape::Queueing { t0: *t0_ms, b: b_ms.max(MIN_B_MS), c: capacity },
                 cap: capacity * rho.min(1.0 - POLE_MARGIN),
                 base: 0.0,
+                full: 0.0,
             }
             .with_base(),
             Latency::Piecewise(points) => {
@@ -78,7 +85,7 @@ impl Curve {
                     (0..a.len().saturating_sub(1)).map(|i| a[i] + 2.0 * s[i] * breaks[i + 1]).collect();
                 let half_inverse = s.iter().map(|&si| 0.5 / si).collect();
                 let shape = Shape::Lines { a, s, breaks, starts, ends, half_inverse };
-                Curve { shape, cap: capacity * rho, base: 0.0 }.with_base()
+                Curve { shape, cap: capacity * rho, base: 0.0, full: 0.0 }.with_base()
             }
         }
     }
@@ -102,12 +109,14 @@ impl Curve {
             load.push(y);
         }
         let cap = *load.last()?;
-        (load.len() >= 2)
-            .then(|| Curve { shape: Shape::Table { price, load, integral }, cap, base: 0.0 }.with_base())
+        (load.len() >= 2).then(|| {
+            Curve { shape: Shape::Table { price, load, integral }, cap, base: 0.0, full: 0.0 }.with_base()
+        })
     }
 
     fn with_base(mut self) -> Self {
         self.base = self.marginal(0.0);
+        self.full = self.marginal(self.cap);
         self
     }
 
@@ -281,6 +290,56 @@ impl Curve {
         clamp(self.cap, y, dy)
     }
 
+    /// For the queueing shape, the price q where the best response meets the line s − a·q (an
+    /// engine's water level: a = k_j·m, s = k_j·Σ r'), by Newton's method from `start`, to
+    /// |Y(q) − (s − a·q)| ≤ `tolerance`; with the response there, `(q, (y, dy/dq))`. Where the
+    /// line is still at or above the capacity at f'(cap), the engine is full at the root, which
+    /// is where the line falls to the capacity (no step needed). `None` for the other shapes, and
+    /// where an iterate leaves the shape's smooth part (the caller's bracketed method solves those).
+    ///
+    /// In w = √(q − t0 + b) the equation is the cubic g(w) = a·w³ + (c − s + a·(t0 − b))·w − c·√b
+    /// = w·(Y(q) − s + a·q), whose steps take a division each, where a step in q takes the
+    /// response's division, square root and division and then its own division: the engines'
+    /// roots were half of a warm re-solve. g is convex for w > 0 and negative at 0, so Newton's
+    /// method converges from any start where g rises, from the right without passing the root.
+    pub(crate) fn queueing_root(
+        &self,
+        a: f64,
+        s: f64,
+        start: f64,
+        tolerance: f64,
+    ) -> Option<(f64, (f64, f64))> {
+        let Shape::Queueing { t0, b, c } = self.shape else {
+            return None;
+        };
+        if s - a * self.full >= self.cap {
+            return Some(((s - self.cap) / a, (self.cap, 0.0)));
+        }
+        let linear = c - s + a * (t0 - b);
+        let constant = c * b.sqrt();
+        let mut w = (start - t0 + b).sqrt();
+        for _ in 0..MAX_QUEUEING_STEPS {
+            let w2 = w * w;
+            let g = (a * w2 + linear) * w - constant;
+            if g.abs() <= tolerance * w {
+                let inverse = 1.0 / w;
+                let y = c - constant * inverse;
+                if !(y > 0.0 && y < self.cap) {
+                    return None;
+                }
+                return Some((w2 + t0 - b, (y, 0.5 * constant * inverse * inverse * inverse)));
+            }
+            let rise = 3.0 * a * w2 + linear;
+            let next = w - g / rise;
+            // Where g falls (left of its minimum) Newton's step leads away; NaN fails here too.
+            if !(rise > 0.0 && next > 0.0) {
+                return None;
+            }
+            w = next;
+        }
+        None
+    }
+
     /// min over y ∈ [0, cap] of f(y) − q·y, i.e. −f*(q): the engine's term in the dual bound.
     pub fn neg_conjugate(&self, q: f64) -> f64 {
         let (y, _) = self.response(q);
@@ -406,6 +465,58 @@ mod tests {
         }
         assert_eq!(c.response(1e9).0, c.cap());
         assert_eq!(c.response(10.0).0, 0.0);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 512, rng_seed: proptest::test_runner::RngSeed::Fixed(7), ..Default::default() })]
+
+        /// `queueing_root` finds the water level Y(q) = s − a·q that a bisection on `response`
+        /// finds, and returns the response there; from a start on either side of it.
+        #[test]
+        fn queueing_root_is_the_water_level(
+            t0 in 1.0f64..200.0,
+            b in 1e-3f64..60.0,
+            capacity in 1.0f64..300.0,
+            rho in 0.5f64..0.99,
+            fill in 0.01f64..0.99,
+            k in 1.0f64..1e4,
+            m in 1usize..6,
+            start in -0.5f64..2.0,
+        ) {
+            let curve = Curve::new(&Latency::Queueing { t0_ms: t0, b_ms: b }, capacity, rho);
+            // The root: load `fill` of the usable capacity, on a line of slope a = k·m through it.
+            let a = k * m as f64;
+            let load = fill * curve.cap();
+            let root = curve.marginal(load);
+            let s = a * root + load;
+            let tolerance = 1e-15 * (s.abs() + a * root.abs()) + 1e-12 * curve.cap();
+            let from = t0 + (root - t0) * (1.0 + start);
+            proptest::prop_assume!(from > t0);
+            let (q, (y, dy)) = curve.queueing_root(a, s, from, tolerance).expect("a smooth root");
+            let (exact_y, exact_dy) = curve.response(q);
+            proptest::prop_assert!((exact_y - (s - a * q)).abs() <= 10.0 * tolerance, "{q} vs {root}");
+            proptest::prop_assert!((q - root).abs() <= 1e-9 * root.abs(), "{q} vs {root}");
+            proptest::prop_assert!((y - exact_y).abs() <= 1e-9 * curve.cap(), "{y} vs {exact_y}");
+            proptest::prop_assert!((dy - exact_dy).abs() <= 1e-9 * exact_dy, "{dy} vs {exact_dy}");
+        }
+    }
+
+    #[test]
+    fn queueing_root_of_a_full_engine_and_of_other_shapes() {
+        let curve = Curve::new(&Latency::Queueing { t0_ms: 60.0, b_ms: 15.0 }, 100.0, 0.9);
+        // A line that meets the response where it is clamped at the capacity (90 req/s, from
+        // f'(90) = 1,545 ms on).
+        let (a, q_full) = (50.0, 2000.0);
+        let s = a * q_full + curve.cap();
+        assert!(curve.marginal(curve.cap()) < q_full);
+        for start in [1900.0, 2100.0] {
+            let (q, response) = curve.queueing_root(a, s, start, 1e-9).expect("full");
+            assert!((q - q_full).abs() < 1e-9, "{q}");
+            assert_eq!(response, curve.response(q));
+        }
+        // Other shapes are left to the caller.
+        let lines = Curve::new(&Latency::Piecewise(vec![[0.0, 50.0], [50.0, 80.0]]), 100.0, 0.9);
+        assert_eq!(lines.queueing_root(a, s, 300.0, 1e-9), None);
     }
 
     #[test]

@@ -435,7 +435,7 @@ impl<'m, 'p> Run<'m, 'p> {
                 // is at least the exact one: when even it fell, the exact dual fell too (and by
                 // concavity the exact slope at t is negative), and the trial is rejected without
                 // the rebuild. Its slope only chooses the next t.
-                self.trial.q.clone_from(&self.pass.q);
+                self.trial.start_from(&mut self.pass);
                 self.trial.run(self.model, &self.cand, u_trial, eps);
                 self.passes += 1;
                 let noise = 1e-13 * (self.pass.dual.abs() + self.trial.dual.abs());
@@ -453,7 +453,7 @@ impl<'m, 'p> Run<'m, 'p> {
                 self.rebuilds += 1;
             }
             let lists = if rebuilt { &self.spare } else { &self.cand };
-            self.trial.q.clone_from(&self.pass.q);
+            self.trial.start_from(&mut self.pass);
             self.trial.run(self.model, lists, u_trial, eps);
             self.passes += 1;
             let noise = 1e-13 * (self.pass.dual.abs() + self.trial.dual.abs());

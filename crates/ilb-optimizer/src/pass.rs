@@ -691,6 +691,12 @@ pub(crate) struct Pass {
     pub load: Vec<f64>,
     /// dy/dq of the engine's best response at q_j (0 when capacity binds).
     pub slope: Vec<f64>,
+    /// The engine's best response (y, dy/dq) at the price its last root ended at in this buffer,
+    /// keyed by that price: the next pass starts the engine's root at the price it left (`q`),
+    /// and this spares evaluating the response there again (a third of a warm pass's responses).
+    /// It is the response the root computed (`Curve::response`, or `Curve::queueing_root`'s,
+    /// which equals it to rounding), so results stay a function of the inputs.
+    at_price: Vec<(f64, f64, f64)>,
     pub flow: Vec<f64>,
     pub shed: Vec<f64>,
     pub grad: Vec<f64>,
@@ -714,6 +720,15 @@ pub(crate) struct Pass {
 }
 
 impl Pass {
+    /// Starts each engine's next root where `other` left it, with the responses it has there.
+    /// The responses are moved, not copied (copying them was 2 % of a warm re-solve's
+    /// instructions): `other` keeps this buffer's, which are keyed by their prices and so are
+    /// only used where they still apply.
+    pub fn start_from(&mut self, other: &mut Pass) {
+        self.q.clone_from(&other.q);
+        std::mem::swap(&mut self.at_price, &mut other.at_price);
+    }
+
     pub fn run(&mut self, model: &Model, cand: &Candidates, u: &[f64], eps: f64) {
         let (n, m) = (model.n_classes(), model.n_engines());
         let entries = cand.class.len();
@@ -725,6 +740,8 @@ impl Pass {
         // streams per pass).
         self.load.resize(m, 0.0);
         self.slope.resize(m, 0.0);
+        // NaN matches no price: a new buffer has no responses to reuse.
+        self.at_price.resize(m, (f64::NAN, 0.0, 0.0));
         self.flow.clear();
         self.flow.resize(n, 0.0);
         self.active.clear();
@@ -778,8 +795,10 @@ impl Pass {
         // Only classes within cap/k_j (= ερ) of the best can get flow: x_top = k_j (top − q) ≤ cap.
         // The rest keep x = 0 and are not looked at again in this pass.
         self.scratch.clear();
-        let (q, slope) = if top <= base {
-            (base, curve.response(base).1)
+        let (at, y_at, dy_at) = self.at_price[j];
+        let known = (at == self.q[j]).then_some((y_at, dy_at));
+        let (q, (y, slope)) = if top <= base {
+            (base, curve.response(base))
         } else {
             let floor = (top - curve.cap() * inv_k).max(base);
             select_into(
@@ -792,8 +811,9 @@ impl Pass {
                 f64::NEG_INFINITY
             };
             sort_descending(&mut self.scratch);
-            solve_engine(curve, k_j, &self.scratch, self.q[j], below)
+            solve_engine(curve, k_j, &self.scratch, self.q[j], known, below)
         };
+        self.at_price[j] = (q, y, slope);
         let mut load = 0.0;
         let mut value = 0.0;
         // Σ (x − x⁰)² = Σ (x⁰)² + Σ over flows of (x² − 2·x·x⁰).
@@ -1023,8 +1043,16 @@ fn cut_below_root(
 /// is found by walking the breakpoints, and the smooth equation on that piece is solved by
 /// Newton's method kept inside its bracket (O(1) per step thanks to the prefix sum). `below` is
 /// the largest r' left out of `sorted` although above the floor (−∞ if none, see
-/// `cut_below_root`): the low end of the last piece's bracket.
-fn solve_engine(curve: &Curve, k_j: f64, sorted: &[(f64, u32)], hint: f64, below: f64) -> (f64, f64) {
+/// `cut_below_root`): the low end of the last piece's bracket. `known` is the curve's response at
+/// `hint` when the caller has it. Returns the price and the response there.
+fn solve_engine(
+    curve: &Curve,
+    k_j: f64,
+    sorted: &[(f64, u32)],
+    hint: f64,
+    known: Option<(f64, f64)>,
+    below: f64,
+) -> (f64, (f64, f64)) {
     let base = curve.base_price();
     let r = |i: usize| sorted[i].0;
     let len = sorted.len();
@@ -1041,7 +1069,7 @@ fn solve_engine(curve: &Curve, k_j: f64, sorted: &[(f64, u32)], hint: f64, below
             sum += r(m);
             m += 1;
         }
-        let response = curve.response(hint);
+        let response = known.unwrap_or_else(|| curve.response(hint));
         at_hint = Some(response);
         if response.0 - k_j * (sum - m as f64 * hint) > 0.0 {
             while m < len && r(m) > base && phi(r(m), m, sum) > 0.0 {
@@ -1086,6 +1114,23 @@ fn solve_engine(curve: &Curve, k_j: f64, sorted: &[(f64, u32)], hint: f64, below
     // rounding level yields the floor either way).
     let least = curve.load_tolerance();
     let tolerance = if rounding > least { rounding } else { least };
+    // From the previous pass's price, where the root often still is (the response there is
+    // known), the queueing shape's root is found in w = √(q − t0 + b), where a step costs a
+    // division instead of a response and a division (`queueing_root`, which also places a full
+    // engine's root without a step); a root outside this piece, or one that method leaves, is
+    // found by the bracketed steps below.
+    if q == hint {
+        if let Some((y, dy)) = at_hint {
+            if (y - k_j * (sum - count * q)).abs() <= tolerance {
+                return (q, (y, dy));
+            }
+        }
+        if let Some((root, response)) = curve.queueing_root(k_j * count, k_j * sum, q, tolerance) {
+            if root >= lo && root <= hi {
+                return (root, response);
+            }
+        }
+    }
     for _ in 0..100 {
         let (y, dy) = match at_hint.take() {
             Some(response) if q == hint => response,
@@ -1093,7 +1138,7 @@ fn solve_engine(curve: &Curve, k_j: f64, sorted: &[(f64, u32)], hint: f64, below
         };
         let value = y - k_j * (sum - count * q);
         if value.abs() <= tolerance {
-            return (q, dy);
+            return (q, (y, dy));
         }
         if value < 0.0 {
             lo = q;
@@ -1108,7 +1153,7 @@ fn solve_engine(curve: &Curve, k_j: f64, sorted: &[(f64, u32)], hint: f64, below
             break;
         }
     }
-    (q, curve.response(q).1)
+    (q, curve.response(q))
 }
 
 #[cfg(test)]

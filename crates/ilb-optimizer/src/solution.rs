@@ -94,6 +94,11 @@ pub struct WarmStart {
     /// Group routes as (group, engine_idx, rps), sorted by engine then group.
     pub(crate) routes: Vec<(u32, u32, f64)>,
     pub(crate) epsilon: f64,
+    /// Each engine's price q_j at that solve's end, by engine index: a re-solve of the same
+    /// engines starts each engine's root there (empty in older serialised states). Kept in the
+    /// serialised state, so that a re-solve from it gives the same result as from the original.
+    #[serde(default)]
+    pub(crate) engine_prices: Vec<f64>,
     /// This state came from a cold solve: the next re-solve's prices move further than later
     /// ones' (it gets the wider candidate lists; absent in older serialised states: false).
     #[serde(default)]

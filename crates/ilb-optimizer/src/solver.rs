@@ -112,20 +112,7 @@ pub fn solve(
         run.bounds = bounds;
     }
     if let Some(w) = warm.filter(|_| lost.is_some()) {
-        run.travel = if w.after_cold { Travel::FirstWarm } else { Travel::SteadyWarm };
-        // The kept lists hold for the same matrix, grouping, groups with demand and engines on.
-        // Wider lists are built to be kept unless the matrix changed since the last solve (a
-        // matrix that changes every solve would pay for them and never use them).
-        match w.lists.0.as_ref() {
-            Some(k) if problem.network_ms.same_values(&k.network) => {
-                let same = k.class_group == groups.class_group
-                    && k.class_on == model.class_on
-                    && k.engine_on == model.engine_on;
-                run.kept = k.lists.as_ref().filter(|_| same).map(Arc::clone);
-            }
-            Some(_) => run.keep_lists = false,
-            None => {}
-        }
+        resume(&mut run, w, problem, &groups, &model, same_ids);
     }
     let (repaired, eps) = run.solve(u, eps_start);
     let lists = ListCache(Some(Arc::new(KeptLists {
@@ -167,11 +154,43 @@ pub fn solve(
         share: routes.share,
         routes: routes.routes,
         epsilon: eps,
+        engine_prices: run.pass.q.clone(),
         after_cold: warm.is_none(),
         curves: CurveCache(Some(curves)),
         lists,
     };
     Ok((solution, warm))
+}
+
+/// What a warm re-solve takes over from the state `w` of the last solve: the engines' prices (when
+/// `same_ids`: the same engines in the same order), how far prices travel, and the kept lists.
+fn resume(
+    run: &mut Run,
+    w: &WarmStart,
+    problem: &Problem,
+    groups: &Aggregation,
+    model: &Model,
+    same_ids: bool,
+) {
+    // The same engines in the same order: their roots start from their last prices (without
+    // them, a warm solve's first pass started every engine's root from its bracket's end).
+    if same_ids && w.engine_prices.len() == problem.engines.len() {
+        run.pass.q.clone_from(&w.engine_prices);
+    }
+    run.travel = if w.after_cold { Travel::FirstWarm } else { Travel::SteadyWarm };
+    // The kept lists hold for the same matrix, grouping, groups with demand and engines on.
+    // Wider lists are built to be kept unless the matrix changed since the last solve (a
+    // matrix that changes every solve would pay for them and never use them).
+    match w.lists.0.as_ref() {
+        Some(k) if problem.network_ms.same_values(&k.network) => {
+            let same = k.class_group == groups.class_group
+                && k.class_on == model.class_on
+                && k.engine_on == model.engine_on;
+            run.kept = k.lists.as_ref().filter(|_| same).map(Arc::clone);
+        }
+        Some(_) => run.keep_lists = false,
+        None => {}
+    }
 }
 
 /// Typical engine base latency: the unit for ε and the drift budget.
