@@ -1,10 +1,11 @@
 //! The convex projection against an independent solver: Clarabel, an interior-point solver,
 //! given the same weighted least-squares problem as a quadratic program (the values at the
 //! knots, the first slope non-negative and each slope at least the one before). The planner
-//! projects every engine's curve on every solve with its own O(n²) active-set method
-//! (`profile/convex.rs`); here both must reach the same optimum on data of every kind: noise,
-//! convex curves with rounding-level noise (what tabulating a fitted curve gives), queueing
-//! shapes with noise, and weights spread over four orders of magnitude.
+//! projects every engine's curve on every solve with its own active-set method, O(n²) at
+//! worst and started from the data's shape (`profile/convex.rs`); here both must reach the
+//! same optimum on data of every kind: noise, convex curves with rounding-level noise (what
+//! tabulating a fitted curve gives), queueing shapes with noise, and weights spread over four
+//! orders of magnitude.
 
 use clarabel::algebra::CscMatrix;
 use clarabel::solver::{DefaultSettingsBuilder, DefaultSolver, IPSolver, SolverStatus, SupportedConeT};
