@@ -209,7 +209,7 @@ impl Routed<'_, '_> {
         Ok(Ended::Failed(Box::new(failed)))
     }
 
-    /// The candidate for the next attempt ([`pick::choose`]); remembered for the request's
+    /// The candidate for the next attempt ([`choose`]); remembered for the request's
     /// affinity key.
     fn pick(&self, tried: &[usize], now_s: u32) -> Result<usize, NoCandidate> {
         let target =

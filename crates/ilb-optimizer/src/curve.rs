@@ -40,21 +40,21 @@ enum Shape {
         c: f64,
     },
     /// L(y) = max_i (a_i + s_i·y): lines sorted by slope, line i is the maximum on
-    /// [breaks[i], breaks[i+1]] with breaks[0] = 0 and an open last interval.
+    /// `[breaks[i], breaks[i+1]]` with `breaks[0]` = 0 and an open last interval.
     Lines {
         a: Vec<f64>,
         s: Vec<f64>,
         breaks: Vec<f64>,
-        /// f' at the start and at the end of each segment, a_i + 2·s_i·breaks[i] and
-        /// a_i + 2·s_i·breaks[i+1] (no end for the last one), and 0.5/s_i: what `response`
+        /// f' at the start and at the end of each segment, `a_i + 2·s_i·breaks[i]` and
+        /// `a_i + 2·s_i·breaks[i+1]` (no end for the last one), and 0.5/s_i: what `response`
         /// computed on every call (a fifth of the engines' curves are fitted, and their responses
         /// were half of the time spent in curves), the same values.
         starts: Vec<f64>,
         ends: Vec<f64>,
         half_inverse: Vec<f64>,
     },
-    /// The marginal cost f' tabulated: f'(load[i]) = price[i], linear in between, both strictly
-    /// increasing; `integral[i]` = f(load[i]). The solver's aggregate of several engines (see
+    /// The marginal cost f' tabulated: `f'(load[i]) = price[i]`, linear in between, both strictly
+    /// increasing; `integral[i] = f(load[i])`. The solver's aggregate of several engines (see
     /// `coarse`), never built from user input.
     Table {
         price: Vec<f64>,

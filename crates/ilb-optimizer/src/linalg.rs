@@ -2,20 +2,13 @@
 //! hundred at most): Cholesky with a pivot floor, so a singular direction yields a long step that
 //! the line search then shortens instead of a NaN.
 
-/// Solves `h · x = rhs` in place of `rhs`; `h` is row-major n × n and symmetric (it is used as
-/// scratch). Pivots below `floor_rel` × the original diagonal (or an absolute 1e-300) are
-/// replaced by that floor.
-///
-/// The Newton matrix couples only classes that share engines (a region's front ends, mostly), so
-/// it is far from dense: the rows are reordered by reverse Cuthill–McKee and the factor is
-/// computed within the envelope of the reordered matrix (entries left of a row's first non-zero
-/// stay zero in the factor), which skips most of the n³/6 work of a dense factorisation.
+/// [`Cholesky::solve`] with buffers of its own (tests).
 #[cfg(test)]
 pub(crate) fn cholesky_solve(h: &mut [f64], rhs: &mut [f64], n: usize, floor_rel: f64) {
     Cholesky::default().solve(h, rhs, n, floor_rel);
 }
 
-/// Reusable buffers of [`cholesky_solve`]: a Newton loop factors one matrix per step, and
+/// Reusable buffers of [`Cholesky::solve`]: a Newton loop factors one matrix per step, and
 /// allocating (and zeroing) an n × n copy each time was a fair part of the coarse problem's cost.
 #[derive(Default)]
 pub(crate) struct Cholesky {
@@ -38,7 +31,15 @@ pub(crate) struct Cholesky {
 }
 
 impl Cholesky {
-    /// [`cholesky_solve`] with this workspace's buffers.
+    /// Solves `h · x = rhs` in place of `rhs`; `h` is row-major n × n and symmetric (it is used
+    /// as scratch). Pivots below `floor_rel` × the original diagonal (or an absolute 1e-300) are
+    /// replaced by that floor.
+    ///
+    /// The Newton matrix couples only classes that share engines (a region's front ends,
+    /// mostly), so it is far from dense: the rows are reordered by reverse Cuthill–McKee and the
+    /// factor is computed within the envelope of the reordered matrix (entries left of a row's
+    /// first non-zero stay zero in the factor), which skips most of the n³/6 work of a dense
+    /// factorisation.
     pub fn solve(&mut self, h: &mut [f64], rhs: &mut [f64], n: usize, floor_rel: f64) {
         debug_assert_eq!(h.len(), n * n);
         debug_assert_eq!(rhs.len(), n);
@@ -144,7 +145,7 @@ impl Cholesky {
 
     /// Reverse Cuthill–McKee ordering of the non-zero pattern of symmetric `h` into `perm`:
     /// breadth-first from a lowest-degree vertex of each component, neighbours by ascending
-    /// degree (ties by index), then reversed; new position i holds original row perm[i]. The
+    /// degree (ties by index), then reversed; new position i holds original row `perm[i]`. The
     /// pattern is kept in `adjacency` (CSR) for the reordering.
     fn reverse_cuthill_mckee(&mut self, h: &[f64], n: usize) {
         let Cholesky {

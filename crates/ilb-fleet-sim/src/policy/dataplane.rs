@@ -3,7 +3,7 @@
 //! [`RoutingTable::compile`] (slot layouts carried over from the previous table), and requests
 //! are picked with the data plane's own
 //! [`ClassTable::select`](ilb_core::table::ClassTable::select): the engine the key's
-//! [`AffinityTable`] remembers, else for a new key the less loaded of the hash's first two
+//! [`AffinityTable`](ilb_core::affinity::AffinityTable) remembers, else for a new key the less loaded of the hash's first two
 //! candidates (with `[control] place_new_keys_by_load`), else weighted consistent
 //! hashing under the bounded-load rule. Planned shedding is the data plane's own
 //! ([`ilb_core::admission`]): each class's per-priority arrival rates, re-planned every

@@ -157,7 +157,7 @@ impl DecodeLengths {
         (s0 + (s1 - s0) * (x - x0) / (x1 - x0)).clamp(s1, s0)
     }
 
-    /// E[(b·L − t)⁺] for b = `per_token` > 0 (b·E[L] − t below 0). In ms for b and t in ms; an
+    /// E\[(b·L − t)⁺\] for b = `per_token` > 0 (b·E\[L\] − t below 0). In ms for b and t in ms; an
     /// exponential law's is b·m·exp(−t/(b·m)).
     fn excess_ms(&self, t: f64, per_token: f64) -> f64 {
         let (x_last, s_last) = self.points[self.points.len() - 1];

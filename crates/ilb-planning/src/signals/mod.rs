@@ -1,5 +1,5 @@
 //! Engine signals: from one parsed scrape of a vLLM, SGLang, llama.cpp or TGI server (or ilb's
-//! engine simulator), one [`EngineSample`] per served model, and ([`window`]) the windowed
+//! engine simulator), one [`EngineSample`] per served model, and ([`window()`]) the windowed
 //! figures between two consecutive samples.
 //!
 //! A model may appear in several series (vLLM's `engine` label for data-parallel engine
