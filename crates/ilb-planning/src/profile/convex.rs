@@ -19,7 +19,8 @@
 //! one solve. Noisy data takes a few. The start changes the path, not the answer: it is a
 //! feasible point, and the inner loop makes it the best fit on its knots before the usual
 //! steps, so each later step still lowers the error strictly and no set of knots comes back.
-//! The stopping rule is the same KKT test either way.
+//! The stopping rule is the same KKT test either way, and a step that changes nothing (a knot
+//! whose gradient clears the tolerance by rounding enters and leaves at once) ends the search.
 
 /// Projects `points` (load, latency) onto convex non-decreasing curves, all weights equal.
 /// See [`project_convex_increasing_weighted`].
@@ -141,15 +142,25 @@ impl Data<'_> {
                 passive.fill(false);
             }
         }
+        let mut before = (Vec::with_capacity(m), Vec::with_capacity(m));
         for _ in 0..3 * m + 3 {
             let gradient = self.gradient(&solution);
             let entering = (0..m)
                 .filter(|&j| !passive[j] && gradient[j] > tolerance)
                 .max_by(|&a, &b| gradient[a].total_cmp(&gradient[b]));
             let Some(entering) = entering else { break };
+            before.0.clone_from(&solution);
+            before.1.clone_from(&passive);
             passive[entering] = true;
             if !self.settle(&mut solution, &mut passive, &mut solves) {
                 passive[entering] = false;
+            }
+            // A knot whose gradient clears the tolerance by rounding only can enter and leave
+            // at once (a zero step). The state is then what it was, so every later iteration
+            // would repeat this one until the cap (511 solves on an engine's combined curve
+            // of 85 knots, every round): stop, with the answer those iterations would give.
+            if before.0 == solution && before.1 == passive {
+                break;
             }
         }
         for value in &mut solution {
@@ -315,6 +326,26 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use proptest::test_runner::RngSeed;
+
+    /// A knot that clears the tolerance by rounding enters and leaves at once; the loop used to
+    /// repeat that until its cap (511 solves), on an engine's curve, every control round.
+    #[test]
+    fn a_rounding_level_gradient_ends_the_search() {
+        let points: Vec<(f64, f64, f64)> =
+            include_str!("../../tests/fixtures/combined-curve-rounding-kink.txt")
+                .lines()
+                .filter(|line| !line.starts_with('#'))
+                .map(|line| {
+                    let (x, y) = line.split_once(' ').unwrap();
+                    (x.parse().unwrap(), y.parse().unwrap(), 1.0)
+                })
+                .collect();
+        let (warm, solves) = projection(&points, true);
+        assert!(solves <= 5, "{solves} solves");
+        let (cold, _) = projection(&points, false);
+        let off = warm.iter().zip(&cold).map(|(a, b)| (a.1 - b.1).abs()).fold(0.0, f64::max);
+        assert!(off <= 1e-9 * cold[cold.len() - 1].1, "{off} ms from the cold start's curve");
+    }
 
     #[test]
     fn decreasing_pair_becomes_flat_at_the_mean() {
