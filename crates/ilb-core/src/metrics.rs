@@ -127,19 +127,32 @@ impl TextWriter {
         self
     }
 
-    /// All series of a histogram family member (`_bucket`, `_sum`, `_count`).
+    /// All series of a latency histogram family member (`_bucket`, `_sum`, `_count`).
     pub fn histogram(&mut self, name: &str, labels: &[(&str, &str)], h: &Histogram) -> &mut Self {
-        let mut cumulative = 0u64;
+        let counts: [u64; LATENCY_BUCKETS.len() + 1] = std::array::from_fn(|i| h.buckets[i].load(Relaxed));
+        self.buckets(name, labels, &LATENCY_BUCKETS, &counts, h.sum_seconds())
+    }
+
+    /// All series of a histogram family member (`_bucket`, `_sum`, `_count`) from its counts per
+    /// bucket of `bounds` (not cumulative; one more than the bounds, +Inf last) and its sum.
+    pub fn buckets(
+        &mut self,
+        name: &str,
+        labels: &[(&str, &str)],
+        bounds: &[f64],
+        counts: &[u64],
+        sum: f64,
+    ) -> &mut Self {
         let bucket_name = format!("{name}_bucket");
-        let bounds: Vec<String> =
-            LATENCY_BUCKETS.iter().map(|b| b.to_string()).chain(["+Inf".to_owned()]).collect();
-        for (i, bound) in bounds.iter().enumerate() {
-            cumulative += h.buckets[i].load(Relaxed);
+        let bounds = bounds.iter().map(f64::to_string).chain(["+Inf".to_owned()]);
+        let mut cumulative = 0u64;
+        for (bound, count) in bounds.zip(counts) {
+            cumulative += count;
             let mut with_le: Vec<(&str, &str)> = labels.to_vec();
-            with_le.push(("le", bound));
+            with_le.push(("le", &bound));
             self.sample(&bucket_name, &with_le, cumulative as f64);
         }
-        self.sample(&format!("{name}_sum"), labels, h.sum_seconds());
+        self.sample(&format!("{name}_sum"), labels, sum);
         self.sample(&format!("{name}_count"), labels, cumulative as f64);
         self
     }

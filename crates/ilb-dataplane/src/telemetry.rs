@@ -5,7 +5,7 @@
 use crate::engines::{EngineCounters, EngineState};
 use crate::shared::Shared;
 use crate::state::Installed;
-use ilb_core::metrics::{Histogram, TextWriter};
+use ilb_core::metrics::{Histogram, TextWriter, OUTPUT_TOKEN_BUCKETS};
 use std::sync::atomic::Ordering::Relaxed;
 
 pub fn render(shared: &Shared) -> String {
@@ -53,6 +53,8 @@ enum Samples {
     PerEngine(fn(&EngineState) -> f64),
     /// One of each engine's latency histograms, labelled `engine`.
     EngineHistogram(fn(&EngineCounters) -> &Histogram),
+    /// Each engine's generated tokens per answer, labelled `engine`.
+    EngineTokens,
 }
 
 impl Samples {
@@ -81,6 +83,12 @@ impl Samples {
             Samples::EngineHistogram(histogram) => {
                 for e in engines {
                     w.histogram(name, &[("engine", e.id.as_str())], histogram(&e.counters));
+                }
+            }
+            Samples::EngineTokens => {
+                for e in engines {
+                    let (counts, sum) = e.counters.output_tokens.read();
+                    w.buckets(name, &[("engine", e.id.as_str())], &OUTPUT_TOKEN_BUCKETS, &counts, sum as f64);
                 }
             }
         }
@@ -331,6 +339,12 @@ static FAMILIES: &[Family] = &[
         help: "Time from sending a request to an engine to the last response byte.",
         samples: Samples::EngineHistogram(|c| &c.duration),
     },
+    Family {
+        name: "ilb_dataplane_output_tokens",
+        kind: "histogram",
+        help: "Tokens an engine generated per answer that ended cleanly, as it states them (usage.completion_tokens, llama.cpp's timings.predicted_n) or else as a stream's token events; vLLM's request_generation_tokens buckets.",
+        samples: Samples::EngineTokens,
+    },
 ];
 
 #[cfg(test)]
@@ -419,6 +433,9 @@ mod tests {
         b.counters.duration.observe_micros(700_000);
         b.counters.chunk_gap.observe_micros(20_000);
         a.counters.first_chunk.observe_micros(40_000);
+        for tokens in [1, 6, 6, 700, 9_000] {
+            a.counters.output_tokens.observe(tokens);
+        }
         assert_eq!(without_age(&render(&shared)), include_str!("telemetry_installed.prom"));
     }
 }
