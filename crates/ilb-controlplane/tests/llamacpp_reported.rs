@@ -247,7 +247,7 @@ profile = "p"
     assert!(p99 < 2.5 * p50 && p99 < 2.5 * (mean - 1.0), "decode tokens p50 {p50}, p99 {p99}: {answers}");
     // The data plane shows the same count on its /metrics: every answer, 6 tokens each (the
     // last ones counted as their streams close, which may follow the client's last byte).
-    let value = |metrics: &str, series: &str| {
+    let series_in = |metrics: &str, series: &str| {
         metrics.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse::<f64>().ok())
     };
     let count = "ilb_dataplane_output_tokens_count{engine=\"llama\"}";
@@ -255,12 +255,12 @@ profile = "p"
     let metrics = loop {
         let metrics = support::get(&client, &format!("{}/metrics", dp.url())).await;
         let metrics = String::from_utf8(metrics.to_vec()).unwrap();
-        if value(&metrics, count) == Some(sent as f64) || tokio::time::Instant::now() > deadline {
+        if series_in(&metrics, count) == Some(sent as f64) || tokio::time::Instant::now() > deadline {
             break metrics;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let value = |series: &str| value(&metrics, series);
+    let value = |series: &str| series_in(&metrics, series);
     let answered = value(count);
     assert_eq!(answered, Some(sent as f64), "{metrics}");
     assert_eq!(value("ilb_dataplane_output_tokens_sum{engine=\"llama\"}"), Some(6.0 * sent as f64));
